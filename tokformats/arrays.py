@@ -1,0 +1,183 @@
+"""Memory-mapped arrays: one file (including the empty case) or several files seen as one.
+
+``np.memmap`` refuses empty files and zero-length maps; :func:`map_file` returns an empty array
+there so that every reader handles an empty corpus without a special case.
+:class:`ConcatenatedArray` presents several 1-D arrays (one per shard) as one array that slices
+like a NumPy array: a slice inside one part is a zero-copy view, a slice across parts one copy.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["map_file", "ConcatenatedArray", "TokenArray", "CHUNK_ELEMENTS", "iter_chunks"]
+
+#: Elements processed per step by chunked scans: large enough for numpy to run at memory speed,
+#: small enough that temporaries (a bool mask, a cast) stay a few tens of MB whatever the corpus size.
+CHUNK_ELEMENTS = 1 << 24
+
+
+def map_file(
+    path: str | os.PathLike[str],
+    dtype: npt.DTypeLike,
+    offset: int = 0,
+    count: int | None = None,
+) -> np.ndarray:
+    """Map ``count`` elements of ``dtype`` from ``path`` starting at byte ``offset``, read-only.
+
+    ``count=None`` maps everything from ``offset`` to the end of the file. A zero-length result
+    is a plain empty array, because ``np.memmap`` cannot map zero bytes.
+    """
+    dt = np.dtype(dtype)
+    if count is None:
+        count = (os.path.getsize(path) - offset) // dt.itemsize
+    if count == 0:
+        return np.empty(0, dtype=dt)
+    return np.memmap(path, dtype=dt, mode="r", offset=offset, shape=(count,))
+
+
+class ConcatenatedArray:
+    """Several 1-D arrays of one dtype, indexed as their concatenation.
+
+    Indexing with an integer gives a scalar; with a slice, an ndarray (a view when the slice lies in
+    one part, else a copy); with an integer array, the gathered elements. ``np.asarray`` materialises
+    the whole thing, so prefer slices or :meth:`iter_chunks` on large corpora. ``sum``, ``min`` and
+    ``max`` reduce part by part without materialising.
+    """
+
+    def __init__(self, parts: Sequence[np.ndarray]) -> None:
+        if not parts:
+            raise ValueError("ConcatenatedArray needs at least one part")
+        dtypes = {p.dtype for p in parts}
+        if len(dtypes) != 1:
+            raise ValueError(f"all parts must share one dtype, found {sorted(map(str, dtypes))}")
+        self.parts: tuple[np.ndarray, ...] = tuple(parts)
+        lengths = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
+        #: ``starts[k]`` is the global index of part k's first element; ``starts[-1]`` the total length.
+        self.starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        self.dtype: np.dtype = parts[0].dtype
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    @property
+    def shape(self) -> tuple[int]:
+        """``(len(self),)``, as for a 1-D ndarray."""
+        return (len(self),)
+
+    @property
+    def ndim(self) -> int:
+        """Always 1."""
+        return 1
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return len(self)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the elements occupy."""
+        return len(self) * self.dtype.itemsize
+
+    def __repr__(self) -> str:
+        return f"ConcatenatedArray(parts={len(self.parts)}, length={len(self)}, dtype={self.dtype})"
+
+    def _part_of(self, index: int) -> int:
+        return int(np.searchsorted(self.starts, index, side="right")) - 1
+
+    def _range(self, start: int, stop: int) -> np.ndarray:
+        if stop <= start:
+            return np.empty(0, dtype=self.dtype)
+        first = self._part_of(start)
+        last = self._part_of(stop - 1)
+        if first == last:
+            base = int(self.starts[first])
+            return self.parts[first][start - base : stop - base]
+        pieces = []
+        for k in range(first, last + 1):
+            base = int(self.starts[k])
+            pieces.append(self.parts[k][max(start - base, 0) : min(stop - base, len(self.parts[k]))])
+        return np.concatenate(pieces)
+
+    @overload
+    def __getitem__(self, key: int | np.integer[Any]) -> Any: ...
+    @overload
+    def __getitem__(self, key: slice | np.ndarray | list[int]) -> np.ndarray: ...
+    def __getitem__(self, key: Any) -> Any:
+        n = len(self)
+        if isinstance(key, (int, np.integer)):
+            i = int(key)
+            if i < 0:
+                i += n
+            if not 0 <= i < n:
+                raise IndexError(f"index {int(key)} is out of range for {n} elements")
+            k = self._part_of(i)
+            return self.parts[k][i - int(self.starts[k])]
+        if isinstance(key, slice):
+            start, stop, step = key.indices(n)
+            if step == 1:
+                return self._range(start, stop)
+            if step > 0:
+                return self._range(start, stop)[::step]
+            # Negative step: take the covered range forwards, then step backwards through it.
+            lo = stop + 1
+            return self._range(lo, start + 1)[::-1][::-step]
+        indices = np.asarray(key)
+        if indices.dtype == bool:
+            raise IndexError("boolean masks are not supported on a ConcatenatedArray; use np.asarray first")
+        if indices.dtype.kind not in "iu":
+            raise IndexError(f"only integers, slices and integer arrays are valid indices, not {indices.dtype}")
+        flat = indices.astype(np.int64).ravel()
+        flat = np.where(flat < 0, flat + n, flat)
+        if flat.size and (flat.min() < 0 or flat.max() >= n):
+            raise IndexError(f"an index is out of range for {n} elements")
+        owner = np.searchsorted(self.starts, flat, side="right") - 1
+        out = np.empty(flat.shape, dtype=self.dtype)
+        for k in np.unique(owner):
+            mask = owner == k
+            out[mask] = self.parts[k][flat[mask] - self.starts[k]]
+        return out.reshape(indices.shape)
+
+    def __iter__(self) -> Iterator[Any]:
+        for part in self.parts:
+            yield from part
+
+    def __array__(self, dtype: npt.DTypeLike | None = None, copy: bool | None = None) -> np.ndarray:
+        whole = np.concatenate(self.parts) if len(self.parts) > 1 else np.array(self.parts[0])
+        return whole if dtype is None else whole.astype(dtype)
+
+    def iter_chunks(self, chunk: int = CHUNK_ELEMENTS) -> Iterator[np.ndarray]:
+        """Yield consecutive views of at most ``chunk`` elements covering the whole array."""
+        for part in self.parts:
+            yield from iter_chunks(part, chunk)
+
+    def sum(self) -> Any:
+        """Sum of all elements, with NumPy's accumulator dtype for this dtype."""
+        return np.add.reduce([part.sum() for part in self.parts])
+
+    def min(self) -> Any:
+        """Smallest element; ``ValueError`` when empty, as NumPy."""
+        return min(p.min() for p in self.parts if len(p)) if len(self) else np.empty(0, self.dtype).min()
+
+    def max(self) -> Any:
+        """Largest element; ``ValueError`` when empty, as NumPy."""
+        return max(p.max() for p in self.parts if len(p)) if len(self) else np.empty(0, self.dtype).max()
+
+
+#: What ``Reader.tokens`` returns: a memmap for one file, a ConcatenatedArray for several.
+TokenArray = np.ndarray | ConcatenatedArray
+
+
+def iter_chunks(array: TokenArray, chunk: int = CHUNK_ELEMENTS) -> Iterator[np.ndarray]:
+    """Yield consecutive slices of at most ``chunk`` elements covering ``array``."""
+    if isinstance(array, ConcatenatedArray):
+        yield from array.iter_chunks(chunk)
+        return
+    for start in range(0, len(array), chunk):
+        yield array[start : start + chunk]

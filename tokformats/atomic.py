@@ -1,0 +1,136 @@
+"""Atomic commit of one or several output files.
+
+A writer asks for a temporary file per output; everything is written there, in the destination
+folder (so the final rename never crosses a file system). :meth:`AtomicFiles.commit` flushes,
+fsyncs and renames every temporary into place, in the order they were created (a format whose
+reader keys on one file, such as Megatron's ``.idx``, creates that one last), then fsyncs the
+folders. :meth:`AtomicFiles.abort` removes the temporaries and any folder made for them; it also
+runs if the writer is garbage-collected without being closed. Readers therefore never see a
+half-written dataset under its final name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+import weakref
+from collections.abc import Iterable
+from pathlib import Path
+from typing import BinaryIO
+
+from .errors import OutputExistsError
+
+__all__ = ["AtomicFiles"]
+
+
+def _cleanup(handles: list[BinaryIO], temporaries: list[Path], made_dirs: list[Path]) -> None:
+    for handle in handles:
+        with contextlib.suppress(OSError):
+            handle.close()
+    for tmp in temporaries:
+        tmp.unlink(missing_ok=True)
+    for folder in reversed(made_dirs):
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only succeeds when empty: never removes anything we did not make
+    handles.clear()
+    temporaries.clear()
+    made_dirs.clear()
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # some platforms cannot open folders; the rename is still atomic there
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class AtomicFiles:
+    """A set of output files that appear under their final names all at once, or not at all.
+
+    Args:
+        overwrite: allow final names that already exist to be replaced.
+    """
+
+    def __init__(self, *, overwrite: bool = False) -> None:
+        self.overwrite = overwrite
+        self._finals: list[Path] = []
+        self._temporaries: list[Path] = []
+        self._handles: list[BinaryIO] = []
+        self._made_dirs: list[Path] = []
+        self._stale: list[Path] = []
+        self._finalizer = weakref.finalize(self, _cleanup, self._handles, self._temporaries, self._made_dirs)
+
+    def check_destination(self, final: str | os.PathLike[str]) -> None:
+        """Refuse ``final`` if it exists and overwriting was not allowed."""
+        path = Path(final)
+        if path.exists() and not self.overwrite:
+            raise OutputExistsError(f"{path} already exists; pass overwrite=True to replace it (nothing was written).")
+
+    def make_parent(self, final: Path) -> None:
+        """Create ``final``'s folder (and its parents) if needed, remembering what to remove on abort."""
+        missing = []
+        folder = final.parent
+        while not folder.exists():
+            missing.append(folder)
+            folder = folder.parent
+        for folder in reversed(missing):
+            folder.mkdir(exist_ok=True)
+            self._made_dirs.append(folder)
+
+    def create(self, final: str | os.PathLike[str]) -> BinaryIO:
+        """Open a new temporary file that :meth:`commit` will rename to ``final``.
+
+        The handle is opened for reading and writing so that a writer can seek back and patch a
+        header once counts are known.
+        """
+        path = Path(final)
+        self.check_destination(path)
+        if path in self._finals:
+            raise ValueError(f"{path} was already created in this commit")
+        self.make_parent(path)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+        handle = open(tmp, "w+b")  # noqa: SIM115 - closed by commit() or abort()
+        self._finals.append(path)
+        self._temporaries.append(tmp)
+        self._handles.append(handle)
+        return handle
+
+    def remove_on_commit(self, paths: Iterable[Path]) -> None:
+        """Delete these existing files when committing (stale shards of an overwritten dataset)."""
+        self._stale.extend(paths)
+
+    def commit(self) -> list[Path]:
+        """Flush, fsync and rename every temporary into place; return the final paths."""
+        for handle in self._handles:
+            handle.flush()
+            os.fsync(handle.fileno())
+            handle.close()
+        for final in self._finals:
+            self.check_destination(final)  # something may have appeared while we were writing
+        finals = list(self._finals)
+        for stale in self._stale:
+            if stale not in finals:
+                stale.unlink(missing_ok=True)
+        for tmp, final in zip(self._temporaries, finals):
+            os.replace(tmp, final)
+        for folder in {final.parent for final in finals}:
+            _fsync_dir(folder)
+        self._handles.clear()
+        self._temporaries.clear()
+        self._made_dirs.clear()
+        self._finals.clear()
+        self._finalizer.detach()
+        return finals
+
+    def abort(self) -> None:
+        """Remove every temporary (and folder made for them); nothing appears under a final name."""
+        _cleanup(self._handles, self._temporaries, self._made_dirs)
+        self._finals.clear()
+        self._finalizer.detach()

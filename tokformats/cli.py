@@ -1,0 +1,162 @@
+"""The ``tokformats`` command line: ``info``, ``convert``, ``formats`` and ``quickstart``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from . import __version__, api
+from .errors import FormatError
+from .inspect import describe
+from .quickstart import format_table
+from .registry import formats
+
+__all__ = ["main"]
+
+
+def _int_or_none(text: str) -> int | None:
+    return None if text.lower() == "none" else int(text)
+
+
+def _reader_options(args: argparse.Namespace) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    if getattr(args, "format", None):
+        options["format"] = args.format
+    if getattr(args, "dtype", None):
+        options["dtype"] = args.dtype
+    if getattr(args, "eos", None) is not None:
+        options["eos"] = args.eos
+    if getattr(args, "bos", None) is not None:
+        options["bos"] = _int_or_none(args.bos)
+    return options
+
+
+def _print_info(info: dict[str, Any]) -> None:
+    metadata = info.pop("metadata")
+    files = info.pop("files")
+    width = max(len(k) for k in [*info, "files", *metadata]) + 2
+    for key, value in info.items():
+        text = f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else value
+        text = json.dumps(text) if isinstance(text, dict) else text
+        print(f"{key:<{width}}{text}")
+    print(f"{'files':<{width}}{len(files)}" + (f" ({files[0]} ...)" if len(files) > 1 else f" ({files[0]})"))
+    for key, value in metadata.items():
+        text = json.dumps(value) if isinstance(value, (list, dict)) else value
+        if isinstance(text, str) and len(text) > 200:
+            text = text[:197] + "..."
+        print(f"{key:<{width}}{text}")
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    options = _reader_options(args)
+    path = args.path[0] if len(args.path) == 1 else args.path
+    with api.open(path, **options) as reader:
+        info = describe(reader, scan=not args.no_scan)
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        _print_info(info)
+    return 0
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    source_options = {k: v for k, v in _reader_options(args).items() if k != "format"}
+    writer_options: dict[str, Any] = {"overwrite": args.overwrite}
+    if args.vocab_size is not None:
+        writer_options["vocab_size"] = args.vocab_size
+    if args.to_dtype:
+        writer_options["dtype"] = args.to_dtype
+    summary = api.convert(
+        args.source,
+        args.destination,
+        args.to,
+        source_format=args.format,
+        source_options=source_options,
+        **writer_options,
+    )
+    files = summary["files"] or []
+    print(f"wrote {summary['documents']:,} documents, {summary['tokens']:,} tokens to {len(files)} file(s):")
+    for f in files:
+        print(f"  {f}")
+    return 0
+
+
+def _cmd_formats(args: argparse.Namespace) -> int:
+    rows = [
+        {
+            "format": d.name,
+            "detect": "yes" if d.detectable else "no",
+            "write": "yes" if d.writable else "no",
+            "suffixes": " ".join(d.suffixes) or "(folder)",
+            "description": d.description,
+        }
+        for d in formats.values()
+    ]
+    print(format_table(rows))
+    return 0
+
+
+def _cmd_quickstart(args: argparse.Namespace) -> int:
+    from .quickstart import run
+
+    rows = run(Path(args.output) if args.output else None)
+    print(format_table(rows))
+    print(f"\nall {len(rows)} formats round-tripped exactly.")
+    return 0
+
+
+def _reader_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--format", "-f", help="the format (detected from content when omitted)")
+    parser.add_argument("--dtype", help="token dtype of a headerless stream, e.g. uint16")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--eos", type=int, help="split documents after this id")
+    group.add_argument("--bos", help="split documents before this id ('none': one document)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``tokformats`` command."""
+    parser = argparse.ArgumentParser(prog="tokformats", description="Read, write and convert tokenized training data.")
+    parser.add_argument("--version", action="version", version=f"tokformats {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    info = commands.add_parser("info", help="describe a dataset: format, files, documents, tokens, dtype, ids, header")
+    info.add_argument("path", nargs="+", help="a file, prefix, folder, glob or several files")
+    _reader_arguments(info)
+    info.add_argument("--json", action="store_true", help="print JSON for scripts")
+    info.add_argument("--no-scan", action="store_true", help="skip the min/max id scan over all tokens")
+    info.set_defaults(run=_cmd_info)
+
+    convert = commands.add_parser("convert", help="copy a corpus into another format")
+    convert.add_argument("source")
+    convert.add_argument("destination")
+    convert.add_argument("--to", required=True, choices=sorted(n for n, d in formats.items() if d.writable))
+    _reader_arguments(convert)
+    convert.add_argument("--vocab-size", type=int)
+    convert.add_argument("--to-dtype", help="dtype of the output")
+    convert.add_argument("--overwrite", action="store_true")
+    convert.set_defaults(run=_cmd_convert)
+
+    listing = commands.add_parser("formats", help="list the formats")
+    listing.set_defaults(run=_cmd_formats)
+
+    quick = commands.add_parser("quickstart", help="write built-in sample data to every format, read it back, check it")
+    quick.add_argument("--output", "-o", help="keep the files in this folder (default: a temporary one)")
+    quick.set_defaults(run=_cmd_quickstart)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (2 for a dataset error, with its message on stderr)."""
+    args = build_parser().parse_args(argv)
+    try:
+        status: int = args.run(args)
+    except FormatError as exc:
+        print(f"tokformats: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+    return status

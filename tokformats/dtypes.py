@@ -1,0 +1,191 @@
+"""Token dtypes: choosing one from a vocabulary size, and refusing values that do not fit.
+
+NumPy (and Megatron, which relies on it) silently wraps 70000 to 4464 when casting to uint16;
+tokformats never does. :func:`check_tokens` finds the first offending value with vectorised
+min/max passes and names the document it belongs to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .errors import DTypeError, TokenRangeError
+
+__all__ = [
+    "UINT16_VOCAB_LIMIT",
+    "little_endian",
+    "parse_dtype",
+    "dtype_for_vocab",
+    "resolve_dtype",
+    "as_token_array",
+    "check_tokens",
+    "check_lengths",
+]
+
+#: Largest vocabulary whose ids (0 .. 65535) all fit in uint16.
+UINT16_VOCAB_LIMIT = 1 << 16
+
+
+def little_endian(dtype: npt.DTypeLike) -> np.dtype:
+    """``dtype`` with explicit little-endian byte order (single-byte dtypes unchanged)."""
+    dt = np.dtype(dtype)
+    return dt if dt.itemsize == 1 else dt.newbyteorder("<")
+
+
+def parse_dtype(dtype: npt.DTypeLike, *, what: str = "dtype") -> np.dtype:
+    """Turn a user's dtype spelling (``"uint16"``, ``"<u2"``, ``np.int32``) into a little-endian dtype."""
+    try:
+        return little_endian(np.dtype(dtype))
+    except TypeError as exc:
+        raise DTypeError(f"{what} {dtype!r} is not a NumPy dtype name ({exc}).") from None
+
+
+def dtype_for_vocab(vocab_size: int) -> np.dtype:
+    """The smallest unsigned dtype that holds every id below ``vocab_size``: uint16 up to 65,536, else uint32."""
+    if vocab_size <= 0:
+        raise DTypeError(f"vocab_size must be positive, found {vocab_size}.")
+    if vocab_size <= UINT16_VOCAB_LIMIT:
+        return np.dtype("<u2")
+    if vocab_size <= 1 << 32:
+        return np.dtype("<u4")
+    raise DTypeError(f"vocab_size {vocab_size:,} does not fit in uint32.")
+
+
+def resolve_dtype(
+    dtype: npt.DTypeLike | None,
+    vocab_size: int | None,
+    *,
+    format: str,
+    allowed: Iterable[npt.DTypeLike] | None = None,
+    default: npt.DTypeLike | None = None,
+    rule: Any = dtype_for_vocab,
+) -> np.dtype:
+    """Pick a writer's dtype: explicit ``dtype``, else ``rule(vocab_size)``, else ``default``.
+
+    Args:
+        dtype: what the caller asked for, or None.
+        vocab_size: the tokenizer's vocabulary size, or None.
+        format: format name, for messages.
+        allowed: dtypes the format can store (None: any integer or float dtype).
+        default: used when neither ``dtype`` nor ``vocab_size`` is given; None makes one of them required.
+        rule: maps a vocabulary size to a dtype (formats differ: Megatron uses int32 from 65,500).
+    """
+    if dtype is not None:
+        chosen = parse_dtype(dtype)
+        if vocab_size is not None and chosen.kind in "iu":
+            top = np.iinfo(chosen).max
+            if vocab_size - 1 > top:
+                raise DTypeError(
+                    f"{format}: dtype {chosen.name} holds ids up to {top:,}, but vocab_size is {vocab_size:,}."
+                )
+    elif vocab_size is not None:
+        chosen = little_endian(rule(vocab_size))
+    elif default is not None:
+        chosen = parse_dtype(default)
+    else:
+        raise DTypeError(f"{format}: pass vocab_size= (or dtype=) so that the token dtype can be chosen.")
+    if allowed is not None:
+        allowed_dtypes = [little_endian(a) for a in allowed]
+        if chosen not in allowed_dtypes:
+            names = ", ".join(d.name for d in allowed_dtypes)
+            raise DTypeError(f"{format} stores tokens as {names}; {chosen.name} was asked for.")
+    elif chosen.kind not in "iuf":
+        raise DTypeError(f"{format}: {chosen.name} is not an integer or floating dtype.")
+    return chosen
+
+
+def as_token_array(values: Any, *, what: str = "tokens") -> np.ndarray:
+    """``values`` as a 1-D numeric ndarray (no copy when it already is one)."""
+    array = np.asarray(values)
+    if array.ndim != 1:
+        if array.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        raise TokenRangeError(f"{what} must be one-dimensional, found shape {array.shape}.")
+    if array.dtype.kind not in "iufb":
+        if array.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        raise TokenRangeError(f"{what} must be numbers, found dtype {array.dtype}.")
+    return array
+
+
+def _fits_by_type(source: np.dtype, target: np.dtype) -> bool:
+    return source.kind in "iub" and np.can_cast(source, target, casting="safe")
+
+
+def check_tokens(
+    flat: np.ndarray,
+    target: np.dtype,
+    *,
+    vocab_size: int | None = None,
+    lengths: np.ndarray | None = None,
+    first_document: int = 0,
+    where: str = "",
+) -> np.ndarray:
+    """Return ``flat`` cast to ``target`` after checking that every value fits; raise otherwise.
+
+    Integer targets refuse values below 0 (for unsigned) or above the dtype's maximum, values of
+    ``vocab_size`` or more, and non-integral floats. The error names the document (its index counts
+    from ``first_document`` through ``lengths``), the position and the value.
+    """
+    if target.kind == "f":
+        return flat.astype(target, copy=False)
+    if flat.size == 0:
+        return flat.astype(target, copy=False)
+    info = np.iinfo(target)
+    high = info.max if vocab_size is None else min(info.max, vocab_size - 1)
+    low = info.min
+    if _fits_by_type(flat.dtype, target) and (vocab_size is None or high >= np.iinfo(flat.dtype).max):
+        return flat.astype(target, copy=False)  # nothing can be out of range: skip the scan
+    bad: np.ndarray | None = None
+    if flat.dtype.kind == "f":
+        bad_mask = (flat != np.floor(flat)) | ~np.isfinite(flat) | (flat < low) | (flat > high)
+        if bad_mask.any():
+            bad = bad_mask
+    else:
+        lo, hi = flat.min(), flat.max()
+        if lo < low or hi > high:
+            bad = (flat < low) | (flat > high)
+    if bad is not None:
+        position = int(np.argmax(bad))
+        value = flat[position]
+        document = first_document
+        if lengths is not None and len(lengths):
+            ends = np.cumsum(lengths, dtype=np.int64)
+            document += int(np.searchsorted(ends, position, side="right"))
+        limit = (
+            f"below vocab_size {vocab_size:,}"
+            if vocab_size is not None and high < info.max
+            else f"in {target.name} ({low:,}..{info.max:,})"
+        )
+        within = position - _start_of(document - first_document, lengths)
+        raise TokenRangeError(
+            f"{where}document {document} holds the value {value!r} at token {within}, which is not {limit}; "
+            "values are never wrapped. Pick a wider dtype or check the tokenizer."
+        )
+    return flat.astype(target, copy=False)
+
+
+def _start_of(document: int, lengths: np.ndarray | None) -> int:
+    if lengths is None or document == 0:
+        return 0
+    return int(np.sum(lengths[:document], dtype=np.int64))
+
+
+def check_lengths(lengths: Any, total: int, *, where: str = "") -> np.ndarray:
+    """Validate a batch's document lengths against its flat token count; return them as int64."""
+    array = np.asarray(lengths)
+    if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+        raise TokenRangeError(f"{where}lengths must be a 1-D array of integers, found {array.dtype} {array.shape}.")
+    array = array.astype(np.int64, copy=False)
+    if array.size and array.min() < 0:
+        raise TokenRangeError(
+            f"{where}lengths must not be negative; document {int(np.argmin(array))} has {int(array.min())}."
+        )
+    declared = int(array.sum())
+    if declared != total:
+        raise TokenRangeError(f"{where}lengths add up to {declared:,} tokens but {total:,} tokens were given.")
+    return array

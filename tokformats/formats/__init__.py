@@ -1,0 +1,1 @@
+"""One module per on-disk format, each holding that format's ``Reader``, ``Writer`` and ``detect``."""

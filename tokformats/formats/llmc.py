@@ -1,0 +1,321 @@
+"""llm.c token shards (``{name}_{split}_{index:06d}.bin``), as written by llm.c's ``write_datafile``.
+
+Layout (little-endian; llm.c uses the host's order, which is little-endian everywhere it runs)::
+
+    offset 0     int32  magic    20240520 (GPT-2 family) or 20240801 (Llama-3 family)
+    offset 4     int32  version  1 with 20240520 (tokens uint16), 7 with 20240801 (tokens uint32)
+    offset 8     int32  ntok     number of tokens (< 2**31)
+    offset 12    1012 bytes of zeros (the rest of a 256-int32 header), never read
+    offset 1024  ntok tokens
+
+The file size must be exactly ``1024 + ntok * itemsize``: llm.c's C loader refuses anything else,
+and seeks with an ``int``, so a shard must stay below 2 GiB. There is no dtype field; (magic,
+version) decide it. Each document is *preceded* by a delimiter (GPT-2 ``<|endoftext|>`` 50256,
+Llama-3 ``<|begin_of_text|>`` 128000), which the file does not record, and documents run across
+shard boundaries. Several shards (a glob or a list) read as one corpus in sorted order, the way the
+C loader globs and sorts them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..arrays import ConcatenatedArray, TokenArray, map_file
+from ..documents import split_offsets
+from ..dtypes import check_tokens, resolve_dtype
+from ..errors import HeaderError, NoFilesError, SizeMismatchError
+from ..protocol import PathLike, TokenReader, TokenWriter
+from ..registry import expand_paths
+
+__all__ = [
+    "Reader",
+    "Writer",
+    "detect",
+    "Family",
+    "FAMILIES",
+    "HEADER_BYTES",
+    "HEADER_INTS",
+    "read_header",
+    "shard_name",
+]
+
+HEADER_INTS = 256
+HEADER_BYTES = HEADER_INTS * 4
+#: The C loader seeks with a signed 32-bit offset: a shard must be smaller than this.
+MAX_SHARD_BYTES = 1 << 31
+
+
+@dataclass(frozen=True)
+class Family:
+    """A model family's shard flavour: its magic, version, token dtype and document delimiter."""
+
+    name: str
+    magic: int
+    version: int
+    dtype: np.dtype
+    delimiter: int
+
+
+GPT2 = Family("gpt2", 20240520, 1, np.dtype("<u2"), 50256)
+LLAMA3 = Family("llama3", 20240801, 7, np.dtype("<u4"), 128000)
+#: Shard families by magic number.
+FAMILIES: dict[int, Family] = {GPT2.magic: GPT2, LLAMA3.magic: LLAMA3}
+
+#: Magics of other llm.c files, so that a wrong file gets a precise message.
+OTHER_MAGICS = {
+    20240328: "an llm.c tokenizer vocabulary (format 'llmc-vocab')",
+    20240522: "an llm.c evaluation file (HellaSwag-style)",
+    20240326: "an llm.c GPT-2 model checkpoint",
+    20240327: "an llm.c debug state",
+    20240527: "an llm.c training state",
+    20240803: "an llm.c Llama-3 model checkpoint",
+}
+
+_DEFAULT = object()
+
+
+def shard_name(prefix: PathLike, split: str, index: int) -> Path:
+    """``{prefix}_{split}_{index:06d}.bin``, llm.c's shard naming."""
+    return Path(f"{os.fspath(prefix)}_{split}_{index:06d}.bin")
+
+
+def read_header(path: Path) -> tuple[Family, int]:
+    """Validate a shard's header and size exactly as llm.c's loader does; return (family, ntok)."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            head = handle.read(HEADER_BYTES)
+    except FileNotFoundError:
+        raise NoFilesError(f"{path} does not exist.") from None
+    if len(head) < HEADER_BYTES:
+        raise SizeMismatchError(
+            f"{path}: an llm.c shard starts with a {HEADER_BYTES}-byte header, but the file has only {size:,} bytes."
+        )
+    magic, version, ntok = (int(v) for v in np.frombuffer(head, dtype="<i4", count=3))
+    family = FAMILIES.get(magic)
+    if family is None:
+        other = OTHER_MAGICS.get(magic)
+        found = f"{magic} ({other})" if other else str(magic)
+        raise HeaderError(
+            f"{path}: header field 'magic' is {found}; an llm.c token shard has "
+            f"{GPT2.magic} (GPT-2) or {LLAMA3.magic} (Llama-3)."
+        )
+    if version != family.version:
+        raise HeaderError(
+            f"{path}: header field 'version' is {version}; with magic {magic} llm.c expects {family.version}."
+        )
+    if ntok < 0:
+        raise HeaderError(f"{path}: header field 'ntok' is negative ({ntok}).")
+    expected = HEADER_BYTES + ntok * family.dtype.itemsize
+    if size != expected:
+        detail = "trailing bytes" if size > expected else "the file is truncated"
+        raise SizeMismatchError(
+            f"{path}: header field 'ntok' says {ntok:,} {family.dtype.name} tokens, so the file should have "
+            f"{expected:,} bytes, but it has {size:,} ({detail})."
+        )
+    return family, ntok
+
+
+def detect(path: Path) -> bool:
+    """True for a file starting with an llm.c token-shard magic and its version."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+    except OSError:
+        return False
+    if len(head) < 8:
+        return False
+    magic, version = (int(v) for v in np.frombuffer(head, dtype="<i4"))
+    family = FAMILIES.get(magic)
+    return family is not None and family.version == version
+
+
+class Reader(TokenReader):
+    """One llm.c shard, or several (a glob or a list) read as one corpus in sorted order.
+
+    Args:
+        path: a shard, a glob such as ``"data/fineweb_train_*.bin"``, or a list of shards.
+        bos: the delimiter that precedes each document; defaults to the family's (50256 for GPT-2,
+            128000 for Llama-3); pass the id your tokenizer used, or ``None`` to read the whole
+            stream as one document.
+    """
+
+    format = "llmc"
+
+    def __init__(self, path: PathLike | list[PathLike], *, bos: Any = _DEFAULT) -> None:
+        super().__init__(path, bos=bos)
+        paths = expand_paths(path)
+        if len(paths) > 1:
+            paths = sorted(paths, key=lambda p: os.fspath(p))
+        self._paths = paths
+        headers = [read_header(p) for p in paths]
+        families = {family.name for family, _ in headers}
+        if len(families) > 1:
+            raise HeaderError(
+                f"{paths[0].parent}: the shards mix model families {sorted(families)}; open them separately."
+            )
+        self.family: Family = headers[0][0]
+        self._counts = [ntok for _, ntok in headers]
+        self.bos: int | None = self.family.delimiter if bos is _DEFAULT else bos
+
+    @property
+    def path(self) -> Path:
+        return self._paths[0]
+
+    @property
+    def files(self) -> list[Path]:
+        return list(self._paths)
+
+    @property
+    def num_shards(self) -> int:
+        """Number of shard files."""
+        return len(self._paths)
+
+    @cached_property
+    def shards(self) -> list[np.ndarray]:
+        """Each shard's tokens as its own read-only memory map."""
+        return [map_file(p, self.family.dtype, HEADER_BYTES, n) for p, n in zip(self._paths, self._counts)]
+
+    @cached_property
+    def tokens(self) -> TokenArray:
+        """All shards' tokens: a memmap for one shard, a ConcatenatedArray for several."""
+        return self.shards[0] if len(self.shards) == 1 else ConcatenatedArray(self.shards)
+
+    def _cached_maps(self) -> tuple[str, ...]:
+        return ("tokens", "shards")
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.family.dtype
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self._counts)
+
+    def _offsets(self) -> np.ndarray:
+        return split_offsets(self.tokens, bos=self.bos)
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "magic": self.family.magic,
+            "version": self.family.version,
+            "family": self.family.name,
+            "bos": self.bos,
+            "shards": [{"path": str(p), "ntok": n} for p, n in zip(self._paths, self._counts)],
+        }
+
+    def batches(
+        self, batch_size: int, seq_len: int, *, rank: int = 0, world_size: int = 1
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """One epoch of ``(inputs, targets)`` batches exactly as llm.c's unshuffled C loader yields them.
+
+        Window ``k`` of process ``rank`` starts at token ``(k * world_size + rank) * B * T`` of the
+        current shard and reads ``B * T + 1`` tokens; a shard yields ``(ntok - 1) // (world_size * B * T)``
+        windows, then the next shard in sorted order follows. Arrays are int32 of shape ``(B, T)``.
+        """
+        span = batch_size * seq_len
+        if span <= 0 or not 0 <= rank < world_size:
+            raise ValueError(
+                "need batch_size > 0, seq_len > 0 and 0 <= rank < world_size; "
+                f"got {batch_size}, {seq_len}, {rank}, {world_size}"
+            )
+        for shard in self.shards:
+            windows = max(len(shard) - 1, 0) // (world_size * span)
+            for k in range(windows):
+                start = (k * world_size + rank) * span
+                window = np.asarray(shard[start : start + span + 1], dtype=np.int32)
+                yield window[:-1].reshape(batch_size, seq_len), window[1:].reshape(batch_size, seq_len)
+
+
+class Writer(TokenWriter):
+    """Writes llm.c shards ``{path}_{split}_{index:06d}.bin``, byte-identical to llm.c's ``write_datafile``.
+
+    Args:
+        path: the shard prefix, e.g. ``"out/fineweb"``.
+        vocab_size: picks the family: GPT-2 (uint16) up to 65,536 ids, else Llama-3 (uint32).
+        dtype: ``uint16`` or ``uint32`` instead of ``vocab_size``.
+        split: the split name in the file names.
+        shard_size: tokens per shard (llm.c's default 10**8); capped so that no shard reaches 2 GiB.
+        bos: when given, written before every document (llm.c's delimiter convention).
+        overwrite: replace existing shards of the same prefix and split (stale higher-numbered ones are removed).
+    """
+
+    format = "llmc"
+
+    def __init__(
+        self,
+        path: PathLike,
+        *,
+        vocab_size: int | None = None,
+        dtype: npt.DTypeLike | None = None,
+        split: str = "train",
+        shard_size: int = 10**8,
+        bos: int | None = None,
+        overwrite: bool = False,
+    ) -> None:
+        chosen = resolve_dtype(dtype, vocab_size, format=self.format, allowed=("uint16", "uint32"))
+        super().__init__(path, dtype=chosen, vocab_size=vocab_size, overwrite=overwrite)
+        self.family = GPT2 if chosen.itemsize == 2 else LLAMA3
+        capacity = (MAX_SHARD_BYTES - 1 - HEADER_BYTES) // chosen.itemsize
+        if shard_size <= 0:
+            raise ValueError(f"shard_size must be positive, found {shard_size}")
+        self.shard_size = min(shard_size, capacity)
+        self.split = split
+        self.bos = (
+            None if bos is None else check_tokens(np.array([bos]), chosen, vocab_size=vocab_size, where="bos: ")[0]
+        )
+        self._header = np.zeros(HEADER_INTS, dtype="<i4")
+        self._header[:2] = (self.family.magic, self.family.version)
+        self._shard: Any = None
+        self._shard_tokens = 0
+        self.shard_paths: list[Path] = []
+        self._files.check_destination(shard_name(self.path, split, 0))
+        if overwrite:
+            self._files.remove_on_commit(
+                Path(p) for p in sorted(Path(self.path).parent.glob(f"{Path(self.path).name}_{split}_*.bin"))
+            )
+
+    def _open_shard(self) -> None:
+        final = shard_name(self.path, self.split, len(self.shard_paths))
+        self._shard = self._files.create(final)
+        self._shard.write(self._header.tobytes())
+        self._shard_tokens = 0
+        self.shard_paths.append(final)
+
+    def _close_shard(self) -> None:
+        header = self._header.copy()
+        header[2] = self._shard_tokens
+        self._shard.seek(0)
+        self._shard.write(header.tobytes())
+        self._shard.seek(0, os.SEEK_END)
+
+    def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
+        if self.bos is not None:
+            starts = np.zeros(len(lengths), dtype=np.int64)
+            np.cumsum(lengths[:-1], dtype=np.int64, out=starts[1:])
+            flat = np.insert(flat, starts, self.bos)
+        position = 0
+        while position < len(flat):
+            if self._shard is None or self._shard_tokens == self.shard_size:
+                if self._shard is not None:
+                    self._close_shard()
+                self._open_shard()
+            room = self.shard_size - self._shard_tokens
+            piece = flat[position : position + room]
+            self._shard.write(np.ascontiguousarray(piece).data)
+            self._shard_tokens += len(piece)
+            position += len(piece)
+
+    def _finish(self) -> None:
+        if self._shard is None:  # an empty corpus is one empty shard, as write_datafile would write
+            self._open_shard()
+        self._close_shard()

@@ -1,0 +1,174 @@
+"""Raw token streams: token ids back to back, no header (nanoGPT ``train.bin``, oxidizr, dolma).
+
+Layout::
+
+    offset 0: token 0, token 1, ... in the stream's dtype, little-endian; nothing else.
+
+The file records neither its dtype nor document boundaries, so the reader must be told the dtype
+(``dtype=``; it refuses to guess and instead describes what the bytes look like under each
+candidate) and, optionally, a delimiter: ``eos=ID`` (each document ends with it, the nanoGPT /
+oxidizr convention) or ``bos=ID`` (each document starts with it, the llm.c convention).
+The file size must be a multiple of the itemsize.
+
+The writer picks uint16 when ``vocab_size <= 65,536``, else uint32, and can append ``eos`` after
+each document.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..arrays import map_file
+from ..documents import split_offsets
+from ..dtypes import check_tokens, parse_dtype, resolve_dtype
+from ..errors import DTypeError, NoFilesError, SizeMismatchError
+from ..protocol import PathLike, TokenReader, TokenWriter
+
+__all__ = ["Reader", "Writer", "describe_headerless", "CANDIDATE_DTYPES"]
+
+#: The dtypes headerless token files are written in, in the order we describe them.
+CANDIDATE_DTYPES = ("uint16", "uint32", "int32")
+_SAMPLE_BYTES = 1 << 20
+_PREVIEW = 8
+
+
+def _guess(sample: bytes, size: int) -> str:
+    """A hint (never used to read) about which candidate dtype the bytes look like."""
+    if size % 4:
+        return "only uint16 divides the file size, so it is probably uint16"
+    words = np.frombuffer(sample[: len(sample) // 4 * 4], dtype="<u4")
+    if words.size == 0:
+        return "the file is empty"
+    too_large = float(np.mean(words >= 1 << 20))
+    if too_large > 0.01:
+        return f"as uint32, {too_large:.0%} of values exceed 2**20 (no tokenizer is that large): probably uint16"
+    halves = np.frombuffer(sample[: len(sample) // 4 * 4], dtype="<u2")
+    if halves[1::2].any():
+        return "the values read as uint32 are all plausible ids; uint32/int32 is likely, but uint16 is possible"
+    return "as uint16, every second value is 0: probably uint32 (or int32, identical for ids below 2**31)"
+
+
+def describe_headerless(path: Path) -> str:
+    """Explain how to open ``path`` as a raw stream, with what its bytes look like under each candidate dtype."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            sample = handle.read(_SAMPLE_BYTES)
+    except OSError as exc:
+        return f"It cannot be read ({exc})."
+    lines = [
+        "A headerless token stream records no dtype: pass format='raw' and dtype= "
+        f"(the file has {size:,} bytes). Its bytes read as:"
+    ]
+    for name in CANDIDATE_DTYPES:
+        dt = np.dtype(name).newbyteorder("<")
+        if size % dt.itemsize:
+            lines.append(f"  {name}: impossible, {size:,} bytes is not a multiple of {dt.itemsize}")
+            continue
+        values = np.frombuffer(sample[: len(sample) // dt.itemsize * dt.itemsize], dtype=dt)
+        head = values[:_PREVIEW].tolist()
+        top = int(values.max()) if values.size else None
+        lines.append(f"  {name}: {size // dt.itemsize:,} tokens, starting {head}, largest in the first MiB {top}")
+    lines.append(f"Hint: {_guess(sample, size)}.")
+    return "\n".join(lines)
+
+
+class Reader(TokenReader):
+    """A headerless token stream, memory-mapped.
+
+    Args:
+        path: the ``.bin`` file.
+        dtype: the token dtype (required: the file does not record it).
+        eos: split documents after each occurrence of this id (the id stays in the document).
+        bos: split documents before each occurrence of this id.
+    """
+
+    format = "raw"
+
+    def __init__(
+        self, path: PathLike, dtype: npt.DTypeLike | None = None, *, eos: int | None = None, bos: int | None = None
+    ) -> None:
+        super().__init__(path, dtype=dtype, eos=eos, bos=bos)
+        self._path = Path(path)
+        if not self._path.is_file():
+            raise NoFilesError(f"{self._path} does not exist or is not a file.")
+        if dtype is None:
+            raise DTypeError(f"{self._path}: dtype is required for format='raw'. " + describe_headerless(self._path))
+        if eos is not None and bos is not None:
+            raise ValueError(f"{self._path}: pass eos= or bos=, not both.")
+        self._dtype = parse_dtype(dtype)
+        self._size = self._path.stat().st_size
+        if self._size % self._dtype.itemsize:
+            raise SizeMismatchError(
+                f"{self._path}: the file size ({self._size:,} bytes) is not a multiple of the {self._dtype.name} "
+                f"itemsize ({self._dtype.itemsize}): the file is truncated or its dtype is not {self._dtype.name}."
+            )
+        self.eos = eos
+        self.bos = bos
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @cached_property
+    def tokens(self) -> np.ndarray:
+        """The whole stream as a read-only ``np.memmap`` (an empty array for an empty file)."""
+        return map_file(self._path, self._dtype)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._dtype
+
+    @property
+    def num_tokens(self) -> int:
+        return self._size // self._dtype.itemsize
+
+    def _offsets(self) -> np.ndarray:
+        return split_offsets(self.tokens, eos=self.eos, bos=self.bos)
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return {"eos": self.eos, "bos": self.bos, "bytes": self._size}
+
+
+class Writer(TokenWriter):
+    """Writes a headerless token stream.
+
+    Args:
+        path: the output file.
+        vocab_size: ids must be below it; uint16 up to 65,536 ids, else uint32.
+        dtype: explicit dtype instead (for example ``int32`` for legacy llm.c files).
+        eos: appended after every document when given.
+        overwrite: replace an existing file.
+    """
+
+    format = "raw"
+
+    def __init__(
+        self,
+        path: PathLike,
+        *,
+        vocab_size: int | None = None,
+        dtype: npt.DTypeLike | None = None,
+        eos: int | None = None,
+        overwrite: bool = False,
+    ) -> None:
+        chosen = resolve_dtype(dtype, vocab_size, format=self.format)
+        super().__init__(path, dtype=chosen, vocab_size=vocab_size, overwrite=overwrite)
+        self.eos = (
+            None if eos is None else check_tokens(np.array([eos]), chosen, vocab_size=vocab_size, where="eos: ")[0]
+        )
+        self._file = self._files.create(self.path)
+
+    def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
+        if self.eos is not None:
+            flat = np.insert(flat, np.cumsum(lengths, dtype=np.int64), self.eos)
+        self._file.write(np.ascontiguousarray(flat).data)
+
+    def _finish(self) -> None:
+        """Nothing to patch: a raw stream is complete once its tokens are written."""

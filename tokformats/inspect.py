@@ -1,0 +1,70 @@
+"""Facts about a dataset for people and scripts: what ``tokformats info`` prints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .arrays import iter_chunks
+from .protocol import Reader, TokenReader
+
+__all__ = ["describe"]
+
+
+def _extremes(reader: TokenReader) -> tuple[Any, Any]:
+    """Smallest and largest value, scanned chunk by chunk (vectorised, memory bounded)."""
+    if reader.num_tokens == 0:
+        return None, None
+    lows, highs = [], []
+    for chunk in iter_chunks(reader.tokens):
+        if len(chunk):
+            lows.append(chunk.min())
+            highs.append(chunk.max())
+    low, high = min(lows), max(highs)
+    return (low.item(), high.item())
+
+
+def describe(reader: Reader[Any], *, scan: bool = True) -> dict[str, Any]:
+    """A JSON-serialisable summary: format, files, sizes, counts, dtype, id range and header fields.
+
+    Args:
+        reader: an open reader.
+        scan: compute the smallest and largest id (reads every token once).
+    """
+    files = reader.files
+    info: dict[str, Any] = {
+        "format": reader.format,
+        "path": str(reader.path),
+        "files": [str(f) for f in files],
+        "bytes_on_disk": int(sum(f.stat().st_size for f in files if f.exists())),
+    }
+    if isinstance(reader, TokenReader):
+        info["documents"] = len(reader)
+        info["tokens"] = reader.num_tokens
+        info["dtype"] = reader.dtype.name
+        if scan:
+            info["min_id"], info["max_id"] = _extremes(reader)
+        if len(reader):
+            lengths = reader.lengths
+            info["document_length"] = {
+                "min": int(lengths.min()),
+                "mean": round(float(lengths.mean()), 2),
+                "max": int(lengths.max()),
+            }
+    else:
+        info["items"] = len(reader)
+    info["metadata"] = _jsonable(reader.metadata)
+    return info
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return value

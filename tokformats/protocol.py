@@ -1,0 +1,351 @@
+"""The common Reader/Writer protocol every format implements.
+
+A :class:`Reader` is a read-only sequence of items (documents of token ids, or a vocabulary's
+token bytes) that knows its path, format and metadata, closes, and pickles by path. A
+:class:`TokenReader` adds the flat token stream (``tokens``), per-document ``lengths`` and
+``num_tokens``; a subclass only says how to map its files and where documents start.
+
+A :class:`Writer` is a context manager whose files appear atomically when the block ends without
+an exception and not at all otherwise. A :class:`TokenWriter` validates and casts token ids once,
+vectorised, and hands subclasses ready arrays through :meth:`TokenWriter._write_tokens`.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from functools import cached_property
+from pathlib import Path
+from types import TracebackType
+from typing import Any, ClassVar, Generic, TypeVar, overload
+
+import numpy as np
+import numpy.typing as npt
+from typing_extensions import Self
+
+from .arrays import TokenArray
+from .atomic import AtomicFiles
+from .dtypes import as_token_array, check_lengths, check_tokens
+
+__all__ = ["Reader", "TokenReader", "Writer", "TokenWriter", "PathLike"]
+
+PathLike = str | os.PathLike[str]
+Item = TypeVar("Item")
+
+
+def _public_name(cls: type) -> str:
+    """``tokformats.llmc.Reader`` rather than ``tokformats.formats.llmc.Reader``."""
+    return f"{cls.__module__.replace('.formats.', '.')}.{cls.__qualname__}"
+
+
+def _reopen(cls: type[Reader[Any]], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Reader[Any]:
+    return cls(*args, **kwargs)
+
+
+class Reader(ABC, Generic[Item]):
+    """A read-only sequence of items stored in one format.
+
+    Subclasses call ``super().__init__(*args, **kwargs)`` with their own constructor arguments so
+    that pickling re-opens the same files with the same options (memory maps are never pickled).
+    """
+
+    #: Registry name of the format.
+    format: ClassVar[str]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._init_args = args
+        self._init_kwargs = kwargs
+        self._closed = False
+
+    # -- pickling: by path, re-opened on load --------------------------------------------
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_reopen, (type(self), self._init_args, self._init_kwargs))
+
+    # -- the sequence ----------------------------------------------------------------------
+    @abstractmethod
+    def __len__(self) -> int:
+        """Number of items (documents, sequences or vocabulary entries)."""
+
+    @abstractmethod
+    def _item(self, index: int) -> Item:
+        """Item ``index``, already normalised to ``0 <= index < len(self)``."""
+
+    def _items(self, start: int, stop: int, step: int) -> list[Item]:
+        return [self._item(i) for i in range(start, stop, step)]
+
+    @overload
+    def __getitem__(self, key: int | np.integer[Any]) -> Item: ...
+    @overload
+    def __getitem__(self, key: slice) -> list[Item]: ...
+    def __getitem__(self, key: int | np.integer[Any] | slice) -> Item | list[Item]:
+        """One item by (possibly negative) index, or a list of items by slice."""
+        n = len(self)
+        if isinstance(key, slice):
+            return self._items(*key.indices(n))
+        if not isinstance(key, (int, np.integer)):
+            raise TypeError(f"{type(self).__name__} indices must be integers or slices, not {type(key).__name__}")
+        index = int(key)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"index {int(key)} is out of range for {n} items in {self.path}")
+        return self._item(index)
+
+    def __iter__(self) -> Iterator[Item]:
+        for i in range(len(self)):
+            yield self._item(i)
+
+    # -- facts -------------------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def path(self) -> Path:
+        """The path the reader was opened on (a folder, a prefix, or the first file)."""
+
+    @property
+    def files(self) -> list[Path]:
+        """Every file the reader maps."""
+        return [self.path]
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """Format-specific facts (header fields, delimiter, manifest, ...), JSON-serialisable."""
+        return {}
+
+    # -- lifetime ------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release memory maps. Using the reader afterwards re-maps lazily."""
+        self._closed = True
+        for name in self._cached_maps():
+            self.__dict__.pop(name, None)
+
+    def _cached_maps(self) -> Sequence[str]:
+        """Names of ``cached_property`` attributes holding memory maps, dropped by :meth:`close`."""
+        return ()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- display ----------------------------------------------------------------------------
+    def _summary(self) -> dict[str, Any]:
+        return {"format": self.format, "path": str(self.path), "items": len(self)}
+
+    def __repr__(self) -> str:
+        fields = " ".join(
+            f"{k}={v:,}" if isinstance(v, int) else f"{k}={v!r}" if k == "path" else f"{k}={v}"
+            for k, v in self._summary().items()
+        )
+        return f"<{_public_name(type(self))} {fields}>"
+
+    def _preview(self) -> str | None:
+        return None
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><th style='text-align:left'>{html.escape(k)}</th><td style='text-align:left'>"
+            f"{html.escape(f'{v:,}' if isinstance(v, int) else str(v))}</td></tr>"
+            for k, v in self._summary().items()
+        )
+        preview = self._preview()
+        if preview is not None:
+            rows += (
+                "<tr><th style='text-align:left'>first item</th>"
+                f"<td style='text-align:left'><code>{html.escape(preview)}</code></td></tr>"
+            )
+        return f"<table><caption>{html.escape(_public_name(type(self)))}</caption>{rows}</table>"
+
+
+class TokenReader(Reader[np.ndarray]):
+    """A corpus: a flat token stream plus document boundaries.
+
+    Subclasses implement :attr:`tokens` (usually a ``cached_property`` memory map) and
+    :meth:`_offsets` (``D + 1`` int64 token offsets). Documents are zero-copy views whenever they
+    lie inside one file.
+    """
+
+    @property
+    @abstractmethod
+    def tokens(self) -> TokenArray:
+        """The whole token stream: an ``np.memmap`` for one file, a ``ConcatenatedArray`` for several."""
+
+    @abstractmethod
+    def _offsets(self) -> np.ndarray:
+        """``D + 1`` int64 offsets of documents in :attr:`tokens`; called once, then cached."""
+
+    @cached_property
+    def offsets(self) -> np.ndarray:
+        """``D + 1`` int64 token offsets: document ``k`` is ``tokens[offsets[k]:offsets[k + 1]]``."""
+        offsets = self._offsets()
+        offsets.flags.writeable = False
+        return offsets
+
+    @cached_property
+    def lengths(self) -> np.ndarray:
+        """Number of tokens of each document (int64)."""
+        lengths = np.diff(self.offsets)
+        lengths.flags.writeable = False
+        return lengths
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def _item(self, index: int) -> np.ndarray:
+        offsets = self.offsets
+        return self.tokens[int(offsets[index]) : int(offsets[index + 1])]
+
+    @property
+    def num_tokens(self) -> int:
+        """Total number of tokens (or values) in the stream."""
+        return len(self.tokens)
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The on-disk dtype of the tokens (explicit byte order)."""
+        return self.tokens.dtype
+
+    def _cached_maps(self) -> Sequence[str]:
+        return ("tokens",)
+
+    def _summary(self) -> dict[str, Any]:
+        return {
+            "format": self.format,
+            "path": str(self.path),
+            "documents": len(self),
+            "tokens": self.num_tokens,
+            "dtype": self.dtype.name,
+        }
+
+    def _preview(self) -> str | None:
+        if len(self) == 0:
+            return None
+        first = np.asarray(self._item(0)[:32]).tolist()
+        more = " ..." if self.lengths[0] > 32 else ""
+        return f"{first}{more}"
+
+
+class Writer(ABC, Generic[Item]):
+    """Writes one dataset; a context manager that commits on success and leaves nothing on failure.
+
+    Subclasses create their outputs with ``self._files.create(final_path)`` and implement
+    :meth:`_finish` (patch headers, write indexes) and :meth:`write`.
+    """
+
+    format: ClassVar[str]
+
+    def __init__(self, path: PathLike, *, overwrite: bool = False) -> None:
+        self.path = Path(path)
+        self.overwrite = overwrite
+        self._files = AtomicFiles(overwrite=overwrite)
+        self._state = "open"  # open -> committed | aborted
+        #: The final paths of every file, once committed.
+        self.written: list[Path] = []
+
+    @property
+    def closed(self) -> bool:
+        """True once the writer has committed or aborted."""
+        return self._state != "open"
+
+    def _check_open(self) -> None:
+        if self._state != "open":
+            raise ValueError(f"this {self.format} writer for {self.path} is already {self._state}")
+
+    @abstractmethod
+    def write(self, item: Item) -> None:
+        """Append one item (a document, a vocabulary entry, ...)."""
+
+    @abstractmethod
+    def _finish(self) -> None:
+        """Write whatever goes last (headers, indexes) into the temporaries before they are committed."""
+
+    def close(self) -> list[Path]:
+        """Finish and commit: every output appears under its final name. Returns those paths."""
+        if self._state == "committed":
+            return []
+        self._check_open()
+        try:
+            self._finish()
+            paths = self._files.commit()
+        except BaseException:
+            self.abort()
+            raise
+        self._state = "committed"
+        self.written = paths
+        return paths
+
+    def abort(self) -> None:
+        """Discard everything written; nothing appears under a final name."""
+        if self._state == "open":
+            self._files.abort()
+            self._state = "aborted"
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def __repr__(self) -> str:
+        return f"<{_public_name(type(self))} path={str(self.path)!r} {self._state}>"
+
+
+class TokenWriter(Writer[Any]):
+    """A writer of token documents: validation and casting shared by every format.
+
+    Args:
+        path: where to write (the format decides whether that is a file, a prefix or a folder).
+        dtype: on-disk dtype; chosen from ``vocab_size`` by the format's rule when omitted.
+        vocab_size: ids must be below it; also picks the dtype.
+        overwrite: replace an existing dataset.
+    """
+
+    def __init__(self, path: PathLike, *, dtype: np.dtype, vocab_size: int | None, overwrite: bool = False) -> None:
+        super().__init__(path, overwrite=overwrite)
+        self.dtype = dtype
+        self.vocab_size = vocab_size
+        #: Documents and tokens written so far.
+        self.num_documents = 0
+        self.num_tokens = 0
+
+    def _validated(self, flat: np.ndarray, lengths: np.ndarray | None) -> np.ndarray:
+        return check_tokens(
+            flat,
+            self.dtype,
+            vocab_size=self.vocab_size,
+            lengths=lengths,
+            first_document=self.num_documents,
+            where=f"{self.path}: ",
+        )
+
+    def write(self, item: npt.ArrayLike) -> None:
+        """Append one document (a sequence of ids)."""
+        self._check_open()
+        flat = self._validated(as_token_array(item, what="a document"), None)
+        self._write_tokens(flat, np.array([len(flat)], dtype=np.int64))
+        self.num_documents += 1
+        self.num_tokens += len(flat)
+
+    def write_batch(self, flat_ids: npt.ArrayLike, lengths: npt.ArrayLike) -> None:
+        """Append many documents at once: ``flat_ids`` is their concatenation, ``lengths`` their sizes.
+
+        This is the fast path: one validation and one cast for the whole batch, no per-document Python work.
+        """
+        self._check_open()
+        flat = as_token_array(flat_ids, what="flat_ids")
+        sizes = check_lengths(lengths, len(flat), where=f"{self.path}: ")
+        flat = self._validated(flat, sizes)
+        self._write_tokens(flat, sizes)
+        self.num_documents += len(sizes)
+        self.num_tokens += len(flat)
+
+    @abstractmethod
+    def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
+        """Write documents whose ids are already checked and cast to :attr:`dtype`."""

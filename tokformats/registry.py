@@ -1,0 +1,151 @@
+"""The table of formats: names, detection by content, and lazy access to reader/writer classes.
+
+Each format module exposes ``Reader``, optionally ``Writer``, and a ``detect(path) -> bool`` that
+looks at bytes and layout only (a header, sibling files, a folder's contents). Modules are imported
+the first time a format is used, so ``import tokformats`` stays cheap. :data:`formats` is a read-only
+view of the table.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType, ModuleType
+from typing import Any
+
+from .errors import NoFilesError, UnknownFormatError
+
+__all__ = ["FormatDescriptor", "formats", "register", "descriptor", "detect", "expand_paths"]
+
+
+@dataclass(frozen=True)
+class FormatDescriptor:
+    """One registered format.
+
+    Attributes:
+        name: the name used by ``open(format=...)``, ``create`` and the CLI.
+        description: one line for listings.
+        suffixes: file name endings the format uses (informative; detection reads content).
+        module: the module holding ``Reader``, ``Writer`` and ``detect``.
+        detectable: whether :func:`detect` can recognise it by content (headerless raw cannot).
+        writable: whether it has a writer.
+    """
+
+    name: str
+    description: str
+    suffixes: tuple[str, ...]
+    module: str
+    detectable: bool = True
+    writable: bool = True
+    _cache: dict[str, ModuleType] = field(default_factory=dict, repr=False, compare=False)
+
+    def load(self) -> ModuleType:
+        """Import (once) and return the format's module."""
+        if "module" not in self._cache:
+            self._cache["module"] = importlib.import_module(self.module)
+        return self._cache["module"]
+
+    @property
+    def reader(self) -> type:
+        """The format's Reader class."""
+        return self.load().Reader
+
+    @property
+    def writer(self) -> type | None:
+        """The format's Writer class, or None when the format is read-only."""
+        return getattr(self.load(), "Writer", None) if self.writable else None
+
+    def detect(self, path: Path) -> bool:
+        """True if ``path`` is, by its bytes and layout, a dataset of this format."""
+        if not self.detectable:
+            return False
+        probe: Callable[[Path], bool] = self.load().detect
+        return probe(path)
+
+
+_REGISTRY: dict[str, FormatDescriptor] = {}
+
+#: Read-only mapping of format name to :class:`FormatDescriptor`, in detection order.
+formats: Mapping[str, FormatDescriptor] = MappingProxyType(_REGISTRY)
+
+
+def register(descriptor: FormatDescriptor) -> None:
+    """Add a format to the table (plugins may call this); a name can be registered once."""
+    if descriptor.name in _REGISTRY:
+        raise ValueError(f"a format named {descriptor.name!r} is already registered")
+    _REGISTRY[descriptor.name] = descriptor
+
+
+def descriptor(name: str) -> FormatDescriptor:
+    """The descriptor of format ``name``; :class:`UnknownFormatError` listing the names otherwise."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY))
+        raise UnknownFormatError(f"there is no format named {name!r}; the formats are: {known}.") from None
+
+
+_GLOB_CHARS = set("*?[")
+
+
+def expand_paths(path: Any) -> list[Path]:
+    """A path, a glob pattern or a list of paths as a list of paths (globs sorted).
+
+    A glob that matches nothing, or an empty list, raises :class:`NoFilesError`.
+    """
+    if isinstance(path, (str, os.PathLike)):
+        text = os.fspath(path)
+        if _GLOB_CHARS & set(text) and not os.path.exists(text):
+            matches = sorted(glob.glob(text))
+            if not matches:
+                raise NoFilesError(f"the pattern {text!r} matches no file.")
+            return [Path(m) for m in matches]
+        return [Path(text)]
+    paths = [Path(os.fspath(p)) for p in path]
+    if not paths:
+        raise NoFilesError("an empty list of paths was given; name at least one file.")
+    return paths
+
+
+def _candidates() -> Iterator[FormatDescriptor]:
+    return (d for d in _REGISTRY.values() if d.detectable)
+
+
+def detect(path: Any) -> str:
+    """The name of the format of ``path`` (a file, a prefix, a folder, a glob or a list), by content.
+
+    Raises:
+        NoFilesError: nothing exists at ``path``.
+        UnknownFormatError: no format recognises it; headerless streams need ``format="raw"``.
+    """
+    paths = expand_paths(path)
+    first = paths[0]
+    found = [d.name for d in _candidates() if d.detect(first)]
+    if found:
+        return found[0]
+    if not first.exists() and not any(Path(str(first) + s).exists() for s in (".idx", ".bin")):
+        raise NoFilesError(f"{first} does not exist.")
+    from .formats.raw import describe_headerless
+
+    raise UnknownFormatError(
+        f"{first} is not in a format tokformats recognises by its content. " + describe_headerless(first)
+    )
+
+
+# The built-in formats, in detection order: formats with magic numbers first, layouts after, and
+# headerless raw last (never detected: its bytes say nothing).
+for _descriptor in (
+    FormatDescriptor("llmc", "llm.c token shards (1 KiB header, uint16/uint32)", (".bin",), "tokformats.formats.llmc"),
+    FormatDescriptor(
+        "raw",
+        "headerless token stream (dtype must be given)",
+        (".bin", ".npy"),
+        "tokformats.formats.raw",
+        detectable=False,
+    ),
+):
+    register(_descriptor)
