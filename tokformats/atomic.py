@@ -61,6 +61,7 @@ class AtomicFiles:
     def __init__(self, *, overwrite: bool = False) -> None:
         self.overwrite = overwrite
         self._finals: list[Path] = []
+        self._final_set: set[Path] = set()
         self._temporaries: list[Path] = []
         self._handles: list[BinaryIO] = []
         self._made_dirs: list[Path] = []
@@ -92,8 +93,9 @@ class AtomicFiles:
         """
         path = Path(final)
         self.check_destination(path)
-        if path in self._finals:
+        if path in self._final_set:
             raise ValueError(f"{path} was already created in this commit")
+        self._final_set.add(path)
         self.make_parent(path)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
         handle = open(tmp, "w+b")  # noqa: SIM115 - closed by commit() or abort()
@@ -102,6 +104,17 @@ class AtomicFiles:
         self._handles.append(handle)
         return handle
 
+    def finish(self, handle: BinaryIO) -> None:
+        """Flush, fsync and close one temporary early (a completed shard), keeping it for the commit.
+
+        Sharded writers call this so that only the shard being written holds a file descriptor.
+        """
+        if handle.closed:
+            return
+        handle.flush()
+        os.fsync(handle.fileno())
+        handle.close()
+
     def remove_on_commit(self, paths: Iterable[Path]) -> None:
         """Delete these existing files when committing (stale shards of an overwritten dataset)."""
         self._stale.extend(paths)
@@ -109,9 +122,7 @@ class AtomicFiles:
     def commit(self) -> list[Path]:
         """Flush, fsync and rename every temporary into place; return the final paths."""
         for handle in self._handles:
-            handle.flush()
-            os.fsync(handle.fileno())
-            handle.close()
+            self.finish(handle)
         for final in self._finals:
             self.check_destination(final)  # something may have appeared while we were writing
         finals = list(self._finals)
@@ -126,6 +137,7 @@ class AtomicFiles:
         self._temporaries.clear()
         self._made_dirs.clear()
         self._finals.clear()
+        self._final_set.clear()
         self._finalizer.detach()
         return finals
 
@@ -133,4 +145,5 @@ class AtomicFiles:
         """Remove every temporary (and folder made for them); nothing appears under a final name."""
         _cleanup(self._handles, self._temporaries, self._made_dirs)
         self._finals.clear()
+        self._final_set.clear()
         self._finalizer.detach()

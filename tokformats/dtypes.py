@@ -146,12 +146,14 @@ def check_tokens(
         if bad_mask.any():
             bad = bad_mask
     else:
-        lo, hi = flat.min(), flat.max()
+        # Unsigned input cannot go below zero: one pass (max) instead of two.
+        lo = 0 if flat.dtype.kind in "ub" else flat.min()
+        hi = flat.max()
         if lo < low or hi > high:
             bad = (flat < low) | (flat > high)
     if bad is not None:
         position = int(np.argmax(bad))
-        value = flat[position]
+        value = flat[position].item()
         document = first_document
         if lengths is not None and len(lengths):
             ends = np.cumsum(lengths, dtype=np.int64)
@@ -163,7 +165,7 @@ def check_tokens(
         )
         within = position - _start_of(document - first_document, lengths)
         raise TokenRangeError(
-            f"{where}document {document} holds the value {value!r} at token {within}, which is not {limit}; "
+            f"{where}document {document} holds the value {value} (its token {within}), which is not {limit}; "
             "values are never wrapped. Pick a wider dtype or check the tokenizer."
         )
     return flat.astype(target, copy=False)

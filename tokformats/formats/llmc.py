@@ -296,7 +296,7 @@ class Writer(TokenWriter):
         header[2] = self._shard_tokens
         self._shard.seek(0)
         self._shard.write(header.tobytes())
-        self._shard.seek(0, os.SEEK_END)
+        self._files.finish(self._shard)
 
     def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
         if self.bos is not None:

@@ -1,0 +1,69 @@
+"""Helpers shared by the benchmarks: timing, scratch space, table printing."""
+
+from __future__ import annotations
+
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def best_of(function: Callable[[], Any], repeat: int = 3) -> tuple[float, Any]:
+    """The fastest of ``repeat`` runs in seconds, and the last result."""
+    best, result = float("inf"), None
+    for _ in range(repeat):
+        started = time.perf_counter()
+        result = function()
+        best = min(best, time.perf_counter() - started)
+    return best, result
+
+
+def interleaved(
+    first: Callable[[], Any], second: Callable[[], Any], repeat: int = 5, setup: Callable[[], Any] | None = None
+) -> tuple[float, float]:
+    """Best times of two functions run alternately, so that disk and cache noise hits both alike.
+
+    ``setup`` runs untimed before every call (for example, to delete the previous run's output).
+    """
+    best = [float("inf"), float("inf")]
+    for _ in range(repeat):
+        for k, function in enumerate((first, second)):
+            if setup is not None:
+                setup()
+            started = time.perf_counter()
+            function()
+            best[k] = min(best[k], time.perf_counter() - started)
+    return best[0], best[1]
+
+
+def scratch(name: str) -> Path:
+    """A scratch folder under ``$TOKFORMATS_BENCH_DIR`` (default: the system temporary folder)."""
+    root = Path(os.environ.get("TOKFORMATS_BENCH_DIR", tempfile.gettempdir())) / f"tokformats-bench-{name}"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def machine() -> str:
+    """One line describing the machine the figures come from."""
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """Rows as a Markdown table (what goes into the README)."""
+    headers = list(rows[0])
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(r[h]) for h in headers) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def drop_from_cache(path: Path) -> None:
+    """Best effort: ask the kernel to forget a file's pages, so a run does not time the page cache twice."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    except (AttributeError, OSError):
+        pass

@@ -1,0 +1,245 @@
+"""The conformance suite every token format's reader/writer pair passes.
+
+A format's test module subclasses :class:`TokenFormatTests` and says how to write (``write_options``),
+how to open what was written (``open_written``), and what a document looks like when read back
+(``expected``: formats with implicit delimiters add one). Everything else is shared.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+
+import tokformats
+from tokformats import OutputExistsError, TokenRangeError
+
+from .conftest import random_corpus
+
+
+class TokenFormatTests:
+    """Round trips, limits, refusals, atomicity, pickling and indexing for one format."""
+
+    format: ClassVar[str]
+    #: dtypes to exercise; the first is the default one.
+    dtypes: ClassVar[tuple[str, ...]] = ("uint16",)
+    #: Smallest id documents may use (formats that split at a delimiter keep it out of documents).
+    low_id: ClassVar[int] = 0
+    #: Output names in this format: a file suffix, or "" for a prefix or folder.
+    suffix: ClassVar[str] = ""
+    #: Tokens of the single document of ``test_huge_document``.
+    huge_tokens: ClassVar[int] = 3_000_000
+
+    # -- hooks ---------------------------------------------------------------------------
+    def write_options(self) -> dict[str, Any]:
+        """Extra options for ``tokformats.create``."""
+        return {}
+
+    def source(self, target: Path) -> Any:
+        """What to pass to ``tokformats.open`` for the dataset written at ``target``."""
+        return target
+
+    def read_options(self, dtype: str) -> dict[str, Any]:
+        """Options ``tokformats.open`` needs for it (none when the format is detected)."""
+        return {}
+
+    def open_written(self, target: Path, dtype: str) -> tokformats.TokenReader:
+        """Open what was written at ``target``."""
+        reader = tokformats.open(self.source(target), **self.read_options(dtype))
+        assert isinstance(reader, tokformats.TokenReader)
+        return reader
+
+    def expected(self, document: np.ndarray) -> np.ndarray:
+        """What the reader returns for a written document."""
+        return document
+
+    # -- helpers -------------------------------------------------------------------------
+    def target(self, tmp_path: Path, name: str = "corpus") -> Path:
+        return tmp_path / "out" / f"{name}{self.suffix}"
+
+    def write(
+        self, target: Path, flat: np.ndarray, lengths: np.ndarray, dtype: str | None = None, **extra: Any
+    ) -> None:
+        options = {"dtype": dtype or self.dtypes[0], **self.write_options(), **extra}
+        with tokformats.create(target, self.format, **options) as writer:
+            assert isinstance(writer, tokformats.TokenWriter)
+            writer.write_batch(flat, lengths)
+
+    def check_round_trip(self, reader: tokformats.TokenReader, flat: np.ndarray, lengths: np.ndarray) -> None:
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        assert len(reader) == len(lengths)
+        expected = [self.expected(flat[offsets[k] : offsets[k + 1]]) for k in range(len(lengths))]
+        for k, document in enumerate(expected):
+            np.testing.assert_array_equal(np.asarray(reader[k]), document, err_msg=f"document {k}")
+        np.testing.assert_array_equal(reader.lengths, [len(d) for d in expected])
+        assert reader.num_tokens == sum(len(d) for d in expected)
+
+    # -- the suite -----------------------------------------------------------------------
+    @pytest.mark.parametrize("seed", [0, 1])
+    def test_round_trip_random_corpus(self, tmp_path: Path, seed: int) -> None:
+        for dtype in self.dtypes:
+            rng = np.random.default_rng(seed)
+            top = int(min(np.iinfo(dtype).max, 2**31 - 1)) if np.dtype(dtype).kind in "iu" else 1000
+            flat, lengths = random_corpus(rng, 300, low=self.low_id, high=top)
+            target = self.target(tmp_path, f"c{seed}{dtype}")
+            self.write(target, flat, lengths, dtype)
+            with self.open_written(target, dtype) as reader:
+                assert reader.format == self.format
+                assert reader.dtype == np.dtype(dtype)
+                self.check_round_trip(reader, flat, lengths)
+
+    def test_write_and_write_batch_agree(self, tmp_path: Path) -> None:
+        flat, lengths = random_corpus(np.random.default_rng(5), 50, low=self.low_id, high=1000)
+        one, many = self.target(tmp_path, "one"), self.target(tmp_path, "many")
+        with tokformats.create(one, self.format, dtype=self.dtypes[0], **self.write_options()) as writer:
+            offsets = np.concatenate([[0], np.cumsum(lengths)])
+            for k in range(len(lengths)):
+                writer.write(flat[offsets[k] : offsets[k + 1]].tolist())
+        self.write(many, flat, lengths)
+        with self.open_written(one, self.dtypes[0]) as a, self.open_written(many, self.dtypes[0]) as b:
+            self.check_round_trip(a, flat, lengths)
+            assert [f.read_bytes() for f in a.files] == [f.read_bytes() for f in b.files]
+
+    def test_empty_corpus(self, tmp_path: Path) -> None:
+        target = self.target(tmp_path)
+        self.write(target, np.zeros(0, np.int64), np.zeros(0, np.int64))
+        with self.open_written(target, self.dtypes[0]) as reader:
+            assert len(reader) == 0
+            assert reader.num_tokens == 0
+            assert reader.lengths.tolist() == []
+            assert list(reader) == []
+            with pytest.raises(IndexError):
+                reader[0]
+
+    def test_empty_documents(self, tmp_path: Path) -> None:
+        flat = np.array([self.low_id + 1, self.low_id + 2], dtype=np.int64)
+        lengths = np.array([0, 1, 0, 0, 1, 0])
+        target = self.target(tmp_path)
+        self.write(target, flat, lengths)
+        with self.open_written(target, self.dtypes[0]) as reader:
+            self.check_round_trip(reader, flat, lengths)
+
+    def test_ids_at_dtype_limits(self, tmp_path: Path) -> None:
+        for dtype in self.dtypes:
+            info = np.iinfo(dtype)
+            low = max(info.min, self.low_id)
+            flat = np.array([low, info.max, info.max - 1, low + 1], dtype=np.int64)
+            lengths = np.array([2, 2])
+            target = self.target(tmp_path, f"limits{dtype}")
+            self.write(target, flat, lengths, dtype)
+            with self.open_written(target, dtype) as reader:
+                self.check_round_trip(reader, flat, lengths)
+
+    def test_out_of_range_ids_are_refused_naming_document_and_value(self, tmp_path: Path) -> None:
+        dtype = self.dtypes[0]
+        too_big = int(np.iinfo(dtype).max) + 1
+        flat = np.array([self.low_id + 1, self.low_id + 2, self.low_id + 3, too_big], dtype=np.int64)
+        target = self.target(tmp_path)
+        with pytest.raises(TokenRangeError, match=rf"document 2 holds the value {too_big}"):
+            self.write(target, flat, np.array([1, 2, 1]))
+        assert not list(tmp_path.rglob("*")) or all(p.is_dir() for p in tmp_path.rglob("*"))
+        if np.iinfo(dtype).min == 0:
+            with pytest.raises(TokenRangeError, match=r"document 0 holds the value -1"):
+                self.write(target, np.array([-1]), np.array([1]))
+
+    def test_vocab_size_is_enforced(self, tmp_path: Path) -> None:
+        with pytest.raises(TokenRangeError, match=r"document 1 holds the value 1000 .* below vocab_size 1,000"):
+            with tokformats.create(self.target(tmp_path), self.format, vocab_size=1000, **self.write_options()) as w:
+                w.write([self.low_id + 1, 999])
+                w.write([1000])
+
+    def test_exception_inside_with_leaves_nothing(self, tmp_path: Path) -> None:
+        target = self.target(tmp_path)
+        with pytest.raises(RuntimeError, match="boom"):
+            with tokformats.create(target, self.format, dtype=self.dtypes[0], **self.write_options()) as writer:
+                writer.write([self.low_id + 1] * 1000)
+                raise RuntimeError("boom")
+        assert list(tmp_path.iterdir()) == [], "an aborted writer must leave no file and no folder it made"
+
+    def test_existing_output_needs_overwrite(self, tmp_path: Path) -> None:
+        target = self.target(tmp_path)
+        first = np.array([self.low_id + 1, self.low_id + 2]), np.array([2])
+        second = np.array([self.low_id + 3]), np.array([1])
+        self.write(target, *first)
+        with pytest.raises(OutputExistsError, match="overwrite=True"):
+            self.write(target, *second)
+        with self.open_written(target, self.dtypes[0]) as reader:  # untouched
+            self.check_round_trip(reader, *first)
+        self.write(target, *second, overwrite=True)
+        with self.open_written(target, self.dtypes[0]) as reader:
+            self.check_round_trip(reader, *second)
+
+    def test_pickle_reopens_by_path(self, tmp_path: Path) -> None:
+        flat, lengths = random_corpus(np.random.default_rng(2), 20, low=self.low_id, high=500)
+        target = self.target(tmp_path)
+        self.write(target, flat, lengths)
+        with self.open_written(target, self.dtypes[0]) as reader:
+            payload = pickle.dumps(reader)
+            assert len(payload) < 4096, "a reader pickles by path, not by data"
+            clone = pickle.loads(payload)
+            self.check_round_trip(clone, flat, lengths)
+            clone.close()
+
+    def test_indexing_slicing_and_iteration(self, tmp_path: Path) -> None:
+        flat, lengths = random_corpus(np.random.default_rng(3), 30, low=self.low_id, high=500)
+        target = self.target(tmp_path)
+        self.write(target, flat, lengths)
+        with self.open_written(target, self.dtypes[0]) as reader:
+            documents = list(reader)
+            assert len(documents) == 30
+            np.testing.assert_array_equal(reader[-1], documents[-1])
+            np.testing.assert_array_equal(reader[np.int64(-30)], documents[0])
+            for got, want in zip(reader[3:9:2], documents[3:9:2]):
+                np.testing.assert_array_equal(got, want)
+            assert reader[5:2] == []
+            with pytest.raises(IndexError):
+                reader[30]
+            with pytest.raises(IndexError):
+                reader[-31]
+            with pytest.raises(TypeError):
+                reader["0"]  # type: ignore[call-overload]
+            assert not reader[0].flags.writeable
+            assert repr(reader).startswith(f"<tokformats.{self.format}")
+            assert "documents=30" in repr(reader)
+            assert "<table>" in reader._repr_html_()
+
+    def test_huge_document(self, tmp_path: Path) -> None:
+        flat = (np.arange(self.huge_tokens, dtype=np.int64) % 50_000) + self.low_id + 1
+        target = self.target(tmp_path)
+        self.write(target, flat, np.array([len(flat)]))
+        with self.open_written(target, self.dtypes[0]) as reader:
+            self.check_round_trip(reader, flat, np.array([len(flat)]))
+
+    def test_lengths_must_match_tokens(self, tmp_path: Path) -> None:
+        with pytest.raises(TokenRangeError, match="lengths add up to 3 tokens but 2 tokens were given"):
+            self.write(self.target(tmp_path), np.array([self.low_id + 1] * 2), np.array([1, 2]))
+
+    def test_convert_to_raw_and_back_preserves_tokens(self, tmp_path: Path) -> None:
+        flat, lengths = random_corpus(np.random.default_rng(4), 40, low=self.low_id, high=900)
+        source = self.target(tmp_path, "src")
+        self.write(source, flat, lengths)
+        with self.open_written(source, self.dtypes[0]) as reader:
+            stream = np.asarray(reader.tokens).copy()
+            documents = len(reader)
+        options = self.read_options(self.dtypes[0])
+        summary = tokformats.convert(
+            self.source(source),
+            tmp_path / "flat.bin",
+            "raw",
+            source_format=options.pop("format", None),
+            source_options=options,
+        )
+        assert summary["tokens"] == len(stream) and summary["documents"] == documents
+        with tokformats.open(tmp_path / "flat.bin", format="raw", dtype=stream.dtype) as raw:
+            np.testing.assert_array_equal(np.asarray(raw.tokens), stream)
+        back = self.target(tmp_path, "back")
+        # No delimiter options this time: the stream already holds them, and must come back unchanged.
+        tokformats.convert(
+            tmp_path / "flat.bin", back, self.format, source_format="raw", source_options={"dtype": stream.dtype}
+        )
+        with self.open_written(back, self.dtypes[0]) as again:
+            np.testing.assert_array_equal(np.asarray(again.tokens), stream)
+            assert len(again) == documents

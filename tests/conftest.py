@@ -1,0 +1,32 @@
+"""Shared fixtures: where the golden files live, and a deterministic random corpus."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+#: Golden files written by the owners' tools (read-only, never regenerated).
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+if not FIXTURES.is_dir():  # a checkout placed elsewhere: look beside the repository root
+    FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def fixtures() -> Path:
+    """The ``shared/fixtures`` folder; tests that need it skip with a reason when it is missing."""
+    if not FIXTURES.is_dir():
+        pytest.skip(f"golden files not found at {FIXTURES} (shared/ must sit beside the repository)")
+    return FIXTURES
+
+
+def random_corpus(
+    rng: np.random.Generator, documents: int, *, low: int, high: int, mean_length: int = 40
+) -> tuple[np.ndarray, np.ndarray]:
+    """``documents`` documents of ids in ``[low, high]`` with geometric lengths, some empty."""
+    lengths = rng.geometric(1 / mean_length, size=documents).astype(np.int64) - 1
+    if documents:
+        lengths[rng.integers(0, documents, size=max(1, documents // 10))] = 0
+    flat = rng.integers(low, high, size=int(lengths.sum()), endpoint=True, dtype=np.int64)
+    return flat, lengths

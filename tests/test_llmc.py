@@ -1,0 +1,187 @@
+"""llm.c token shards: golden files, byte-identical rewrites, header validation, rotation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tokformats
+from tokformats import HeaderError, NoFilesError, SizeMismatchError
+from tokformats.formats import llmc
+
+from .conformance import TokenFormatTests
+
+BOS = 0
+
+
+class TestLLMCConformance(TokenFormatTests):
+    format = "llmc"
+    dtypes = ("uint16", "uint32")
+    low_id = 1
+
+    def write_options(self) -> dict[str, Any]:
+        return {"bos": BOS}
+
+    def source(self, target: Path) -> Any:
+        return f"{target}_train_*.bin"
+
+    def read_options(self, dtype: str) -> dict[str, Any]:
+        return {"bos": BOS}
+
+    def expected(self, document: np.ndarray) -> np.ndarray:
+        return np.concatenate([[BOS], document])
+
+
+class TestLLMCConformanceSmallShards(TestLLMCConformance):
+    """The same suite with shards of 97 tokens: documents cross shard boundaries everywhere."""
+
+    huge_tokens = 100_000  # about a thousand shards
+
+    def write_options(self) -> dict[str, Any]:
+        return {"bos": BOS, "shard_size": 97}
+
+
+SHARDS = ["corpus_train_000000", "corpus_train_000001", "llama3_val_000000"]
+
+
+@pytest.mark.parametrize("name", SHARDS)
+def test_golden_shard_reads_exactly(fixtures: Path, name: str) -> None:
+    expected = np.load(fixtures / "llmc" / f"{name}.expected.npy")
+    assert tokformats.detect(fixtures / "llmc" / f"{name}.bin") == "llmc"
+    with tokformats.open(fixtures / "llmc" / f"{name}.bin") as reader:
+        assert reader.dtype == expected.dtype
+        np.testing.assert_array_equal(np.asarray(reader.tokens), expected)
+        assert isinstance(reader.tokens, np.memmap)
+
+
+@pytest.mark.parametrize("name", SHARDS)
+def test_golden_shard_rewrites_byte_for_byte(fixtures: Path, tmp_path: Path, name: str) -> None:
+    expected = np.load(fixtures / "llmc" / f"{name}.expected.npy")
+    with tokformats.create(tmp_path / "out", "llmc", dtype=expected.dtype) as writer:
+        writer.write(expected)
+    assert writer.written == [tmp_path / "out_train_000000.bin"]
+    assert writer.written[0].read_bytes() == (fixtures / "llmc" / f"{name}.bin").read_bytes()
+
+
+def test_golden_corpus_documents(fixtures: Path) -> None:
+    documents = json.loads((fixtures / "llmc" / "corpus.docs.json").read_text())
+    with tokformats.open(str(fixtures / "llmc" / "corpus_train_*.bin"), bos=0) as reader:
+        assert reader.num_shards == 2
+        assert len(reader) == len(documents) == 400
+        assert all(reader[k][0] == 0 for k in range(len(reader)))
+        # The second shard starts mid-document: document 203 straddles the boundary.
+        first = np.load(fixtures / "llmc" / "corpus_train_000000.expected.npy")
+        straddler = reader[203]
+        assert reader.offsets[203] < len(first) < reader.offsets[204]
+        assert straddler.base is None or not isinstance(straddler, np.memmap)
+    with tokformats.open(fixtures / "llmc" / "corpus_train_000001.bin", bos=0) as second:
+        assert second[0][0] != 0, "a shard opened alone starts with the tail of the previous document"
+
+
+def test_default_delimiters_by_family(fixtures: Path) -> None:
+    with tokformats.open(fixtures / "llmc" / "llama3_val_000000.bin") as reader:
+        assert reader.bos == 128000 and reader.metadata["family"] == "llama3"
+        assert len(reader) == 2 and reader[1][0] == 128000
+    with tokformats.open(fixtures / "llmc" / "corpus_train_000000.bin") as reader:
+        assert reader.bos == 50256 and len(reader) == 1
+    with tokformats.open(fixtures / "llmc" / "corpus_train_000000.bin", bos=None) as reader:
+        assert len(reader) == 1 and reader.bos is None
+
+
+def test_glob_sorted_and_list(fixtures: Path) -> None:
+    paths = [fixtures / "llmc" / "corpus_train_000001.bin", fixtures / "llmc" / "corpus_train_000000.bin"]
+    with tokformats.open(paths, bos=0) as reader:
+        assert reader.files == sorted(paths)
+        whole = np.concatenate([np.load(str(p).replace(".bin", ".expected.npy")) for p in sorted(paths)])
+        np.testing.assert_array_equal(np.asarray(reader.tokens), whole)
+        np.testing.assert_array_equal(reader.tokens[12690:12710], whole[12690:12710])
+
+
+def test_glob_matching_nothing(tmp_path: Path) -> None:
+    with pytest.raises(NoFilesError, match="matches no file"):
+        tokformats.open(str(tmp_path / "x_train_*.bin"))
+
+
+def shard_bytes(tokens: list[int], magic: int = 20240520, version: int = 1, ntok: int | None = None) -> bytes:
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = magic, version, len(tokens) if ntok is None else ntok
+    return header.tobytes() + np.array(tokens, dtype="<u2" if magic == 20240520 else "<u4").tobytes()
+
+
+@pytest.mark.parametrize(
+    ("content", "error", "message"),
+    [
+        (shard_bytes([1, 2], magic=20240328), HeaderError, r"'magic' is 20240328 \(an llm.c tokenizer vocabulary"),
+        (shard_bytes([1, 2], magic=12345), HeaderError, "'magic' is 12345; an llm.c token shard has"),
+        (shard_bytes([1, 2], version=7), HeaderError, "'version' is 7; with magic 20240520 llm.c expects 1"),
+        (shard_bytes([1, 2], ntok=3), SizeMismatchError, r"should have 1,030 bytes, but it has 1,028 \(the file is"),
+        (shard_bytes([1, 2]) + b"\0", SizeMismatchError, "trailing bytes"),
+        (shard_bytes([1, 2], ntok=-1), HeaderError, "'ntok' is negative"),
+    ],
+)
+def test_malformed_shards(tmp_path: Path, content: bytes, error: type, message: str) -> None:
+    path = tmp_path / "bad.bin"
+    path.write_bytes(content)
+    with pytest.raises(error, match=message):
+        tokformats.open(path, format="llmc")
+
+
+@pytest.mark.parametrize("cut", [0, 4, 8, 11, 12, 512, 1023])
+def test_truncated_header(tmp_path: Path, cut: int) -> None:
+    path = tmp_path / "cut.bin"
+    path.write_bytes(shard_bytes([1, 2, 3])[:cut])
+    with pytest.raises(SizeMismatchError, match="1024-byte header"):
+        tokformats.open(path, format="llmc")
+
+
+def test_rotation_and_naming(tmp_path: Path) -> None:
+    with tokformats.create(tmp_path / "fw", "llmc", vocab_size=50257, shard_size=10, split="val") as w:
+        w.write_batch(np.arange(1, 26), np.array([12, 13]))
+    assert [p.name for p in w.written] == ["fw_val_000000.bin", "fw_val_000001.bin", "fw_val_000002.bin"]
+    assert [llmc.read_header(p)[1] for p in w.written] == [10, 10, 5]
+    with tokformats.open(str(tmp_path / "fw_val_*.bin"), bos=None) as r:
+        assert r.tokens[:].tolist() == list(range(1, 26))
+
+
+def test_shards_never_reach_two_gib(tmp_path: Path) -> None:
+    w = tokformats.create(tmp_path / "big", "llmc", dtype="uint32", shard_size=10**10)
+    assert isinstance(w, llmc.Writer)
+    assert 1024 + w.shard_size * 4 < 2**31
+    w.abort()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_overwrite_removes_stale_shards(tmp_path: Path) -> None:
+    with tokformats.create(tmp_path / "c", "llmc", vocab_size=100, shard_size=2) as w:
+        w.write([1, 2, 3, 4, 5])
+    assert len(w.written) == 3
+    with tokformats.create(tmp_path / "c", "llmc", vocab_size=100, shard_size=2, overwrite=True) as w:
+        w.write([7])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c_train_000000.bin"]
+
+
+def test_family_from_vocab_size_and_dtype(tmp_path: Path) -> None:
+    with tokformats.create(tmp_path / "l3", "llmc", vocab_size=128256) as w:
+        w.write([128000, 70000])
+    family, ntok = llmc.read_header(w.written[0])
+    assert (family.name, family.magic, family.version, ntok) == ("llama3", 20240801, 7, 2)
+    with pytest.raises(tokformats.DTypeError, match="llmc stores tokens as uint16, uint32; int32 was asked for"):
+        tokformats.create(tmp_path / "x", "llmc", dtype="int32")
+
+
+def test_batches_follow_the_c_loader(tmp_path: Path) -> None:
+    with tokformats.create(tmp_path / "b", "llmc", vocab_size=1000, shard_size=50) as w:
+        w.write(np.arange(100) % 1000)
+    with tokformats.open(str(tmp_path / "b_train_*.bin")) as r:
+        batches = list(r.batches(2, 4, rank=1, world_size=2))
+        # each 50-token shard gives (50 - 1) // (2 * 8) = 3 windows per process
+        assert len(batches) == 6
+        inputs, targets = batches[0]
+        assert inputs.dtype == np.int32 and inputs.shape == (2, 4)
+        assert inputs.ravel().tolist() == list(range(8, 16))
+        assert targets.ravel().tolist() == list(range(9, 17))
+        assert batches[3][0].ravel().tolist() == list(range(58, 66))
