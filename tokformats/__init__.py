@@ -59,5 +59,6 @@ __all__ = [
     "UnsafePickleError",
     "raw",
     "llmc",
+    "megatron",
     "__version__",
 ]

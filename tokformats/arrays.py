@@ -15,7 +15,7 @@ from typing import Any, overload
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["map_file", "ConcatenatedArray", "TokenArray", "CHUNK_ELEMENTS", "iter_chunks"]
+__all__ = ["map_file", "ConcatenatedArray", "GrowableArray", "TokenArray", "CHUNK_ELEMENTS", "iter_chunks"]
 
 #: Elements processed per step by chunked scans: large enough for numpy to run at memory speed,
 #: small enough that temporaries (a bool mask, a cast) stay a few tens of MB whatever the corpus size.
@@ -181,3 +181,47 @@ def iter_chunks(array: TokenArray, chunk: int = CHUNK_ELEMENTS) -> Iterator[np.n
         return
     for start in range(0, len(array), chunk):
         yield array[start : start + chunk]
+
+
+class GrowableArray:
+    """A 1-D array that grows by appending, with amortised doubling: an index kept as NumPy, not lists.
+
+    Writers use it for per-sequence lengths and similar index columns, so that memory stays
+    ``itemsize`` bytes per entry (a Python list of ints costs ~36 bytes per entry).
+    """
+
+    def __init__(self, dtype: npt.DTypeLike, capacity: int = 1024) -> None:
+        self._data = np.empty(max(capacity, 1), dtype=dtype)
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def _reserve(self, extra: int) -> None:
+        needed = self._size + extra
+        if needed > len(self._data):
+            grown = np.empty(max(needed, 2 * len(self._data)), dtype=self._data.dtype)
+            grown[: self._size] = self._data[: self._size]
+            self._data = grown
+
+    def append(self, value: Any) -> None:
+        """Add one value."""
+        self._reserve(1)
+        self._data[self._size] = value
+        self._size += 1
+
+    def extend(self, values: npt.ArrayLike) -> None:
+        """Add many values (cast to this array's dtype; callers check ranges first)."""
+        array = np.asarray(values)
+        self._reserve(len(array))
+        self._data[self._size : self._size + len(array)] = array
+        self._size += len(array)
+
+    def view(self) -> np.ndarray:
+        """The values so far (a view: valid until the next append)."""
+        return self._data[: self._size]
+
+    @property
+    def last(self) -> Any:
+        """The last value appended."""
+        return self._data[self._size - 1]

@@ -1,4 +1,4 @@
-"""The ``tokformats`` command line: ``info``, ``convert``, ``formats`` and ``quickstart``."""
+"""The ``tokformats`` command line: ``info``, ``convert``, ``merge``, ``formats`` and ``quickstart``."""
 
 from __future__ import annotations
 
@@ -85,6 +85,17 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from .formats.megatron import merge
+
+    with merge(args.prefixes, args.output, overwrite=args.overwrite) as merged:
+        print(
+            f"merged {len(args.prefixes)} datasets into {merged.path}: {len(merged):,} documents, "
+            f"{merged.num_tokens:,} tokens, {merged.dtype.name}"
+        )
+    return 0
+
+
 def _cmd_formats(args: argparse.Namespace) -> int:
     rows = [
         {
@@ -139,6 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--to-dtype", help="dtype of the output")
     convert.add_argument("--overwrite", action="store_true")
     convert.set_defaults(run=_cmd_convert)
+
+    merging = commands.add_parser("merge", help="merge Megatron datasets (byte-identical to Megatron's add_index)")
+    merging.add_argument("prefixes", nargs="+", help="dataset prefixes, in order")
+    merging.add_argument("--output", "-o", required=True, help="the merged dataset's prefix")
+    merging.add_argument("--overwrite", action="store_true")
+    merging.set_defaults(run=_cmd_merge)
 
     listing = commands.add_parser("formats", help="list the formats")
     listing.set_defaults(run=_cmd_formats)

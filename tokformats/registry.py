@@ -138,14 +138,14 @@ def detect(path: Any) -> str:
 
 # The built-in formats, in detection order: formats with magic numbers first, layouts after, and
 # headerless raw last (never detected: its bytes say nothing).
-for _descriptor in (
-    FormatDescriptor("llmc", "llm.c token shards (1 KiB header, uint16/uint32)", (".bin",), "tokformats.formats.llmc"),
-    FormatDescriptor(
-        "raw",
-        "headerless token stream (dtype must be given)",
-        (".bin", ".npy"),
-        "tokformats.formats.raw",
-        detectable=False,
-    ),
-):
-    register(_descriptor)
+_BUILTIN = (
+    ("llmc", "llm.c token shards (1 KiB header, uint16/uint32)", (".bin",), True),
+    ("megatron", "Megatron-LM indexed dataset (PREFIX.bin + PREFIX.idx)", (".bin", ".idx"), True),
+    ("raw", "headerless token stream (dtype must be given)", (".bin",), False),
+)
+for _name, _description, _suffixes, _detectable in _BUILTIN:
+    register(
+        FormatDescriptor(
+            _name, _description, _suffixes, f"tokformats.formats.{_name.replace('-', '_')}", detectable=_detectable
+        )
+    )

@@ -1,0 +1,486 @@
+"""Megatron-LM indexed datasets: ``PREFIX.bin`` (tokens) + ``PREFIX.idx`` (index).
+
+``.idx`` layout, little-endian, no padding (so the arrays are unaligned; NumPy handles that)::
+
+    offset 0          9 bytes  magic b"MMIDIDX\\x00\\x00"
+    offset 9          u64      version, always 1
+    offset 17         u8       dtype code of the .bin tokens (DTYPE_CODES)
+    offset 18         u64      N: number of sequences
+    offset 26         u64      M: entries in document_indices (documents + 1)
+    offset 34         N int32  sequence_lengths (tokens)
+    offset 34+4N      N int64  sequence_pointers (byte offset of each sequence in .bin)
+    offset 34+12N     M int64  document_indices: [0, end_0, ..., end_{D-1}], non-decreasing, last == N
+    offset 34+12N+8M  N int8   sequence_modes, multimodal files only (told apart by the file size)
+
+``.bin`` is every sequence's tokens back to back. A *sequence* is Megatron's unit (``IndexedDataset[i]``);
+a *document* is a run of sequences (several with ``--split-sentences``). tokformats documents are
+Megatron documents; ``Reader.sequences`` gives Megatron's view.
+
+Writers match megatron-core's ``IndexedDatasetBuilder`` byte for byte, with three differences that are
+fixes: ids that do not fit the dtype are refused instead of wrapped, the index is kept in NumPy arrays
+(not Python lists) with pointers summed in int64, and both files appear atomically (``.idx`` last).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import numpy.typing as npt
+
+from ..arrays import GrowableArray, map_file
+from ..atomic import AtomicFiles
+from ..documents import offsets_from_lengths
+from ..dtypes import as_token_array, little_endian, resolve_dtype
+from ..errors import DTypeError, FormatError, HeaderError, NoFilesError, SizeMismatchError
+from ..oscopy import append_file
+from ..protocol import PathLike, TokenReader, TokenWriter
+
+__all__ = [
+    "Reader",
+    "Writer",
+    "Sequences",
+    "merge",
+    "detect",
+    "resolve_prefix",
+    "optimal_dtype",
+    "MAGIC",
+    "VERSION",
+    "DTYPE_CODES",
+    "HEADER",
+]
+
+MAGIC = b"MMIDIDX\x00\x00"
+VERSION = 1
+#: ``<9s`` magic, ``<Q`` version, ``<B`` dtype code, ``<Q`` N, ``<Q`` M: 34 bytes.
+HEADER = struct.Struct("<9sQBQQ")
+#: Megatron's dtype codes (megatron.core.datasets.indexed_dataset.DType).
+DTYPE_CODES: dict[int, np.dtype] = {
+    1: np.dtype("u1"),
+    2: np.dtype("i1"),
+    3: np.dtype("<i2"),
+    4: np.dtype("<i4"),
+    5: np.dtype("<i8"),
+    6: np.dtype("<f8"),
+    7: np.dtype("<f4"),
+    8: np.dtype("<u2"),
+}
+_CODE_OF = {dtype: code for code, dtype in DTYPE_CODES.items()}
+#: Codes fairseq used that Megatron rejects.
+_FAIRSEQ_CODES = {9: "uint32", 10: "uint64"}
+_MAX_SEQUENCE = np.iinfo(np.int32).max
+
+
+def optimal_dtype(vocab_size: int) -> np.dtype:
+    """Megatron's ``DType.optimal_dtype``: uint16 when ``vocab_size < 65,500``, else int32 (not uint32)."""
+    return np.dtype("<u2") if vocab_size < 65500 else np.dtype("<i4")
+
+
+def resolve_prefix(path: PathLike) -> Path:
+    """The dataset prefix of a prefix, a ``.bin`` or an ``.idx`` path."""
+    text = str(path)
+    for suffix in (".idx", ".bin"):
+        if text.endswith(suffix) and (Path(text[: -len(suffix)] + ".idx").exists() or not Path(text).exists()):
+            return Path(text[: -len(suffix)])
+    return Path(text)
+
+
+def detect(path: Path) -> bool:
+    """True when ``path`` (a prefix, ``.bin`` or ``.idx``) has an ``.idx`` starting with Megatron's magic."""
+    index = Path(str(resolve_prefix(path)) + ".idx")
+    try:
+        with open(index, "rb") as handle:
+            return handle.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+
+
+class Sequences(Sequence[np.ndarray]):
+    """Megatron's own unit: the sequences of an indexed dataset (``IndexedDataset[i]``)."""
+
+    def __init__(self, reader: Reader) -> None:
+        self._reader = reader
+
+    def __len__(self) -> int:
+        return len(self._reader.sequence_lengths)
+
+    def __getitem__(self, key: Any) -> Any:
+        offsets = self._reader.sequence_offsets
+        if isinstance(key, slice):
+            return [self[i] for i in range(*key.indices(len(self)))]
+        index = self._index(key)
+        return self._reader.tokens[int(offsets[index]) : int(offsets[index + 1])]
+
+    def _index(self, key: Any) -> int:
+        n = len(self)
+        index = int(key)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"sequence {int(key)} is out of range for {n} sequences in {self._reader.path}")
+        return index
+
+    def get(self, index: int, offset: int = 0, length: int | None = None) -> np.ndarray:
+        """Tokens ``offset .. offset + length`` of sequence ``index`` (``IndexedDataset.get``, bounds-checked)."""
+        index = self._index(index)
+        size = int(self._reader.sequence_lengths[index])
+        if length is None:
+            length = size - offset
+        if offset < 0 or length < 0 or offset + length > size:
+            raise IndexError(
+                f"offset {offset} and length {length} fall outside sequence {index}, which has {size} tokens"
+            )
+        start = int(self._reader.sequence_offsets[index]) + offset
+        return self._reader.tokens[start : start + length]
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Tokens per sequence (int32, as stored)."""
+        return self._reader.sequence_lengths
+
+
+class Reader(TokenReader):
+    """A Megatron indexed dataset, memory-mapped; documents are Megatron documents.
+
+    Args:
+        path: the prefix (``data/owt_text_document``), or either of its two files.
+        multimodal: force the presence or absence of ``sequence_modes``; by default told from the file size.
+    """
+
+    format = "megatron"
+
+    def __init__(self, path: PathLike, *, multimodal: bool | None = None) -> None:
+        super().__init__(path, multimodal=multimodal)
+        self.prefix = resolve_prefix(path)
+        self.idx_path = Path(f"{self.prefix}.idx")
+        self.bin_path = Path(f"{self.prefix}.bin")
+        for needed in (self.idx_path, self.bin_path):
+            if not needed.is_file():
+                raise NoFilesError(f"{needed} does not exist; a Megatron dataset needs both PREFIX.bin and PREFIX.idx.")
+        self._read_index(multimodal)
+
+    def _read_index(self, multimodal: bool | None) -> None:
+        path = self.idx_path
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            head = handle.read(HEADER.size)
+        if len(head) < len(MAGIC) or head[: len(MAGIC)] != MAGIC:
+            raise HeaderError(f"{path}: the magic is {head[:9]!r}; a Megatron index starts with {MAGIC!r}.")
+        if len(head) < HEADER.size:
+            raise SizeMismatchError(
+                f"{path}: the header needs {HEADER.size} bytes (magic, version, dtype code, N, M), the file has {size}."
+            )
+        _, version, code, count, entries = HEADER.unpack(head)
+        if version != VERSION:
+            raise HeaderError(f"{path}: header field 'version' is {version}; Megatron writes and reads only 1.")
+        if code not in DTYPE_CODES:
+            extra = f" ({_FAIRSEQ_CODES[code]}, a fairseq-era code Megatron rejects)" if code in _FAIRSEQ_CODES else ""
+            raise HeaderError(f"{path}: header field 'dtype code' is {code}{extra}; known codes are 1-8.")
+        plain = HEADER.size + 12 * count + 8 * entries
+        if size == plain:
+            has_modes = False
+        elif size == plain + count:
+            has_modes = True
+        elif size == 26 + 12 * count:
+            raise HeaderError(
+                f"{path} is a fairseq-era index (no document indices, {size:,} bytes = 26 + 12 * N); "
+                "Megatron-LM and tokformats read only indexes with document indices. Re-build it with Megatron's tools."
+            )
+        else:
+            raise SizeMismatchError(
+                f"{path}: with N = {count:,} sequences and M = {entries:,} document indices the index should have "
+                f"{plain:,} bytes ({plain + count:,} if multimodal), but it has {size:,}."
+            )
+        if multimodal is not None and multimodal != has_modes:
+            state = "has" if has_modes else "has no"
+            raise HeaderError(f"{path}: multimodal={multimodal} was asked for, but the index {state} sequence modes.")
+        if entries < 1:
+            raise HeaderError(f"{path}: header field 'M' is 0; document_indices always holds at least the leading 0.")
+        self.dtype_code = code
+        self._dtype = DTYPE_CODES[code]
+        index = map_file(path, np.uint8)
+        start = HEADER.size
+        self.sequence_lengths: np.ndarray = index[start : start + 4 * count].view("<i4")
+        start += 4 * count
+        self.sequence_pointers: np.ndarray = index[start : start + 8 * count].view("<i8")
+        start += 8 * count
+        self.document_indices: np.ndarray = index[start : start + 8 * entries].view("<i8")
+        start += 8 * entries
+        self.sequence_modes: np.ndarray | None = index[start : start + count].view("i1") if has_modes else None
+        self._validate(count)
+
+    def _validate(self, count: int) -> None:
+        path, di, lengths = self.idx_path, self.document_indices, self.sequence_lengths
+        if di[0] != 0 or di[-1] != count:
+            raise HeaderError(
+                f"{path}: document_indices must start at 0 and end at N = {count:,}; "
+                f"found {int(di[0])} and {int(di[-1])}."
+            )
+        if len(di) > 1:
+            steps = np.diff(di)
+            if steps.min() < 0:
+                where = int(np.argmax(steps < 0))
+                raise HeaderError(
+                    f"{path}: document_indices decrease at entry {where + 1} "
+                    f"({int(di[where])} then {int(di[where + 1])})."
+                )
+        if count and lengths.min() < 0:
+            where = int(np.argmin(lengths))
+            raise HeaderError(f"{path}: sequence_lengths[{where}] is negative ({int(lengths[where])}).")
+        total = int(lengths.sum(dtype=np.int64))
+        itemsize = self._dtype.itemsize
+        bin_size = self.bin_path.stat().st_size
+        if bin_size != total * itemsize:
+            raise SizeMismatchError(
+                f"{self.bin_path}: the index's sequence_lengths add up to {total:,} {self._dtype.name} tokens "
+                f"({total * itemsize:,} bytes), but the file has {bin_size:,} bytes."
+            )
+        pointers = self.sequence_pointers
+        if count and (pointers[0] != 0 or int(pointers[-1]) != (total - int(lengths[-1])) * itemsize):
+            raise HeaderError(
+                f"{path}: sequence_pointers do not match sequence_lengths (first {int(pointers[0])}, expected 0; "
+                f"last {int(pointers[-1]):,}, expected {(total - int(lengths[-1])) * itemsize:,})."
+            )
+        self._num_tokens = total
+
+    # -- the protocol ----------------------------------------------------------------------
+    @property
+    def path(self) -> Path:
+        return self.prefix
+
+    @property
+    def files(self) -> list[Path]:
+        return [self.bin_path, self.idx_path]
+
+    @cached_property
+    def tokens(self) -> np.ndarray:
+        """Every sequence's tokens back to back (the ``.bin``), memory-mapped."""
+        return map_file(self.bin_path, self._dtype)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._dtype
+
+    @property
+    def num_tokens(self) -> int:
+        return self._num_tokens
+
+    @cached_property
+    def sequence_offsets(self) -> np.ndarray:
+        """``N + 1`` int64 token offsets of sequences (from lengths, summed in int64)."""
+        offsets = offsets_from_lengths(self.sequence_lengths)
+        offsets.flags.writeable = False
+        return offsets
+
+    def _offsets(self) -> np.ndarray:
+        return self.sequence_offsets[self.document_indices]
+
+    @property
+    def sequences(self) -> Sequences:
+        """Megatron's unit: ``len(r.sequences)``, ``r.sequences[j]``, ``r.sequences.get(j, offset, length)``."""
+        return Sequences(self)
+
+    @property
+    def multimodal(self) -> bool:
+        """Whether the index stores per-sequence modes."""
+        return self.sequence_modes is not None
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "version": VERSION,
+            "dtype_code": self.dtype_code,
+            "sequences": len(self.sequence_lengths),
+            "documents": len(self.document_indices) - 1,
+            "multimodal": self.multimodal,
+        }
+
+    def _summary(self) -> dict[str, Any]:
+        summary = super()._summary()
+        summary["sequences"] = len(self.sequence_lengths)
+        return summary
+
+    def verify(self) -> None:
+        """Check what opening does not: every sequence pointer equals the running byte offset."""
+        expected = self.sequence_offsets[:-1] * self._dtype.itemsize
+        bad = np.flatnonzero(self.sequence_pointers != expected)
+        if bad.size:
+            k = int(bad[0])
+            raise HeaderError(
+                f"{self.idx_path}: sequence_pointers[{k}] is {int(self.sequence_pointers[k]):,}, but the sequences "
+                f"before it end at byte {int(expected[k]):,}; {bad.size:,} pointers disagree."
+            )
+
+
+def _write_index(
+    handle: BinaryIO,
+    dtype: np.dtype,
+    lengths: np.ndarray,
+    document_indices: np.ndarray,
+    modes: np.ndarray | None,
+) -> None:
+    """Write an ``.idx`` exactly as megatron-core's ``_IndexWriter`` does (pointers by int64 cumsum)."""
+    pointers = np.zeros(len(lengths), dtype="<i8")
+    if len(lengths) > 1:
+        np.cumsum(lengths[:-1], dtype=np.int64, out=pointers[1:])
+    pointers *= dtype.itemsize
+    handle.write(HEADER.pack(MAGIC, VERSION, _CODE_OF[dtype], len(lengths), len(document_indices)))
+    handle.write(np.ascontiguousarray(lengths, dtype="<i4").data)
+    handle.write(pointers.data)
+    handle.write(np.ascontiguousarray(document_indices, dtype="<i8").data)
+    if modes is not None:
+        handle.write(np.ascontiguousarray(modes, dtype="i1").data)
+
+
+def _megatron_dtype(dtype: npt.DTypeLike | None, vocab_size: int | None) -> np.dtype:
+    return resolve_dtype(dtype, vocab_size, format="megatron", allowed=list(DTYPE_CODES.values()), rule=optimal_dtype)
+
+
+class Writer(TokenWriter):
+    """Writes ``PREFIX.bin`` + ``PREFIX.idx`` byte-identical to megatron-core's ``IndexedDatasetBuilder``.
+
+    Args:
+        path: the prefix (a trailing ``.bin``/``.idx`` is stripped).
+        vocab_size: ids must be below it; picks the dtype by Megatron's rule (uint16 below 65,500, else int32).
+            Other tools use uint16 up to 65,536: pass ``dtype="uint16"`` to match them.
+        dtype: explicit dtype (one of Megatron's codes).
+        multimodal: store a mode (int8) per sequence.
+        overwrite: replace an existing dataset.
+
+    ``write(ids)`` and ``write_batch(flat, lengths)`` add single-sequence documents; ``write_document``
+    adds one document of several sequences; ``add_item`` / ``end_document`` mirror Megatron's builder.
+    """
+
+    format = "megatron"
+
+    def __init__(
+        self,
+        path: PathLike,
+        *,
+        vocab_size: int | None = None,
+        dtype: npt.DTypeLike | None = None,
+        multimodal: bool = False,
+        overwrite: bool = False,
+    ) -> None:
+        chosen = _megatron_dtype(dtype, vocab_size)
+        prefix = resolve_prefix(path)
+        super().__init__(prefix, dtype=chosen, vocab_size=vocab_size, overwrite=overwrite)
+        self.multimodal = multimodal
+        self.bin_path, self.idx_path = Path(f"{prefix}.bin"), Path(f"{prefix}.idx")
+        self._files.check_destination(self.idx_path)
+        self._bin = self._files.create(self.bin_path)
+        self._lengths = GrowableArray(np.int32)
+        self._document_indices = GrowableArray(np.int64)
+        self._document_indices.append(0)
+        self._modes = GrowableArray(np.int8) if multimodal else None
+        self._open_sequences = 0  # sequences added by add_item since the last end_document
+
+    # -- Megatron's builder API ----------------------------------------------------------------
+    def add_item(self, sequence: npt.ArrayLike, mode: int = 0) -> None:
+        """Append one sequence to the current document (``IndexedDatasetBuilder.add_item``)."""
+        self._check_open()
+        flat = self._validated(as_token_array(sequence, what="a sequence"), None)
+        self._add_sequences(flat, np.array([len(flat)], dtype=np.int64), None if mode is None else [mode])
+        self._open_sequences += 1
+
+    def end_document(self) -> None:
+        """Close the current document (``IndexedDatasetBuilder.end_document``)."""
+        self._check_open()
+        self._document_indices.append(len(self._lengths))
+        self.num_documents += 1
+        self._open_sequences = 0
+
+    def write_document(self, sequences: Iterable[npt.ArrayLike], modes: Sequence[int] | None = None) -> None:
+        """Append one document made of several sequences (``add_document``, e.g. ``--split-sentences``)."""
+        self._check_open()
+        arrays = [as_token_array(s, what="a sequence") for s in sequences]
+        lengths = np.array([len(a) for a in arrays], dtype=np.int64)
+        flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=self.dtype)
+        flat = self._validated(flat, None)
+        self._add_sequences(flat, lengths, modes)
+        self.end_document()
+
+    # -- the common protocol --------------------------------------------------------------------
+    def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
+        """Single-sequence documents (``write`` / ``write_batch``)."""
+        self._add_sequences(flat, lengths, None)
+        ends = len(self._lengths) - len(lengths) + np.arange(1, len(lengths) + 1, dtype=np.int64)
+        self._document_indices.extend(ends)
+
+    def _add_sequences(self, flat: np.ndarray, lengths: np.ndarray, modes: Sequence[int] | None) -> None:
+        if len(lengths) and lengths.max() > _MAX_SEQUENCE:
+            raise FormatError(
+                f"{self.path}: a sequence of {int(lengths.max()):,} tokens does not fit Megatron's int32 "
+                "sequence_lengths; split it into several sequences."
+            )
+        if self._modes is not None:
+            chosen = np.zeros(len(lengths), np.int8) if modes is None else np.asarray(modes)
+            if len(chosen) != len(lengths) or (len(chosen) and (chosen.min() < -128 or chosen.max() > 127)):
+                raise FormatError(f"{self.path}: give one int8 mode per sequence ({len(lengths)}), found {modes!r}.")
+            self._modes.extend(chosen)
+        self._bin.write(np.ascontiguousarray(flat).data)
+        self._lengths.extend(lengths)
+
+    def _finish(self) -> None:
+        if self._open_sequences:
+            self.end_document()  # Megatron would drop them from document_indices; we keep the document
+        handle = self._files.create(self.idx_path)  # created last, so renamed last: .idx means complete
+        _write_index(
+            handle,
+            self.dtype,
+            self._lengths.view(),
+            self._document_indices.view(),
+            None if self._modes is None else self._modes.view(),
+        )
+
+
+def merge(prefixes: Sequence[PathLike], output: PathLike, *, overwrite: bool = False) -> Reader:
+    """Concatenate Megatron datasets into one, byte-identical to Megatron's ``add_index`` chain.
+
+    The ``.bin`` files are copied by the operating system; memory is O(index). All inputs must share
+    a dtype and be all multimodal or all not.
+
+    Returns:
+        A reader of the merged dataset.
+    """
+    if not prefixes:
+        raise NoFilesError("merge needs at least one dataset prefix.")
+    readers = [Reader(p) for p in prefixes]
+    first = readers[0]
+    for other in readers[1:]:
+        if other.dtype != first.dtype:
+            raise DTypeError(
+                f"cannot merge {other.prefix} ({other.dtype.name}) with {first.prefix} ({first.dtype.name}): "
+                "Megatron datasets merge only when their dtypes agree."
+            )
+        if other.multimodal != first.multimodal:
+            raise FormatError(
+                f"cannot merge {other.prefix} (multimodal={other.multimodal}) with {first.prefix} "
+                f"(multimodal={first.multimodal})."
+            )
+    prefix = resolve_prefix(output)
+    files = AtomicFiles(overwrite=overwrite)
+    try:
+        files.check_destination(Path(f"{prefix}.idx"))
+        bin_handle = files.create(Path(f"{prefix}.bin"))
+        for reader in readers:
+            append_file(reader.bin_path, bin_handle)
+        lengths = np.concatenate([r.sequence_lengths for r in readers])
+        shifts = np.cumsum([0] + [len(r.sequence_lengths) for r in readers[:-1]], dtype=np.int64)
+        document_indices = np.concatenate(
+            [np.zeros(1, np.int64)] + [r.document_indices[1:] + shift for r, shift in zip(readers, shifts)]
+        )
+        modes = np.concatenate([r.sequence_modes for r in readers]) if first.multimodal else None
+        _write_index(files.create(Path(f"{prefix}.idx")), little_endian(first.dtype), lengths, document_indices, modes)
+        files.commit()
+    except BaseException:
+        files.abort()
+        raise
+    finally:
+        for reader in readers:
+            reader.close()
+    return Reader(prefix)
