@@ -25,13 +25,14 @@ from .errors import (
     UnknownFormatError,
     UnsafePickleError,
 )
-
-# Import the format package first: importing it binds ``tokformats.formats`` to the package,
-# and the registry mapping must be bound after it to win the name.
-from .formats import llmc, raw
+from .formats import llmc, megatron, raw
 from .protocol import Reader, TokenReader, TokenWriter, Writer
 from .registry import FormatDescriptor, detect, register
-from .registry import formats as formats
+from .registry import formats as _format_table
+
+# Importing any format module binds ``tokformats.formats`` to the *package* tokformats/formats/;
+# the public name is the registry's read-only table, so it is bound here, after every import.
+formats = _format_table
 
 __version__ = "0.1.0"
 

@@ -13,6 +13,7 @@ vectorised, and hands subclasses ready arrays through :meth:`TokenWriter._write_
 from __future__ import annotations
 
 import html
+import operator
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
@@ -84,13 +85,16 @@ class Reader(ABC, Generic[Item]):
         n = len(self)
         if isinstance(key, slice):
             return self._items(*key.indices(n))
-        if not isinstance(key, (int, np.integer)):
-            raise TypeError(f"{type(self).__name__} indices must be integers or slices, not {type(key).__name__}")
-        index = int(key)
+        try:
+            index = operator.index(key)
+        except TypeError:
+            raise TypeError(
+                f"{type(self).__name__} indices must be integers or slices, not {type(key).__name__}"
+            ) from None
         if index < 0:
             index += n
         if not 0 <= index < n:
-            raise IndexError(f"index {int(key)} is out of range for {n} items in {self.path}")
+            raise IndexError(f"index {operator.index(key)} is out of range for {n} items in {self.path}")
         return self._item(index)
 
     def __iter__(self) -> Iterator[Item]:
@@ -193,9 +197,15 @@ class TokenReader(Reader[np.ndarray]):
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
+    @cached_property
+    def _view(self) -> TokenArray:
+        """:attr:`tokens` as a plain ndarray view: slicing an ``np.memmap`` runs Python code per slice."""
+        tokens = self.tokens
+        return tokens.view(np.ndarray) if isinstance(tokens, np.memmap) else tokens
+
     def _item(self, index: int) -> np.ndarray:
         offsets = self.offsets
-        return self.tokens[int(offsets[index]) : int(offsets[index + 1])]
+        return self._view[offsets.item(index) : offsets.item(index + 1)]
 
     @property
     def num_tokens(self) -> int:
@@ -208,7 +218,7 @@ class TokenReader(Reader[np.ndarray]):
         return self.tokens.dtype
 
     def _cached_maps(self) -> Sequence[str]:
-        return ("tokens",)
+        return ("tokens", "_view")
 
     def _summary(self) -> dict[str, Any]:
         return {

@@ -69,6 +69,7 @@ def _trips(vocab_size: int) -> list[FormatTrip]:
             {"bos": DELIMITER},
             lambda doc: np.concatenate([delimiter, doc]),
         ),
+        FormatTrip("megatron"),
     ]
 
 

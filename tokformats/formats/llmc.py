@@ -190,7 +190,7 @@ class Reader(TokenReader):
         return self.shards[0] if len(self.shards) == 1 else ConcatenatedArray(self.shards)
 
     def _cached_maps(self) -> tuple[str, ...]:
-        return ("tokens", "shards")
+        return ("tokens", "shards", "_view")
 
     @property
     def dtype(self) -> np.dtype:

@@ -109,11 +109,9 @@ class Sequences(Sequence[np.ndarray]):
         return len(self._reader.sequence_lengths)
 
     def __getitem__(self, key: Any) -> Any:
-        offsets = self._reader.sequence_offsets
         if isinstance(key, slice):
             return [self[i] for i in range(*key.indices(len(self)))]
-        index = self._index(key)
-        return self._reader.tokens[int(offsets[index]) : int(offsets[index + 1])]
+        return self.get(self._index(key))
 
     def _index(self, key: Any) -> int:
         n = len(self)
@@ -134,8 +132,11 @@ class Sequences(Sequence[np.ndarray]):
             raise IndexError(
                 f"offset {offset} and length {length} fall outside sequence {index}, which has {size} tokens"
             )
-        start = int(self._reader.sequence_offsets[index]) + offset
-        return self._reader.tokens[start : start + length]
+        reader = self._reader
+        start = reader.sequence_pointers.item(index) // reader.dtype.itemsize + offset
+        if not 0 <= start <= start + length <= reader.num_tokens:
+            raise HeaderError(f"{reader.idx_path}: sequence_pointers[{index}] points outside {reader.bin_path}.")
+        return reader._view[start : start + length]
 
     @property
     def lengths(self) -> np.ndarray:
@@ -220,15 +221,12 @@ class Reader(TokenReader):
                 f"{path}: document_indices must start at 0 and end at N = {count:,}; "
                 f"found {int(di[0])} and {int(di[-1])}."
             )
-        if len(di) > 1:
-            steps = np.diff(di)
-            if steps.min() < 0:
-                where = int(np.argmax(steps < 0))
-                raise HeaderError(
-                    f"{path}: document_indices decrease at entry {where + 1} "
-                    f"({int(di[where])} then {int(di[where + 1])})."
-                )
-        if count and lengths.min() < 0:
+        if len(di) > 1 and not (di[1:] >= di[:-1]).all():
+            where = int(np.argmax(di[1:] < di[:-1]))
+            raise HeaderError(
+                f"{path}: document_indices decrease at entry {where + 1} ({int(di[where])} then {int(di[where + 1])})."
+            )
+        if count and lengths.min() < 0:  # a lying length could cancel another in the sum below
             where = int(np.argmin(lengths))
             raise HeaderError(f"{path}: sequence_lengths[{where}] is negative ({int(lengths[where])}).")
         total = int(lengths.sum(dtype=np.int64))
@@ -278,6 +276,25 @@ class Reader(TokenReader):
 
     def _offsets(self) -> np.ndarray:
         return self.sequence_offsets[self.document_indices]
+
+    def __len__(self) -> int:
+        return len(self.document_indices) - 1
+
+    def _item(self, index: int) -> np.ndarray:
+        # Like Megatron's reader, locate data through sequence_pointers: O(1) per document, no cumsum
+        # over the whole index first. Pointers are bounds-checked here; verify() checks them all.
+        first, stop = self.document_indices.item(index), self.document_indices.item(index + 1)
+        if first == stop:
+            return self._view[0:0]
+        itemsize = self._dtype.itemsize
+        start = self.sequence_pointers.item(first) // itemsize
+        end = self.sequence_pointers.item(stop - 1) // itemsize + self.sequence_lengths.item(stop - 1)
+        if not 0 <= start <= end <= self._num_tokens:
+            raise HeaderError(
+                f"{self.idx_path}: document {index} spans tokens {start:,}..{end:,} by its sequence_pointers, "
+                f"outside the {self._num_tokens:,} tokens of {self.bin_path}."
+            )
+        return self._view[start:end]
 
     @property
     def sequences(self) -> Sequences:

@@ -1,0 +1,129 @@
+"""The public face: the format table, detection, open/create errors, convert, ConcatenatedArray, CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tokformats
+from tokformats import ConcatenatedArray, NoFilesError, UnknownFormatError
+from tokformats.cli import main
+
+
+def test_public_names() -> None:
+    assert isinstance(tokformats.formats, type(type.__dict__))  # a read-only mappingproxy, not the package
+    for name in ("raw", "llmc", "megatron"):
+        assert name in tokformats.formats
+        assert getattr(tokformats, name).Reader.format == name
+    with pytest.raises(TypeError):
+        tokformats.formats["x"] = tokformats.formats["raw"]  # type: ignore[index]
+    assert issubclass(tokformats.FormatError, ValueError)
+    assert issubclass(tokformats.OutputExistsError, FileExistsError)
+
+
+def test_descriptors() -> None:
+    raw = tokformats.formats["raw"]
+    assert raw.detectable is False and raw.writer is tokformats.raw.Writer
+    assert tokformats.formats["llmc"].reader is tokformats.llmc.Reader
+    with pytest.raises(ValueError, match="already registered"):
+        tokformats.register(raw)
+
+
+def test_unknown_format_name(tmp_path: Path) -> None:
+    with pytest.raises(UnknownFormatError, match=r"there is no format named 'nope'; the formats are: .*llmc"):
+        tokformats.open(tmp_path / "x", format="nope")
+    with pytest.raises(UnknownFormatError):
+        tokformats.create(tmp_path / "x", "nope")
+
+
+def test_detect_missing_path(tmp_path: Path) -> None:
+    with pytest.raises(NoFilesError, match="does not exist"):
+        tokformats.detect(tmp_path / "missing.bin")
+    with pytest.raises(NoFilesError, match="matches no file"):
+        tokformats.detect(str(tmp_path / "*.bin"))
+    with pytest.raises(NoFilesError, match="empty list"):
+        tokformats.detect([])
+
+
+def test_convert_picks_a_dtype_the_destination_can_store(tmp_path: Path) -> None:
+    legacy = tmp_path / "legacy.bin"  # llm.c before 2024-05-21: headerless int32
+    np.array([50256, 1, 2, 50256, 3], dtype="<i4").tofile(legacy)
+    summary = tokformats.convert(
+        legacy, tmp_path / "new", "llmc", source_format="raw", source_options={"dtype": "int32"}
+    )
+    assert summary["tokens"] == 5
+    with tokformats.open(summary["files"][0]) as shard:
+        assert shard.dtype == np.dtype("uint16") and shard.tokens[:].tolist() == [50256, 1, 2, 50256, 3]
+        assert [d.tolist() for d in shard] == [[50256, 1, 2], [50256, 3]]
+
+
+def test_concatenated_array_indexing() -> None:
+    parts = [np.arange(0, 5), np.arange(5, 5), np.arange(5, 12), np.arange(12, 13)]
+    joined = ConcatenatedArray(parts)
+    whole = np.arange(13)
+    assert len(joined) == 13 and joined.shape == (13,) and joined.nbytes == whole.nbytes
+    for key in [
+        slice(None),
+        slice(2, 9),
+        slice(4, 6),
+        slice(None, None, 3),
+        slice(11, 1, -2),
+        slice(-3, None),
+        slice(7, 7),
+    ]:
+        np.testing.assert_array_equal(joined[key], whole[key], err_msg=str(key))
+    assert joined[7] == 7 and joined[-1] == 12
+    np.testing.assert_array_equal(joined[np.array([12, 0, 6, -2])], whole[[12, 0, 6, -2]])
+    np.testing.assert_array_equal(np.asarray(joined), whole)
+    assert joined.sum() == whole.sum() and joined.min() == 0 and joined.max() == 12
+    assert joined[6:8].base is not None, "a slice inside one part is a view"
+    with pytest.raises(IndexError):
+        joined[13]
+    assert list(np.concatenate(list(joined.iter_chunks(4)))) == list(whole)
+
+
+def test_cli_info_json_and_text(fixtures: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    shards = sorted(str(p) for p in (fixtures / "llmc").glob("corpus_train_*.bin"))
+    assert main(["info", *shards, "--bos", "0", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["format"] == "llmc" and info["documents"] == 400 and info["tokens"] == 25399
+    assert info["min_id"] == 0 and info["max_id"] == 699 and info["dtype"] == "uint16"
+    assert info["bytes_on_disk"] == sum(Path(s).stat().st_size for s in shards)
+    assert info["metadata"]["magic"] == 20240520 and len(info["metadata"]["shards"]) == 2
+    assert main(["info", shards[0]]) == 0
+    text = capsys.readouterr().out
+    assert "format" in text and "llmc" in text and "12,699" in text
+
+
+def test_cli_errors_are_one_line_with_status_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "t.bin"
+    np.arange(10, dtype="<u2").tofile(path)
+    assert main(["info", str(path)]) == 2
+    assert "pass format='raw' and dtype=" in capsys.readouterr().err
+    assert main(["info", str(path), "--format", "raw", "--dtype", "uint16", "--eos", "3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["documents"] == 2
+
+
+def test_cli_convert(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "t.bin"
+    np.array([5, 0, 6, 7, 0], dtype="<u2").tofile(path)
+    args = ["convert", str(path), str(tmp_path / "m"), "--format", "raw", "--dtype", "uint16", "--eos", "0"]
+    assert main([*args, "--to", "megatron"]) == 0
+    assert "2 documents, 5 tokens" in capsys.readouterr().out
+    with tokformats.open(tmp_path / "m") as reader:
+        assert [d.tolist() for d in reader] == [[5, 0], [6, 7, 0]]
+
+
+def test_python_dash_m_quickstart_runs_every_writable_format() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "tokformats", "quickstart"], capture_output=True, text=True, check=True
+    )
+    for name, descriptor in tokformats.formats.items():
+        if descriptor.writable:
+            assert f"\n{name} " in done.stdout
+    assert "round-tripped exactly" in done.stdout
