@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -20,13 +19,9 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, scratch, table
+from common import machine, peak_rss_mb, scratch, table
 
 HERE = Path(__file__).resolve()
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def load_corpus(folder: Path) -> tuple[np.ndarray, np.ndarray]:

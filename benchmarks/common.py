@@ -39,6 +39,20 @@ def interleaved(
     return best[0], best[1]
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MB (``VmHWM``: reset by exec, unlike ``ru_maxrss``)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def scratch(name: str) -> Path:
     """A scratch folder under ``$TOKFORMATS_BENCH_DIR`` (default: the system temporary folder)."""
     root = Path(os.environ.get("TOKFORMATS_BENCH_DIR", tempfile.gettempdir())) / f"tokformats-bench-{name}"

@@ -127,3 +127,14 @@ def test_python_dash_m_quickstart_runs_every_writable_format() -> None:
         if descriptor.writable:
             assert f"\n{name} " in done.stdout
     assert "round-tripped exactly" in done.stdout
+
+
+def test_sample_texts_are_deterministic_and_multibyte() -> None:
+    from tokformats.samples import sample_texts
+
+    first, again = sample_texts(50), sample_texts(50)
+    assert first == again and len(first) == 50
+    joined = "".join(first)
+    assert any("\u4e00" <= c <= "\u9fff" for c in joined), "CJK characters"
+    assert any(ord(c) > 0xFFFF for c in joined), "emoji outside the BMP"
+    assert any(c in "éüöç" for c in joined.lower()), "accented Latin"

@@ -29,6 +29,7 @@ from .formats import llmc, megatron, raw
 from .protocol import Reader, TokenReader, TokenWriter, Writer
 from .registry import FormatDescriptor, detect, register
 from .registry import formats as _format_table
+from .tokenizer import train_tokenizer
 
 # Importing any format module binds ``tokformats.formats`` to the *package* tokformats/formats/;
 # the public name is the registry's read-only table, so it is bound here, after every import.
@@ -61,5 +62,6 @@ __all__ = [
     "raw",
     "llmc",
     "megatron",
+    "train_tokenizer",
     "__version__",
 ]

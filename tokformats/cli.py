@@ -1,4 +1,4 @@
-"""The ``tokformats`` command line: ``info``, ``convert``, ``merge``, ``formats`` and ``quickstart``."""
+"""The ``tokformats`` command line: info, head, convert, merge, train-tokenizer, formats, quickstart."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, api
-from .errors import FormatError
+from .errors import FormatError, OutputExistsError, UnknownFormatError
 from .inspect import describe
 from .quickstart import format_table
 from .registry import formats
@@ -96,6 +96,48 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_train_tokenizer(args: argparse.Namespace) -> int:
+    from .formats.llmc_vocab import Vocab
+    from .tokenizer import padded_vocab_size, train_tokenizer
+
+    tokenizer = train_tokenizer(
+        [Path(p) for p in args.inputs],
+        args.vocab_size,
+        min_frequency=args.min_frequency,
+        unit=args.unit,
+        sample_docs=args.sample_docs,
+        progress=False if args.quiet else None,
+    )
+    output = Path(args.output)
+    if output.exists() and not args.overwrite:
+        raise OutputExistsError(f"{output} already exists; pass --overwrite to replace it.")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(output))
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    print(f"vocabulary size {size:,} (padded to a multiple of 64: {padded_vocab_size(size):,}) -> {output}")
+    if args.llmc_vocab:
+        path = Vocab.from_tokenizer(tokenizer).save(args.llmc_vocab, overwrite=args.overwrite)
+        print(f"llm.c vocabulary -> {path}")
+    return 0
+
+
+def _cmd_head(args: argparse.Namespace) -> int:
+    from .protocol import TokenReader
+    from .tokenizer import text_decoder
+
+    decode = text_decoder(tokenizer=args.tokenizer, vocab=args.vocab)
+    path = args.path[0] if len(args.path) == 1 else args.path
+    with api.open(path, **_reader_options(args)) as reader:
+        if not isinstance(reader, TokenReader):
+            raise UnknownFormatError(f"{reader.path} is a {reader.format} file, not a corpus of documents.")
+        count = min(args.n, len(reader))
+        for k in range(count):
+            document = reader[k]
+            print(f"--- document {k} ({len(document):,} tokens) ---")
+            print(decode(document))
+    return 0
+
+
 def _cmd_formats(args: argparse.Namespace) -> int:
     rows = [
         {
@@ -116,7 +158,7 @@ def _cmd_quickstart(args: argparse.Namespace) -> int:
 
     rows = run(Path(args.output) if args.output else None)
     print(format_table(rows))
-    print(f"\nall {len(rows)} formats round-tripped exactly.")
+    print(f"\nall {len(rows)} formats written, read back and decoded to the original text: round-tripped exactly.")
     return 0
 
 
@@ -156,6 +198,27 @@ def build_parser() -> argparse.ArgumentParser:
     merging.add_argument("--output", "-o", required=True, help="the merged dataset's prefix")
     merging.add_argument("--overwrite", action="store_true")
     merging.set_defaults(run=_cmd_merge)
+
+    train = commands.add_parser("train-tokenizer", help="train a byte-level BPE tokenizer on text files")
+    train.add_argument("inputs", nargs="+", help="UTF-8 text files")
+    train.add_argument("--vocab-size", type=int, required=True)
+    train.add_argument("--min-frequency", type=int, default=2)
+    train.add_argument("--unit", choices=["line", "file"], default="line", help="one document per line or per file")
+    train.add_argument("--sample-docs", type=int, help="learn merges from the first N documents only")
+    train.add_argument("--output", "-o", required=True, help="where to write tokenizer.json")
+    train.add_argument("--llmc-vocab", help="also write llm.c's vocabulary (gpt2_tokenizer.bin format) here")
+    train.add_argument("--overwrite", action="store_true")
+    train.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    train.set_defaults(run=_cmd_train_tokenizer)
+
+    head = commands.add_parser("head", help="print the first documents of a corpus as text")
+    head.add_argument("path", nargs="+", help="a file, prefix, folder, glob or several files")
+    head.add_argument("-n", type=int, default=3, help="how many documents (default 3)")
+    decoder = head.add_mutually_exclusive_group(required=True)
+    decoder.add_argument("--tokenizer", "-t", help="a tokenizer.json (or its folder)")
+    decoder.add_argument("--vocab", help="an llm.c vocabulary file")
+    _reader_arguments(head)
+    head.set_defaults(run=_cmd_head)
 
     listing = commands.add_parser("formats", help="list the formats")
     listing.set_defaults(run=_cmd_formats)

@@ -1,8 +1,9 @@
-"""``tokformats quickstart``: a self-check on built-in sample data, offline, in seconds.
+"""``tokformats quickstart``: the whole job on built-in sample data, offline, in seconds.
 
-It generates a deterministic corpus, writes it to every format tokformats can write, opens each
-result by detection (or with the options a headerless format needs), checks every document comes
-back exactly, and returns one row per format for the summary table.
+It generates a deterministic multi-script text corpus (Latin, CJK, emoji), trains a byte-level BPE on
+it, exports llm.c's vocabulary, tokenizes the corpus into every corpus format tokformats writes, opens
+each result again (by detection where the format allows), decodes every document and checks it is the
+original text, and returns one row per format for the summary table.
 """
 
 from __future__ import annotations
@@ -17,105 +18,105 @@ from typing import Any
 import numpy as np
 
 from . import api
+from .formats.llmc_vocab import Vocab
 from .inspect import describe
 from .protocol import TokenReader, TokenWriter
+from .samples import sample_texts
+from .tokenizer import train_tokenizer
 
-__all__ = ["sample_corpus", "run", "format_table", "FormatTrip"]
+__all__ = ["run", "format_table", "FormatTrip"]
 
-#: The delimiter id the sample corpus reserves (never used inside a document).
-DELIMITER = 0
-
-
-def sample_corpus(documents: int = 2000, vocab_size: int = 50257, seed: int = 1234) -> tuple[np.ndarray, np.ndarray]:
-    """A deterministic corpus: Zipf-distributed ids in ``1 .. vocab_size - 1`` and varied lengths.
-
-    It includes empty documents and the largest id, so that edge cases are exercised.
-    Returns ``(flat_ids, lengths)``.
-    """
-    rng = np.random.default_rng(seed)
-    lengths = rng.geometric(1 / 300, size=documents).astype(np.int64)
-    lengths[::97] = 0
-    ids = rng.zipf(1.2, size=int(lengths.sum())) % (vocab_size - 1) + 1
-    ids[::1009] = vocab_size - 1
-    return ids.astype(np.int64), lengths
+#: The end-of-text id of the trained tokenizer (its first special token).
+EOT = 0
 
 
 @dataclass
 class FormatTrip:
-    """How one format is written and read back in the quickstart round trip."""
+    """How one corpus format is written and read back in the quickstart."""
 
     format: str
     suffix: str = ""
     write: dict[str, Any] = field(default_factory=dict)
     read: dict[str, Any] = field(default_factory=dict)
-    #: Maps an input document to what the reader returns for it (a delimiter may be added).
-    expect: Callable[[np.ndarray], np.ndarray] = lambda doc: doc
+    #: What to remove from a document read back to get the encoded text (the delimiter the format adds).
+    strip: Callable[[np.ndarray], np.ndarray] = lambda document: document
 
 
-def _trips(vocab_size: int) -> list[FormatTrip]:
-    delimiter = np.array([DELIMITER])
+def _trips() -> list[FormatTrip]:
     return [
-        FormatTrip(
-            "raw",
-            ".bin",
-            {"eos": DELIMITER},
-            {"format": "raw", "dtype": "uint16", "eos": DELIMITER},
-            lambda doc: np.concatenate([doc, delimiter]),
-        ),
-        FormatTrip(
-            "llmc",
-            "",
-            {"bos": DELIMITER},
-            {"bos": DELIMITER},
-            lambda doc: np.concatenate([delimiter, doc]),
-        ),
+        FormatTrip("raw", ".bin", {"eos": EOT}, {"format": "raw", "dtype": "uint16", "eos": EOT}, lambda d: d[:-1]),
+        FormatTrip("llmc", "", {"bos": EOT}, {"bos": EOT}, lambda d: d[1:]),
         FormatTrip("megatron"),
     ]
 
 
-def run(output: Path | None = None, *, documents: int = 2000) -> list[dict[str, Any]]:
-    """Write the sample corpus to every writable format, read it back, verify; one row per format.
+def _encode(tokenizer: Any, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    encodings = tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+    documents = [np.asarray(e.ids, dtype=np.int64) for e in encodings]
+    lengths = np.fromiter((len(d) for d in documents), dtype=np.int64, count=len(documents))
+    return np.concatenate(documents), lengths
+
+
+def run(output: Path | None = None, *, documents: int = 2000, vocab_size: int = 1000) -> list[dict[str, Any]]:
+    """Train, export, tokenize into every corpus format, read back and verify; one row per format.
 
     Raises:
-        AssertionError: a document did not come back exactly (a bug: please report it).
+        AssertionError: a document did not come back as its text (a bug: please report it).
     """
-    vocab_size = 50257
-    flat, lengths = sample_corpus(documents, vocab_size)
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    texts = sample_texts(documents)
     with tempfile.TemporaryDirectory(prefix="tokformats-quickstart-") as scratch:
         root = Path(output) if output is not None else Path(scratch)
         rows = []
-        for trip in _trips(vocab_size):
-            target = root / trip.format / f"sample{trip.suffix}"
+        started = time.perf_counter()
+        tokenizer = train_tokenizer(texts, vocab_size, progress=False)
+        size = tokenizer.get_vocab_size(with_added_tokens=True)
+        vocab_path = Vocab.from_tokenizer(tokenizer).save(root / "llmc-vocab" / "tokenizer.bin", overwrite=True)
+        (root / "tokenizer.json").write_text(tokenizer.to_str(), encoding="utf-8")
+        with api.open(vocab_path) as vocab:
+            assert isinstance(vocab, Vocab) and len(vocab) == size
+            rows.append(_row("llmc-vocab", [vocab_path], "", size, "bytes", time.perf_counter() - started))
+        flat, lengths = _encode(tokenizer, texts)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        for trip in _trips():
             started = time.perf_counter()
-            with api.create(target, trip.format, vocab_size=vocab_size, overwrite=True, **trip.write) as writer:
+            target = root / trip.format / f"sample{trip.suffix}"
+            with api.create(target, trip.format, vocab_size=size, overwrite=True, **trip.write) as writer:
                 assert isinstance(writer, TokenWriter)
                 writer.write_batch(flat, lengths)
-            written = time.perf_counter() - started
-            opened = writer.written[0] if trip.format != "raw" else target
-            read_options = dict(trip.read)
-            with api.open(opened, **read_options) as reader:
+            source = target if trip.format == "raw" else writer.written[0]
+            with api.open(source, **trip.read) as reader:
                 assert isinstance(reader, TokenReader)
                 if len(reader) != documents:
                     raise AssertionError(f"{trip.format}: wrote {documents} documents, read {len(reader)}")
-                for k in range(documents):
-                    expected = trip.expect(flat[offsets[k] : offsets[k + 1]])
-                    if not np.array_equal(reader[k], expected):
-                        raise AssertionError(f"{trip.format}: document {k} did not round-trip")
+                for k, text in enumerate(texts):
+                    ids = trip.strip(reader[k])
+                    if not np.array_equal(ids, flat[offsets[k] : offsets[k + 1]]) or vocab.decode(ids) != text:
+                        raise AssertionError(f"{trip.format}: document {k} did not come back as its text")
                 info = describe(reader, scan=False)
             rows.append(
-                {
-                    "format": trip.format,
-                    "files": len(writer.written),
-                    "documents": info["documents"],
-                    "tokens": info["tokens"],
-                    "dtype": info["dtype"],
-                    "bytes": info["bytes_on_disk"],
-                    "write_ms": round(written * 1000, 1),
-                    "check": "ok",
-                }
+                _row(
+                    trip.format,
+                    writer.written,
+                    f"{info['documents']:,}",
+                    info["tokens"],
+                    info["dtype"],
+                    time.perf_counter() - started,
+                )
             )
         return rows
+
+
+def _row(name: str, files: list[Path], documents: str, tokens: int, dtype: str, seconds: float) -> dict[str, Any]:
+    return {
+        "format": name,
+        "files": len(files),
+        "documents": documents,
+        "tokens": tokens,
+        "dtype": dtype,
+        "bytes": sum(f.stat().st_size for f in files),
+        "ms": round(seconds * 1000, 1),
+        "check": "ok",
+    }
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:

@@ -139,6 +139,7 @@ def detect(path: Any) -> str:
 # The built-in formats, in detection order: formats with magic numbers first, layouts after, and
 # headerless raw last (never detected: its bytes say nothing).
 _BUILTIN = (
+    ("llmc-vocab", "llm.c tokenizer vocabulary (gpt2_tokenizer.bin)", (".bin",), True),
     ("llmc", "llm.c token shards (1 KiB header, uint16/uint32)", (".bin",), True),
     ("megatron", "Megatron-LM indexed dataset (PREFIX.bin + PREFIX.idx)", (".bin", ".idx"), True),
     ("raw", "headerless token stream (dtype must be given)", (".bin",), False),

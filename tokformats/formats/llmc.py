@@ -319,3 +319,9 @@ class Writer(TokenWriter):
         if self._shard is None:  # an empty corpus is one empty shard, as write_datafile would write
             self._open_shard()
         self._close_shard()
+
+
+# The vocabulary is llm.c's too: ``tokformats.llmc.Vocab`` (its own module holds the format).
+from .llmc_vocab import Vocab  # noqa: E402
+
+__all__ += ["Vocab"]
