@@ -25,7 +25,7 @@ from .errors import (
     UnknownFormatError,
     UnsafePickleError,
 )
-from .formats import llmc, megatron, raw
+from .formats import llmc, megatron, pt, raw
 from .protocol import Reader, TokenReader, TokenWriter, Writer
 from .registry import FormatDescriptor, detect, register
 from .registry import formats as _format_table
@@ -62,6 +62,7 @@ __all__ = [
     "raw",
     "llmc",
     "megatron",
+    "pt",
     "train_tokenizer",
     "__version__",
 ]

@@ -24,11 +24,11 @@ from .errors import OutputExistsError
 __all__ = ["AtomicFiles"]
 
 
-def _cleanup(handles: list[BinaryIO], temporaries: list[Path], made_dirs: list[Path]) -> None:
+def _cleanup(handles: list[BinaryIO], temporaries: list[Path], made_dirs: list[Path], scratch: list[Path]) -> None:
     for handle in handles:
         with contextlib.suppress(OSError):
             handle.close()
-    for tmp in temporaries:
+    for tmp in (*temporaries, *scratch):
         tmp.unlink(missing_ok=True)
     for folder in reversed(made_dirs):
         with contextlib.suppress(OSError):
@@ -36,6 +36,7 @@ def _cleanup(handles: list[BinaryIO], temporaries: list[Path], made_dirs: list[P
     handles.clear()
     temporaries.clear()
     made_dirs.clear()
+    scratch.clear()
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -66,7 +67,10 @@ class AtomicFiles:
         self._handles: list[BinaryIO] = []
         self._made_dirs: list[Path] = []
         self._stale: list[Path] = []
-        self._finalizer = weakref.finalize(self, _cleanup, self._handles, self._temporaries, self._made_dirs)
+        self._scratch: list[Path] = []
+        self._finalizer = weakref.finalize(
+            self, _cleanup, self._handles, self._temporaries, self._made_dirs, self._scratch
+        )
 
     def check_destination(self, final: str | os.PathLike[str]) -> None:
         """Refuse ``final`` if it exists and overwriting was not allowed."""
@@ -115,6 +119,14 @@ class AtomicFiles:
         os.fsync(handle.fileno())
         handle.close()
 
+    def scratch(self, near: str | os.PathLike[str]) -> Path:
+        """A path for a scratch file beside ``near`` that is deleted at commit and at abort (a spool)."""
+        path = Path(near)
+        self.make_parent(path)
+        scratch = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.spool")
+        self._scratch.append(scratch)
+        return scratch
+
     def remove_on_commit(self, paths: Iterable[Path]) -> None:
         """Delete these existing files when committing (stale shards of an overwritten dataset)."""
         self._stale.extend(paths)
@@ -133,6 +145,9 @@ class AtomicFiles:
             os.replace(tmp, final)
         for folder in {final.parent for final in finals}:
             _fsync_dir(folder)
+        for scratch in self._scratch:
+            scratch.unlink(missing_ok=True)
+        self._scratch.clear()
         self._handles.clear()
         self._temporaries.clear()
         self._made_dirs.clear()
@@ -143,7 +158,7 @@ class AtomicFiles:
 
     def abort(self) -> None:
         """Remove every temporary (and folder made for them); nothing appears under a final name."""
-        _cleanup(self._handles, self._temporaries, self._made_dirs)
+        _cleanup(self._handles, self._temporaries, self._made_dirs, self._scratch)
         self._finals.clear()
         self._final_set.clear()
         self._finalizer.detach()

@@ -40,13 +40,18 @@ class FormatTrip:
     read: dict[str, Any] = field(default_factory=dict)
     #: What to remove from a document read back to get the encoded text (the delimiter the format adds).
     strip: Callable[[np.ndarray], np.ndarray] = lambda document: document
+    #: What to open, given the path the writer was created with.
+    source: Callable[[Path], Any] = lambda target: target
 
 
 def _trips() -> list[FormatTrip]:
     return [
         FormatTrip("raw", ".bin", {"eos": EOT}, {"format": "raw", "dtype": "uint16", "eos": EOT}, lambda d: d[:-1]),
-        FormatTrip("llmc", "", {"bos": EOT}, {"bos": EOT}, lambda d: d[1:]),
+        FormatTrip("llmc", "", {"bos": EOT}, {"bos": EOT}, lambda d: d[1:], lambda t: f"{t}_train_*.bin"),
         FormatTrip("megatron"),
+        FormatTrip(
+            "pt", "", {"eos": EOT, "tokens_per_shard": 50_000, "final_shard": True}, {"eos": EOT}, lambda d: d[:-1]
+        ),
     ]
 
 
@@ -83,8 +88,7 @@ def run(output: Path | None = None, *, documents: int = 2000, vocab_size: int = 
             with api.create(target, trip.format, vocab_size=size, overwrite=True, **trip.write) as writer:
                 assert isinstance(writer, TokenWriter)
                 writer.write_batch(flat, lengths)
-            source = target if trip.format == "raw" else writer.written[0]
-            with api.open(source, **trip.read) as reader:
+            with api.open(trip.source(target), **trip.read) as reader:
                 assert isinstance(reader, TokenReader)
                 if len(reader) != documents:
                     raise AssertionError(f"{trip.format}: wrote {documents} documents, read {len(reader)}")

@@ -142,6 +142,7 @@ _BUILTIN = (
     ("llmc-vocab", "llm.c tokenizer vocabulary (gpt2_tokenizer.bin)", (".bin",), True),
     ("llmc", "llm.c token shards (1 KiB header, uint16/uint32)", (".bin",), True),
     ("megatron", "Megatron-LM indexed dataset (PREFIX.bin + PREFIX.idx)", (".bin", ".idx"), True),
+    ("pt", "PyTorch .pt token shards, or a folder of shard_N.pt + manifest.json", (".pt",), True),
     ("raw", "headerless token stream (dtype must be given)", (".bin",), False),
 )
 for _name, _description, _suffixes, _detectable in _BUILTIN:

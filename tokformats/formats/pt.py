@@ -1,0 +1,503 @@
+"""PyTorch ``.pt`` token shards, and NeuroShard-style folders of them, read and written without torch.
+
+A ``.pt`` file is what ``torch.save(torch.tensor(ids))`` writes: a zip archive (``PREFIX/data.pkl``,
+``PREFIX/data/0``, ``PREFIX/version``, ...; records 64-byte aligned and uncompressed) or, before torch 1.6,
+the legacy pickle stream. :mod:`tokformats.torchfile` parses both with an allow-list unpickler that
+never runs pickled code, and memory-maps the tensor's storage.
+
+A shard folder (NeuroShard Genesis layout)::
+
+    shards/
+      manifest.json      {"total_shards", "total_tokens", "total_size_bytes", "tokenizer_version",
+                          "sources": {name: {"shards", "tokens", "documents_processed", "last_shard_id"}},
+                          "created_at", "updated_at"}
+      checkpoints.json   {source: {"documents_processed", "last_shard_id", "leftover_tokens", "timestamp"}}
+      tokenizer.json     optional: the tokenizer that produced the ids
+      shard_0.pt, shard_1.pt, ...   1-D int64 tensors of exactly ``tokens_per_shard`` tokens
+
+The packer concatenates documents and cuts fixed-size shards; the tail that does not fill a shard is
+kept as ``leftover_tokens`` so that a resumed run continues exactly where the last one stopped.
+Nodes pick their shards with :func:`assigned_shards`. Timestamps are ISO-8601 UTC with a ``Z``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from datetime import datetime, timezone
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .. import torchfile
+from ..arrays import ConcatenatedArray, TokenArray, map_file
+from ..atomic import AtomicFiles
+from ..documents import split_offsets
+from ..dtypes import check_tokens, parse_dtype
+from ..errors import DTypeError, FormatError, NoFilesError, OutputExistsError
+from ..protocol import PathLike, TokenReader, TokenWriter
+
+__all__ = [
+    "Reader",
+    "FileReader",
+    "FolderReader",
+    "Writer",
+    "FileWriter",
+    "FolderWriter",
+    "save",
+    "load",
+    "assigned_shards",
+    "detect",
+    "TOKENS_PER_SHARD",
+    "SHARD_PATTERN",
+]
+
+TOKENS_PER_SHARD = 2_500_000
+SHARD_PATTERN = re.compile(r"^shard_(\d+)\.pt$")
+MANIFEST = "manifest.json"
+CHECKPOINTS = "checkpoints.json"
+TOKENIZER = "tokenizer.json"
+#: dtypes the writers store (torch has tensor types for each).
+WRITABLE = ("int64", "int32", "uint16", "uint32", "int16", "uint8", "uint64", "float32", "float64")
+
+save = torchfile.save
+load = torchfile.load
+
+
+def utc_now() -> str:
+    """Now as ISO-8601 UTC with a ``Z`` suffix, to the second."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def assigned_shards(node_id: str, num_shards: int, count: int = 10) -> list[int]:
+    """The shards node ``node_id`` takes, as NeuroShard Genesis assigns them.
+
+    ``h = int(sha256(node_id).hexdigest(), 16)``; the primary shard is ``h % num_shards`` and the next ones
+    follow round-robin: ``[(h + i) % num_shards for i in range(count)]``. ``count`` is capped at
+    ``num_shards`` so that no shard is listed twice.
+    """
+    if num_shards <= 0:
+        raise ValueError(f"num_shards must be positive, not {num_shards}")
+    digest = int(hashlib.sha256(node_id.encode("utf-8")).hexdigest(), 16)
+    return [(digest + i) % num_shards for i in range(min(count, num_shards))]
+
+
+def shard_files(folder: Path) -> list[tuple[int, Path]]:
+    """``(index, path)`` of every ``shard_N.pt`` in ``folder``, in numeric order."""
+    found = []
+    for path in folder.iterdir():
+        match = SHARD_PATTERN.match(path.name)
+        if match:
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def detect(path: Path) -> bool:
+    """A ``torch.save`` file, or a folder holding ``shard_N.pt`` files (or a shard manifest)."""
+    if path.is_dir():
+        return (path / MANIFEST).is_file() or any(SHARD_PATTERN.match(p.name) for p in path.iterdir())
+    return torchfile.is_torch_file(path)
+
+
+def _tensor_of(path: Path, payload: Any, key: str | None) -> tuple[np.ndarray, str | None, dict[str, Any]]:
+    """The token array in a loaded payload (a tensor, or a dict holding one), its key, and the other values."""
+    if isinstance(payload, np.ndarray):
+        if key is not None:
+            raise FormatError(f"{path} holds a single tensor, not a dict: drop key={key!r}.")
+        return payload, None, {}
+    if isinstance(payload, dict):
+        arrays = [k for k, v in payload.items() if isinstance(v, np.ndarray)]
+        if key is None:
+            if len(arrays) != 1:
+                raise FormatError(
+                    f"{path} holds a dict with {len(arrays)} tensors ({arrays}); pass key= to choose one."
+                )
+            key = arrays[0]
+        if key not in payload or not isinstance(payload[key], np.ndarray):
+            raise FormatError(f"{path}: the dict has no tensor under {key!r}; its tensors are {arrays}.")
+        others = {str(k): v for k, v in payload.items() if not isinstance(v, np.ndarray) and _is_plain(v)}
+        return payload[key], key, others
+    raise FormatError(f"{path} holds a {type(payload).__name__}, not a tensor or a dict of tensors.")
+
+
+def _is_plain(value: Any) -> bool:
+    return (
+        value is None
+        or isinstance(value, (bool, int, float, str))
+        or (isinstance(value, (list, tuple)) and all(_is_plain(v) for v in value))
+    )
+
+
+def _flat(path: Path, array: np.ndarray) -> np.ndarray:
+    if array.ndim == 1:
+        return array
+    flat = array.reshape(-1)  # a view when contiguous, else one copy
+    return flat
+
+
+class Reader(TokenReader):
+    """A ``.pt`` file (:class:`FileReader`) or a folder of ``shard_N.pt`` (:class:`FolderReader`).
+
+    ``Reader(path, ...)`` returns the one that fits ``path``.
+    """
+
+    format = "pt"
+
+    def __new__(cls, path: PathLike, *args: Any, **kwargs: Any) -> Reader:
+        if cls is Reader:
+            cls = FolderReader if Path(path).is_dir() else FileReader
+        return super().__new__(cls)
+
+
+class FileReader(Reader):
+    """One ``torch.save`` file holding a tensor, or a dict holding one.
+
+    Args:
+        path: the ``.pt`` file.
+        key: which dict entry holds the tokens (needed only when the dict holds several tensors).
+        eos / bos: split documents at this id (after / before it); by default the tensor is one document.
+    """
+
+    def __init__(self, path: PathLike, *, key: str | None = None, eos: int | None = None, bos: int | None = None):
+        super().__init__(path, key=key, eos=eos, bos=bos)
+        self._path = Path(path)
+        payload = torchfile.load(self._path)
+        array, self.key, self._extra = _tensor_of(self._path, payload, key)
+        self._array = _flat(self._path, array)
+        self.shape = tuple(array.shape)
+        self.eos, self.bos = eos, bos
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """The tensor's elements, memory-mapped (zero-copy for contiguous tensors)."""
+        return self._array
+
+    def _offsets(self) -> np.ndarray:
+        return split_offsets(self._array, eos=self.eos, bos=self.bos)
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return {"key": self.key, "shape": list(self.shape), "values": self._extra, "eos": self.eos, "bos": self.bos}
+
+
+class FolderReader(Reader):
+    """A folder of ``shard_N.pt`` files (numeric order) with its ``manifest.json`` and ``checkpoints.json``.
+
+    Args:
+        path: the folder.
+        eos / bos: split documents at this id; by default each shard is one document.
+    """
+
+    def __init__(self, path: PathLike, *, eos: int | None = None, bos: int | None = None):
+        super().__init__(path, eos=eos, bos=bos)
+        self._path = Path(path)
+        if not self._path.is_dir():
+            raise NoFilesError(f"{self._path} is not a folder.")
+        self._shards = shard_files(self._path)
+        if not self._shards and not (self._path / MANIFEST).is_file():
+            raise NoFilesError(f"{self._path} holds no shard_N.pt files and no {MANIFEST}.")
+        arrays = [np.zeros(0, dtype="<i8")] if not self._shards else []  # a manifest alone: an empty corpus
+        for _, shard in self._shards:
+            array, _, _ = _tensor_of(shard, torchfile.load(shard), None)
+            arrays.append(_flat(shard, array))
+        dtypes = {a.dtype for a in arrays}
+        if len(dtypes) > 1:
+            raise DTypeError(f"{self._path}: the shards mix dtypes {sorted(d.name for d in dtypes)}.")
+        self._arrays = arrays
+        self.eos, self.bos = eos, bos
+        self.manifest = self._json(MANIFEST)
+        self.checkpoints = self._json(CHECKPOINTS)
+
+    def _json(self, name: str) -> dict[str, Any] | None:
+        file = self._path / name
+        if not file.is_file():
+            return None
+        try:
+            data = json.loads(file.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise FormatError(f"{file} is not valid JSON ({exc}).") from None
+        if not isinstance(data, dict):
+            raise FormatError(f"{file} must hold a JSON object, found {type(data).__name__}.")
+        return data
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def files(self) -> list[Path]:
+        return [p for _, p in self._shards]
+
+    @property
+    def num_shards(self) -> int:
+        """Number of shard files."""
+        return len(self._shards)
+
+    @property
+    def shard_ids(self) -> list[int]:
+        """The N of each ``shard_N.pt``, in order (a node may hold a subset)."""
+        return [i for i, _ in self._shards]
+
+    @cached_property
+    def tokens(self) -> TokenArray:
+        """Every shard's tokens, in numeric shard order."""
+        return self._arrays[0] if len(self._arrays) == 1 else ConcatenatedArray(self._arrays)
+
+    def _offsets(self) -> np.ndarray:
+        if self.eos is None and self.bos is None:
+            if not self._shards:
+                return np.zeros(1, dtype=np.int64)
+            lengths = np.array([len(a) for a in self._arrays], dtype=np.int64)
+            return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        return split_offsets(self.tokens, eos=self.eos, bos=self.bos)
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "manifest": self.manifest,
+            "checkpoints": self.checkpoints,
+            "shard_ids": self.shard_ids,
+            "eos": self.eos,
+            "bos": self.bos,
+        }
+
+
+def _pt_dtype(dtype: npt.DTypeLike | None, vocab_size: int | None) -> np.dtype:
+    chosen = parse_dtype(dtype if dtype is not None else "int64")
+    if chosen.name not in WRITABLE:
+        raise DTypeError(f"pt: torch has no tensor type tokformats writes for {chosen.name}; use one of {WRITABLE}.")
+    if vocab_size is not None and chosen.kind in "iu" and vocab_size - 1 > np.iinfo(chosen).max:
+        raise DTypeError(f"pt: dtype {chosen.name} cannot hold ids up to vocab_size {vocab_size:,}.")
+    return chosen
+
+
+class Writer(TokenWriter):
+    """Writes one ``.pt`` file (a path ending in ``.pt``: :class:`FileWriter`) or a shard folder
+    (:class:`FolderWriter`). Both store int64 unless ``dtype=`` says otherwise."""
+
+    format = "pt"
+
+    def __new__(cls, path: PathLike, *args: Any, **kwargs: Any) -> Writer:
+        if cls is Writer:
+            cls = FileWriter if str(path).endswith(".pt") else FolderWriter
+        return super().__new__(cls)
+
+
+class FileWriter(Writer):
+    """Writes every document into one 1-D tensor file that ``torch.load`` reads (byte-identical layout to
+    ``torch.save`` apart from the random serialization id).
+
+    Args:
+        path: the ``.pt`` file.
+        dtype: int64 (default), int32, uint16, uint32, ...
+        vocab_size: ids must be below it.
+        eos: appended after every document when given.
+        overwrite: replace an existing file.
+    """
+
+    def __init__(
+        self,
+        path: PathLike,
+        *,
+        dtype: npt.DTypeLike | None = None,
+        vocab_size: int | None = None,
+        eos: int | None = None,
+        overwrite: bool = False,
+    ) -> None:
+        chosen = _pt_dtype(dtype, vocab_size)
+        super().__init__(path, dtype=chosen, vocab_size=vocab_size, overwrite=overwrite)
+        self._files.check_destination(self.path)
+        self.eos = None if eos is None else check_tokens(np.array([eos]), chosen, vocab_size=vocab_size)[0]
+        # The tensor's length goes into data.pkl, which precedes the data: spool tokens, write at the end.
+        self._spool_path = self._files.scratch(self.path)
+        self._spool = open(self._spool_path, "wb")  # noqa: SIM115 - closed in _finish or abort
+
+    def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
+        if self.eos is not None:
+            flat = np.insert(flat, np.cumsum(lengths, dtype=np.int64), self.eos)
+        self._spool.write(np.ascontiguousarray(flat).data)
+
+    def _finish(self) -> None:
+        self._spool.close()
+        tokens = map_file(self._spool_path, self.dtype)
+        stem = self.path.stem
+        prefix = stem if stem.isascii() and stem else "archive"
+        torchfile.write_tensor(self._files.create(self.path), tokens, prefix=prefix)
+        del tokens
+
+    def abort(self) -> None:
+        self._spool.close()
+        super().abort()
+
+
+class FolderWriter(Writer):
+    """Packs documents into fixed-size ``shard_N.pt`` files with ``manifest.json`` and ``checkpoints.json``.
+
+    Args:
+        path: the folder.
+        tokens_per_shard: tokens in every shard (default 2,500,000, as NeuroShard Genesis).
+        dtype: int64 (default) or another torch dtype.
+        vocab_size: ids must be below it.
+        eos: appended after every document when given.
+        source: the name this run is recorded under in the manifest and checkpoints.
+        tokenizer: a ``tokenizer.json`` path or ``tokenizers.Tokenizer`` to copy into the folder.
+        tokenizer_version: recorded in the manifest.
+        final_shard: write the unfilled tail as a last, shorter shard instead of keeping it as
+            ``leftover_tokens`` for a later run.
+        resume: continue a folder this writer (or Genesis) left: its leftover tokens come first and shard
+            numbers continue, so the shards equal those of one uninterrupted run.
+        overwrite: replace an existing folder's shards, manifest and checkpoints.
+
+    Files appear when the writer closes without an exception (each shard, then the checkpoints and the
+    manifest last); an exception leaves the folder as it was.
+    """
+
+    def __init__(
+        self,
+        path: PathLike,
+        *,
+        tokens_per_shard: int = TOKENS_PER_SHARD,
+        dtype: npt.DTypeLike | None = None,
+        vocab_size: int | None = None,
+        eos: int | None = None,
+        source: str = "default",
+        tokenizer: Any = None,
+        tokenizer_version: str | None = None,
+        final_shard: bool = False,
+        resume: bool = False,
+        overwrite: bool = False,
+    ) -> None:
+        chosen = _pt_dtype(dtype, vocab_size)
+        super().__init__(path, dtype=chosen, vocab_size=vocab_size, overwrite=overwrite)
+        if tokens_per_shard <= 0:
+            raise ValueError(f"tokens_per_shard must be positive, not {tokens_per_shard}")
+        self.tokens_per_shard = tokens_per_shard
+        self.eos = None if eos is None else check_tokens(np.array([eos]), chosen, vocab_size=vocab_size)[0]
+        self.source = source
+        self.tokenizer = tokenizer
+        self.tokenizer_version = tokenizer_version
+        self.final_shard = final_shard
+        self._manifest: dict[str, Any] = {}
+        self._checkpoints: dict[str, Any] = {}
+        existing = shard_files(self.path) if self.path.is_dir() else []
+        leftover = np.zeros(0, dtype=chosen)
+        self._documents_before = 0
+        if resume:
+            self._manifest = self._read_json(MANIFEST)
+            self._checkpoints = self._read_json(CHECKPOINTS)
+            state = self._checkpoints.get(source)
+            if state is None and existing:
+                raise FormatError(f"{self.path / CHECKPOINTS} has no entry for source {source!r}; cannot resume it.")
+            if state is not None:
+                leftover = check_tokens(np.asarray(state.get("leftover_tokens", []), dtype=np.int64), chosen)
+                self._documents_before = int(state.get("documents_processed", 0))
+            # Replace (not keep) the files we rewrite.
+            self._files = AtomicFiles(overwrite=True)
+        elif existing or (self.path / MANIFEST).exists():
+            if not overwrite:
+                raise OutputExistsError(
+                    f"{self.path} already holds shards; pass resume=True to continue it "
+                    "or overwrite=True to replace it."
+                )
+            self._files.remove_on_commit(
+                [p for _, p in existing] + [self.path / n for n in (MANIFEST, CHECKPOINTS, TOKENIZER)]
+            )
+            existing = []
+            self._manifest, self._checkpoints = {}, {}
+        self._next_index = (existing[-1][0] + 1) if existing else 0
+        self._buffer = np.empty(tokens_per_shard, dtype=chosen)
+        self._filled = 0
+        self._new_shards: list[Path] = []
+        self._new_tokens = 0
+        self._new_bytes = 0
+        self._append(leftover)
+
+    def _read_json(self, name: str) -> dict[str, Any]:
+        file = self.path / name
+        if not file.is_file():
+            return {}
+        data = json.loads(file.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise FormatError(f"{file} must hold a JSON object.")
+        return data
+
+    def _append(self, tokens: np.ndarray) -> None:
+        position = 0
+        while position < len(tokens):
+            room = self.tokens_per_shard - self._filled
+            piece = tokens[position : position + room]
+            self._buffer[self._filled : self._filled + len(piece)] = piece
+            self._filled += len(piece)
+            position += len(piece)
+            if self._filled == self.tokens_per_shard:
+                self._emit(self._buffer)
+                self._filled = 0
+
+    def _emit(self, tokens: np.ndarray) -> None:
+        index = self._next_index
+        final = self.path / f"shard_{index}.pt"
+        handle = self._files.create(final)
+        torchfile.write_tensor(handle, tokens, prefix=f"shard_{index}")
+        self._new_bytes += handle.tell()
+        self._files.finish(handle)
+        self._new_shards.append(final)
+        self._new_tokens += len(tokens)
+        self._next_index += 1
+
+    def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
+        if self.eos is not None:
+            flat = np.insert(flat, np.cumsum(lengths, dtype=np.int64), self.eos)
+        self._append(flat)
+
+    def _write_json(self, name: str, data: dict[str, Any]) -> None:
+        handle = self._files.create(self.path / name)
+        handle.write((json.dumps(data, indent=2) + "\n").encode("utf-8"))
+
+    def _finish(self) -> None:
+        if self.final_shard and self._filled:
+            self._emit(self._buffer[: self._filled].copy())
+            self._filled = 0
+        now = utc_now()
+        last_shard = self._next_index - 1
+        documents = self._documents_before + self.num_documents
+        self._checkpoints[self.source] = {
+            "documents_processed": documents,
+            "last_shard_id": last_shard,
+            "leftover_tokens": self._buffer[: self._filled].tolist(),
+            "timestamp": now,
+        }
+        manifest = self._manifest
+        previous = manifest.get("sources", {}).get(self.source, {})
+        manifest["sources"] = {
+            **manifest.get("sources", {}),
+            self.source: {
+                "shards": int(previous.get("shards", 0)) + len(self._new_shards),
+                "tokens": int(previous.get("tokens", 0)) + self._new_tokens,
+                "documents_processed": documents,
+                "last_shard_id": last_shard,
+            },
+        }
+        self._manifest = {
+            "total_shards": int(manifest.get("total_shards", 0)) + len(self._new_shards),
+            "total_tokens": int(manifest.get("total_tokens", 0)) + self._new_tokens,
+            "total_size_bytes": int(manifest.get("total_size_bytes", 0)) + self._new_bytes,
+            "tokenizer_version": self.tokenizer_version or manifest.get("tokenizer_version"),
+            "sources": manifest["sources"],
+            "created_at": manifest.get("created_at", now),
+            "updated_at": now,
+        }
+        if self.tokenizer is not None:
+            from ..tokenizer import load_tokenizer
+
+            handle = self._files.create(self.path / TOKENIZER)
+            handle.write(load_tokenizer(self.tokenizer).to_str().encode("utf-8"))
+        self._write_json(CHECKPOINTS, self._checkpoints)
+        self._write_json(MANIFEST, self._manifest)  # last: a manifest means the folder is complete
