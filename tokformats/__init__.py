@@ -12,6 +12,9 @@ are the attributes ``tokformats.raw``, ``tokformats.llmc``, ... below.
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .api import convert, create, open
 from .arrays import ConcatenatedArray
 from .errors import (
@@ -25,17 +28,37 @@ from .errors import (
     UnknownFormatError,
     UnsafePickleError,
 )
-from .formats import llmc, megatron, pt, raw
 from .protocol import Reader, TokenReader, TokenWriter, Writer
 from .registry import FormatDescriptor, detect, register
 from .registry import formats as _format_table
-from .tokenizer import train_tokenizer
 
-# Importing any format module binds ``tokformats.formats`` to the *package* tokformats/formats/;
-# the public name is the registry's read-only table, so it is bound here, after every import.
+# Importing the package tokformats/formats/ binds ``tokformats.formats`` to it (once, on its first import);
+# the public name is the registry's read-only table, so the package is imported first and the name rebound.
+importlib.import_module(".formats", __name__)
 formats = _format_table
 
 __version__ = "0.1.0"
+
+#: Format modules exposed as ``tokformats.NAME``, imported on first use so that ``import tokformats``
+#: stays cheap (a script that only opens ``.pt`` shards never imports the Megatron code).
+_FORMAT_MODULES = {"raw", "llmc", "megatron", "pt"}
+
+if TYPE_CHECKING:
+    from .formats import llmc, megatron, pt, raw
+    from .tokenizer import train_tokenizer
+
+
+def __getattr__(name: str) -> Any:
+    if name == "train_tokenizer":  # imports the tokenizer glue only when asked for
+        from .tokenizer import train_tokenizer
+
+        return train_tokenizer
+    if name in _FORMAT_MODULES:
+        module = importlib.import_module(f".formats.{name}", __name__)
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'tokformats' has no attribute {name!r}")
+
 
 __all__ = [
     "open",

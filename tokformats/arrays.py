@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
-import numpy.typing as npt
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 __all__ = ["map_file", "ConcatenatedArray", "GrowableArray", "TokenArray", "CHUNK_ELEMENTS", "iter_chunks"]
 

@@ -8,12 +8,14 @@ min/max passes and names the document it belongs to.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import numpy.typing as npt
 
 from .errors import DTypeError, TokenRangeError
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 __all__ = [
     "UINT16_VOCAB_LIMIT",

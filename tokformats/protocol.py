@@ -20,14 +20,16 @@ from collections.abc import Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ClassVar, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, overload
 
 import numpy as np
-import numpy.typing as npt
-from typing_extensions import Self
 
 from .arrays import TokenArray
 from .atomic import AtomicFiles
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    from typing_extensions import Self
 from .dtypes import as_token_array, check_lengths, check_tokens
 
 __all__ = ["Reader", "TokenReader", "Writer", "TokenWriter", "PathLike"]

@@ -12,18 +12,16 @@ import glob
 import importlib
 import os
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType, ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import NoFilesError, UnknownFormatError
 
 __all__ = ["FormatDescriptor", "formats", "register", "descriptor", "detect", "expand_paths"]
 
 
-@dataclass(frozen=True)
-class FormatDescriptor:
+class FormatDescriptor(NamedTuple):
     """One registered format.
 
     Attributes:
@@ -41,13 +39,10 @@ class FormatDescriptor:
     module: str
     detectable: bool = True
     writable: bool = True
-    _cache: dict[str, ModuleType] = field(default_factory=dict, repr=False, compare=False)
 
     def load(self) -> ModuleType:
-        """Import (once) and return the format's module."""
-        if "module" not in self._cache:
-            self._cache["module"] = importlib.import_module(self.module)
-        return self._cache["module"]
+        """Import (the first time) and return the format's module."""
+        return importlib.import_module(self.module)
 
     @property
     def reader(self) -> type:
@@ -111,8 +106,11 @@ def expand_paths(path: Any) -> list[Path]:
     return paths
 
 
-def _candidates() -> Iterator[FormatDescriptor]:
-    return (d for d in _REGISTRY.values() if d.detectable)
+def _candidates(path: Path) -> Iterator[FormatDescriptor]:
+    """Detectable formats, those whose suffixes match ``path`` first (fewer format modules imported)."""
+    detectable = [d for d in _REGISTRY.values() if d.detectable]
+    matching = [d for d in detectable if path.suffix and path.suffix in d.suffixes]
+    return iter(matching + [d for d in detectable if d not in matching])
 
 
 def detect(path: Any) -> str:
@@ -124,9 +122,9 @@ def detect(path: Any) -> str:
     """
     paths = expand_paths(path)
     first = paths[0]
-    found = [d.name for d in _candidates() if d.detect(first)]
-    if found:
-        return found[0]
+    for candidate in _candidates(first):
+        if candidate.detect(first):
+            return candidate.name
     if not first.exists() and not any(Path(str(first) + s).exists() for s in (".idx", ".bin")):
         raise NoFilesError(f"{first} does not exist.")
     from .formats.raw import describe_headerless

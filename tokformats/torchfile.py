@@ -14,16 +14,14 @@ order, 64-byte alignment by ``FB`` padding fields, data descriptors, zip64 end r
 from __future__ import annotations
 
 import collections
-import hashlib
 import io
 import os
 import pickle
 import struct
 import zipfile
 import zlib
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
@@ -72,27 +70,23 @@ _UNSUPPORTED = {"BFloat16Storage": "bfloat16", "bfloat16": "bfloat16", "ComplexF
 # -- stand-ins produced by the safe unpickler -------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _StorageType:
+class _StorageType(NamedTuple):
     name: str
     dtype: np.dtype | None  # None: UntypedStorage (numel counts bytes)
 
 
-@dataclass(frozen=True)
-class _TorchDType:
+class _TorchDType(NamedTuple):
     name: str
     dtype: np.dtype
 
 
-@dataclass(frozen=True)
-class _StorageRef:
+class _StorageRef(NamedTuple):
     key: str
     storage_type: _StorageType
     numel: int
 
 
-@dataclass(frozen=True)
-class TensorRef:
+class TensorRef(NamedTuple):
     """A tensor as ``data.pkl`` describes it: which storage, and the view into it (all in elements)."""
 
     storage: _StorageRef
@@ -198,8 +192,7 @@ def is_torch_file(path: Path) -> bool:
         return False
 
 
-@dataclass(frozen=True)
-class _Record:
+class _Record(NamedTuple):
     offset: int  # byte offset of the record's data in the file
     size: int
 
@@ -591,6 +584,8 @@ def serialization_id(*parts: bytes) -> str:
     always give the same bytes (resumed runs are byte-identical to uninterrupted ones), while different
     content still gets a different id.
     """
+    import hashlib  # here, not at import time: hashlib's OpenSSL binding costs milliseconds to load
+
     digest = hashlib.sha256(b"".join(parts)).digest()
     return f"{int.from_bytes(digest[:16], 'big'):040d}"[-40:]
 

@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
-import numpy.typing as npt
 
 from ..arrays import ConcatenatedArray, TokenArray, map_file
 from ..documents import split_offsets
@@ -34,6 +32,9 @@ from ..dtypes import check_tokens, resolve_dtype
 from ..errors import HeaderError, NoFilesError, SizeMismatchError
 from ..protocol import PathLike, TokenReader, TokenWriter
 from ..registry import expand_paths
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 __all__ = [
     "Reader",
@@ -53,8 +54,7 @@ HEADER_BYTES = HEADER_INTS * 4
 MAX_SHARD_BYTES = 1 << 31
 
 
-@dataclass(frozen=True)
-class Family:
+class Family(NamedTuple):
     """A model family's shard flavour: its magic, version, token dtype and document delimiter."""
 
     name: str

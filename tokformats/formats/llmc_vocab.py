@@ -18,15 +18,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import numpy.typing as npt
 
 from ..errors import HeaderError, NoFilesError, SizeMismatchError, TokenRangeError
 from ..protocol import PathLike
 from ..protocol import Reader as BaseReader
 from ..protocol import Writer as BaseWriter
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 __all__ = ["Vocab", "Reader", "Writer", "detect", "MAGIC", "GPT2_EOT", "GPT2_VOCAB_SIZE"]
 

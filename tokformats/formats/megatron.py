@@ -27,10 +27,9 @@ import struct
 from collections.abc import Iterable, Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
-import numpy.typing as npt
 
 from ..arrays import GrowableArray, map_file
 from ..atomic import AtomicFiles
@@ -39,6 +38,9 @@ from ..dtypes import as_token_array, little_endian, resolve_dtype
 from ..errors import DTypeError, FormatError, HeaderError, NoFilesError, SizeMismatchError
 from ..oscopy import append_file
 from ..protocol import PathLike, TokenReader, TokenWriter
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 __all__ = [
     "Reader",

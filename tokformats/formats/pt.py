@@ -22,16 +22,14 @@ Nodes pick their shards with :func:`assigned_shards`. Timestamps are ISO-8601 UT
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from datetime import datetime, timezone
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import numpy.typing as npt
 
 from .. import torchfile
 from ..arrays import ConcatenatedArray, TokenArray, map_file
@@ -40,6 +38,9 @@ from ..documents import split_offsets
 from ..dtypes import check_tokens, parse_dtype
 from ..errors import DTypeError, FormatError, NoFilesError, OutputExistsError
 from ..protocol import PathLike, TokenReader, TokenWriter
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 __all__ = [
     "Reader",
@@ -82,6 +83,8 @@ def assigned_shards(node_id: str, num_shards: int, count: int = 10) -> list[int]
     """
     if num_shards <= 0:
         raise ValueError(f"num_shards must be positive, not {num_shards}")
+    import hashlib  # here, not at import time: hashlib's OpenSSL binding costs milliseconds to load
+
     digest = int(hashlib.sha256(node_id.encode("utf-8")).hexdigest(), 16)
     return [(digest + i) % num_shards for i in range(min(count, num_shards))]
 

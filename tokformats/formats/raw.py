@@ -18,16 +18,18 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import numpy.typing as npt
 
 from ..arrays import map_file
 from ..documents import split_offsets
 from ..dtypes import check_tokens, parse_dtype, resolve_dtype
 from ..errors import DTypeError, NoFilesError, SizeMismatchError
 from ..protocol import PathLike, TokenReader, TokenWriter
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 __all__ = ["Reader", "Writer", "describe_headerless", "CANDIDATE_DTYPES"]
 
