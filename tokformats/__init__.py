@@ -41,10 +41,10 @@ __version__ = "0.1.0"
 
 #: Format modules exposed as ``tokformats.NAME``, imported on first use so that ``import tokformats``
 #: stays cheap (a script that only opens ``.pt`` shards never imports the Megatron code).
-_FORMAT_MODULES = {"raw", "llmc", "megatron", "pt"}
+_FORMAT_MODULES = {"raw", "llmc", "megatron", "pt", "timemoe"}
 
 if TYPE_CHECKING:
-    from .formats import llmc, megatron, pt, raw
+    from .formats import llmc, megatron, pt, raw, timemoe
     from .tokenizer import train_tokenizer
 
 
@@ -86,6 +86,7 @@ __all__ = [
     "llmc",
     "megatron",
     "pt",
+    "timemoe",
     "train_tokenizer",
     "__version__",
 ]

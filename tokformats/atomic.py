@@ -119,6 +119,15 @@ class AtomicFiles:
         os.fsync(handle.fileno())
         handle.close()
 
+    def retarget(self, final: str | os.PathLike[str], new_final: str | os.PathLike[str]) -> None:
+        """Give a created temporary another final name (for names known only at commit: data-K-of-N)."""
+        old, new = Path(final), Path(new_final)
+        self.check_destination(new)
+        index = self._finals.index(old)
+        self._finals[index] = new
+        self._final_set.discard(old)
+        self._final_set.add(new)
+
     def scratch(self, near: str | os.PathLike[str]) -> Path:
         """A path for a scratch file beside ``near`` that is deleted at commit and at abort (a spool)."""
         path = Path(near)

@@ -52,6 +52,7 @@ def _trips() -> list[FormatTrip]:
         FormatTrip(
             "pt", "", {"eos": EOT, "tokens_per_shard": 50_000, "final_shard": True}, {"eos": EOT}, lambda d: d[:-1]
         ),
+        FormatTrip("timemoe", "", {"dtype": "uint16"}),
     ]
 
 

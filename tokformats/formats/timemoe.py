@@ -1,0 +1,580 @@
+"""Time-MoE / Time-300B binary sequence folders: ``meta.json`` + ``data-K-of-N.bin``.
+
+Layout::
+
+    my_dataset/
+      meta.json            {"num_sequences": 2, "dtype": "float32",
+                            "files": {"data-1-of-1.bin": 7},
+                            "scales": [{"offset": 0, "length": 3},
+                                       {"offset": 3, "length": 4, "mean": 1.5, "std": 0.5}]}
+      data-1-of-N.bin ...  headerless arrays in ``dtype``, little-endian
+
+``files`` counts **elements** per shard; shards are ordered numerically by the integer after the first
+dash (``data-2-of-12`` before ``data-10-of-12``). ``offset`` is absolute in the concatenation of the
+shards, so a sequence may span several. With both ``mean`` and ``std`` the stored values are normalised and
+the reader returns ``x * std + mean`` (float32). Other keys of a scale (``id``) are kept as metadata.
+
+Time-MoE's own reader (``BinaryDataset``) checks none of this; tokformats refuses a shard shorter than its
+count, a sequence past the end of the data, ``num_sequences != len(scales)``, a shard name without an
+integer index and a ``null`` mean or std. A tree of such folders opens as one corpus in sorted folder order
+(Time-MoE walks it in ``os.walk`` order, which is not sorted and differs between machines).
+
+:func:`windows` produces Time-MoE's training windows (``TimeMoEWindowDataset``) with the normalisation
+computed once per sequence instead of once per window.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..arrays import ConcatenatedArray, TokenArray, map_file
+from ..documents import offsets_from_lengths
+from ..dtypes import as_token_array, parse_dtype
+from ..errors import DTypeError, FormatError, HeaderError, NoFilesError, SizeMismatchError
+from ..protocol import PathLike, TokenReader, TokenWriter
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+__all__ = [
+    "Reader",
+    "Writer",
+    "Scales",
+    "Windows",
+    "windows",
+    "from_file",
+    "SequenceFile",
+    "detect",
+    "META",
+    "MAX_SHARD_ELEMENTS",
+]
+
+META = "meta.json"
+#: Real Time-300B folders cut shards at 2**30 elements (4 GiB of float32).
+MAX_SHARD_ELEMENTS = 1 << 30
+_SHARD_NAME = re.compile(r"^data-(\d+)-of-(\d+)\.bin$")
+
+
+def detect(path: Path) -> bool:
+    """A folder holding ``meta.json`` and a ``.bin``, or a tree with such folders in it."""
+    if not path.is_dir():
+        return False
+    return bool(_dataset_folders(path, limit=1))
+
+
+def _is_dataset(folder: Path) -> bool:
+    return (folder / META).is_file() and any(p.suffix == ".bin" and p.is_file() for p in folder.iterdir())
+
+
+def _dataset_folders(root: Path, limit: int | None = None) -> list[Path]:
+    """Folders under ``root`` (itself included) that are datasets, in sorted path order."""
+    found: list[Path] = []
+    for folder, subfolders, _ in os.walk(root):
+        subfolders.sort()
+        if _is_dataset(Path(folder)):
+            found.append(Path(folder))
+            if limit is not None and len(found) >= limit:
+                break
+    return sorted(found)
+
+
+class Scales:
+    """The per-sequence metadata of ``meta.json`` as columns (memory O(sequences) in NumPy, not dicts).
+
+    ``offsets``, ``lengths`` (int64), ``means``, ``stds`` (float64, NaN where absent); ``scales[i]`` gives
+    entry ``i`` as a dict like the one in ``meta.json`` (offsets global across a tree of folders).
+    """
+
+    def __init__(
+        self,
+        offsets: np.ndarray,
+        lengths: np.ndarray,
+        means: np.ndarray,
+        stds: np.ndarray,
+        extras: dict[str, list[Any]],
+    ) -> None:
+        self.offsets, self.lengths, self.means, self.stds, self.extras = offsets, lengths, means, stds, extras
+        #: Whether each sequence is stored normalised (has both mean and std).
+        self.normalized = ~(np.isnan(means) | np.isnan(stds))
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        entry: dict[str, Any] = {"offset": int(self.offsets[index]), "length": int(self.lengths[index])}
+        if not np.isnan(self.means[index]):
+            entry["mean"] = float(self.means[index])
+        if not np.isnan(self.stds[index]):
+            entry["std"] = float(self.stds[index])
+        for key, values in self.extras.items():
+            if values[index] is not _MISSING:
+                entry[key] = values[index]
+        return entry
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return (self[i] for i in range(len(self)))
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+_MISSING: Any = _Missing()
+
+
+def _read_meta(folder: Path) -> dict[str, Any]:
+    path = folder / META
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise NoFilesError(f"{path} does not exist.") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise HeaderError(f"{path} is not valid JSON ({exc}).") from None
+    if not isinstance(meta, dict):
+        raise HeaderError(f"{path} must hold a JSON object, found {type(meta).__name__}.")
+    for key, kind in (("num_sequences", int), ("dtype", str), ("files", dict), ("scales", list)):
+        if not isinstance(meta.get(key), kind):
+            raise HeaderError(f"{path}: key {key!r} must be a {kind.__name__}, found {meta.get(key)!r:.80}.")
+    return meta
+
+
+def _shards(folder: Path, meta: dict[str, Any], dtype: np.dtype) -> list[tuple[Path, int]]:
+    """``(path, elements)`` of each shard in numeric order, checked against the files on disk."""
+    entries = []
+    for name, count in meta["files"].items():
+        parts = name.split("-")
+        try:
+            index = int(parts[1])
+        except (IndexError, ValueError):
+            raise HeaderError(
+                f"{folder / META}: shard name {name!r} has no integer index after the first dash "
+                "(expected data-K-of-N.bin)."
+            ) from None
+        if not isinstance(count, int) or count < 0:
+            raise HeaderError(f"{folder / META}: files[{name!r}] must be a non-negative element count, not {count!r}.")
+        path = folder / name
+        if not path.is_file():
+            raise NoFilesError(f"{path} is listed in {META} but does not exist.")
+        size = path.stat().st_size
+        if size != count * dtype.itemsize:
+            detail = "shorter" if size < count * dtype.itemsize else "longer"
+            raise SizeMismatchError(
+                f"{path}: {META} says {count:,} {dtype.name} elements ({count * dtype.itemsize:,} bytes), "
+                f"but the file has {size:,} bytes ({detail})."
+            )
+        entries.append((index, name, path, count))
+    entries.sort(key=lambda e: (e[0], e[1]))
+    return [(path, count) for _, _, path, count in entries]
+
+
+def _scale_columns(folder: Path, meta: dict[str, Any], base: int, total: int) -> Scales:
+    scales = meta["scales"]
+    where = folder / META
+    if meta["num_sequences"] != len(scales):
+        raise HeaderError(
+            f"{where}: num_sequences is {meta['num_sequences']:,} but scales has {len(scales):,} entries."
+        )
+    count = len(scales)
+    offsets = np.empty(count, dtype=np.int64)
+    lengths = np.empty(count, dtype=np.int64)
+    means = np.full(count, np.nan)
+    stds = np.full(count, np.nan)
+    extras: dict[str, list[Any]] = {}
+    for i, entry in enumerate(scales):
+        if not isinstance(entry, dict):
+            raise HeaderError(f"{where}: scales[{i}] must be an object, found {entry!r:.80}.")
+        try:
+            offsets[i] = entry["offset"]
+            lengths[i] = entry["length"]
+        except (KeyError, TypeError, ValueError, OverflowError):
+            raise HeaderError(
+                f"{where}: scales[{i}] needs integer 'offset' and 'length', found {entry!r:.120}."
+            ) from None
+        for key, column in (("mean", means), ("std", stds)):
+            if key in entry:
+                value = entry[key]
+                if not isinstance(value, (int, float)) or isinstance(value, bool):
+                    raise HeaderError(f"{where}: scales[{i}][{key!r}] is {value!r}; it must be a number.")
+                column[i] = value
+        for key in entry.keys() - {"offset", "length", "mean", "std"}:
+            extras.setdefault(key, [_MISSING] * count)[i] = entry[key]
+    if count:
+        ends = offsets + lengths
+        bad = (offsets < 0) | (lengths < 0) | (ends > total)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise SizeMismatchError(
+                f"{where}: scales[{i}] (offset {int(offsets[i]):,}, length {int(lengths[i]):,}) runs outside the "
+                f"{total:,} elements of the data files."
+            )
+    return Scales(offsets + base, lengths, means, stds, extras)
+
+
+class Reader(TokenReader):
+    """A Time-MoE sequence folder (or a tree of them), memory-mapped.
+
+    Args:
+        path: a folder holding ``meta.json``, or a folder whose subfolders hold such datasets.
+        denormalize: return ``x * std + mean`` for sequences stored normalised (default), else stored values.
+
+    ``r[i]`` is sequence ``i``: a view when it lies in one shard and needs no de-normalisation, otherwise
+    one copy.
+    """
+
+    format = "timemoe"
+
+    def __init__(self, path: PathLike, *, denormalize: bool = True) -> None:
+        super().__init__(path, denormalize=denormalize)
+        self._path = Path(path)
+        if not self._path.is_dir():
+            raise NoFilesError(f"{self._path} is not a folder.")
+        self.folders = _dataset_folders(self._path)
+        if not self.folders:
+            raise NoFilesError(f"{self._path} holds no {META} with .bin files beside it.")
+        self.denormalize = denormalize
+        shards: list[tuple[Path, int]] = []
+        columns: list[Scales] = []
+        dtype: np.dtype | None = None
+        base = 0
+        for folder in self.folders:
+            meta = _read_meta(folder)
+            try:
+                folder_dtype = parse_dtype(meta["dtype"], what=f"{folder / META}: dtype")
+            except DTypeError as exc:
+                raise HeaderError(str(exc)) from None
+            if dtype is not None and folder_dtype != dtype:
+                raise DTypeError(f"{folder}: dtype {folder_dtype.name} differs from {self.folders[0]}'s {dtype.name}.")
+            dtype = folder_dtype
+            folder_shards = _shards(folder, meta, folder_dtype)
+            total = sum(count for _, count in folder_shards)
+            columns.append(_scale_columns(folder, meta, base, total))
+            shards.extend(folder_shards)
+            base += total
+        assert dtype is not None
+        self._dtype = dtype
+        self._shard_list = shards
+        self.scales = _concatenate_scales(columns)
+        self._total = base
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def files(self) -> list[Path]:
+        return [folder / META for folder in self.folders] + [p for p, _ in self._shard_list]
+
+    @cached_property
+    def tokens(self) -> TokenArray:
+        """Every shard's stored values, in numeric shard order (folders in sorted order)."""
+        parts = [map_file(p, self._dtype, 0, n) for p, n in self._shard_list] or [np.zeros(0, self._dtype)]
+        return parts[0] if len(parts) == 1 else ConcatenatedArray(parts)
+
+    @cached_property
+    def _view(self) -> TokenArray:
+        tokens = self.tokens
+        return tokens.view(np.ndarray) if isinstance(tokens, np.memmap) else tokens
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._dtype
+
+    @property
+    def num_tokens(self) -> int:
+        return self._total
+
+    def __len__(self) -> int:
+        return len(self.scales)
+
+    @cached_property
+    def lengths(self) -> np.ndarray:
+        lengths = self.scales.lengths.copy()
+        lengths.flags.writeable = False
+        return lengths
+
+    def _offsets(self) -> np.ndarray:
+        offsets = offsets_from_lengths(self.scales.lengths)
+        if not np.array_equal(offsets[:-1], self.scales.offsets):
+            raise FormatError(
+                f"{self._path}: the sequences do not tile the data contiguously, so they have no flat document "
+                "offsets; use r[i] or r.scales."
+            )
+        return offsets
+
+    def stored(self, index: int) -> np.ndarray:
+        """Sequence ``index`` as stored (normalised if it has mean/std)."""
+        start = int(self.scales.offsets[index])
+        return self._view[start : start + int(self.scales.lengths[index])]
+
+    def _item(self, index: int) -> np.ndarray:
+        values = self.stored(index)
+        if self.denormalize and self.scales.normalized[index]:
+            # float32 arithmetic, as Time-MoE's ``sequence * std + mean`` on a float32 array
+            return values * np.float32(self.scales.stds[index]) + np.float32(self.scales.means[index])
+        return values
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "folders": [str(f) for f in self.folders],
+            "shards": [{"path": str(p), "elements": n} for p, n in self._shard_list],
+            "sequences": len(self.scales),
+            "normalized_sequences": int(self.scales.normalized.sum()),
+            "denormalize": self.denormalize,
+        }
+
+
+def _concatenate_scales(columns: list[Scales]) -> Scales:
+    if len(columns) == 1:
+        return columns[0]
+    counts = [len(c) for c in columns]
+    keys = {k for c in columns for k in c.extras}
+    extras = {k: [v for c, n in zip(columns, counts) for v in c.extras.get(k, [_MISSING] * n)] for k in keys}
+    return Scales(
+        np.concatenate([c.offsets for c in columns]),
+        np.concatenate([c.lengths for c in columns]),
+        np.concatenate([c.means for c in columns]),
+        np.concatenate([c.stds for c in columns]),
+        extras,
+    )
+
+
+class Windows:
+    """Time-MoE's training windows over a sequence reader (``TimeMoEWindowDataset``), with random access.
+
+    Sequences shorter than 2 values are skipped. Window starts are ``0, S, 2S, ...`` while
+    ``start <= L - W - 1`` (``W = context_length + prediction_length``, ``S = stride``, default ``W``); each
+    window takes ``W + 1`` values as float32: ``input_ids = w[:-1]``, ``labels = w[1:]``. Only the first window of a
+    sequence with ``L <= W`` is short: right-padded with zeros, ``loss_masks`` ``L - 1`` ones then zeros.
+
+    ``normalization`` (``"zero"``: ``(x - mean) / std`` with population std, or ``x - mean`` when std is 0;
+    ``"max"``: ``x / max(|x|)``, unchanged when that is 0; ``None``) uses statistics of the whole sequence,
+    computed once per sequence in float32 and cached, so a window reads only its own ``W + 1`` values.
+    """
+
+    def __init__(
+        self,
+        reader: TokenReader,
+        context_length: int,
+        prediction_length: int = 0,
+        stride: int | None = None,
+        normalization: str | None = "zero",
+    ) -> None:
+        if context_length <= 0 or prediction_length < 0:
+            raise ValueError(
+                f"need context_length > 0 and prediction_length >= 0, got {context_length}, {prediction_length}"
+            )
+        if normalization not in ("zero", "max", None):
+            raise ValueError(f"normalization must be 'zero', 'max' or None, not {normalization!r}")
+        self.reader = reader
+        self.window = context_length + prediction_length
+        self.stride = stride or self.window
+        self.normalization = normalization
+        lengths = np.asarray(reader.lengths, dtype=np.int64)
+        counts = np.where(lengths < 2, 0, 1 + np.maximum(0, (lengths - self.window - 1) // self.stride))
+        #: ``ends[i]`` is the number of windows of sequences ``0..i``.
+        self.ends = np.cumsum(counts)
+        self._lengths = lengths
+        self._shift = np.full(len(lengths), np.nan, dtype=np.float32)
+        self._scale = np.full(len(lengths), np.nan, dtype=np.float32)
+
+    def __len__(self) -> int:
+        return int(self.ends[-1]) if len(self.ends) else 0
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """``(sequence, start)`` of window ``index``."""
+        sequence = int(np.searchsorted(self.ends, index, side="right"))
+        before = int(self.ends[sequence - 1]) if sequence else 0
+        return sequence, (index - before) * self.stride
+
+    def _statistics(self, sequence: int) -> tuple[np.float32, np.float32]:
+        """(shift, scale) such that the normalised sequence is ``(x - shift) / scale``; computed once.
+
+        A zero std (or max) is stored as a scale of 1: dividing by 1 leaves float32 values exactly as they are,
+        which is Time-MoE's "x - mean" (or "unchanged") case.
+        """
+        if np.isnan(self._shift[sequence]):
+            values = np.asarray(self.reader[sequence], dtype=np.float32)
+            if self.normalization == "zero":
+                mean, std = values.mean(dtype=np.float32), values.std(dtype=np.float32)
+                self._shift[sequence], self._scale[sequence] = mean, (std if std != 0 else 1)
+            else:
+                top = np.abs(values).max() if len(values) else np.float32(0)
+                self._shift[sequence], self._scale[sequence] = 0, (top if top != 0 else 1)
+        return self._shift[sequence], self._scale[sequence]
+
+    def _values(self, sequence: int, start: int, stop: int) -> np.ndarray:
+        reader = self.reader
+        if isinstance(reader, Reader):
+            stored = reader.stored(sequence)[start:stop]
+            values = np.asarray(stored, dtype=np.float32)
+            if reader.denormalize and reader.scales.normalized[sequence]:
+                values = values * np.float32(reader.scales.stds[sequence]) + np.float32(reader.scales.means[sequence])
+            return values
+        return np.asarray(reader[sequence][start:stop], dtype=np.float32)
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"window {index} is out of range for {n} windows")
+        sequence, start = self.locate(index)
+        values = self._values(sequence, start, start + self.window + 1)
+        if self.normalization is not None:
+            # Elementwise, so normalising W + 1 values gives the same bits as normalising the whole sequence.
+            shift, scale = self._statistics(sequence)
+            values = (values - shift) / scale
+        mask = np.ones(self.window, dtype=np.int32)
+        short = self.window + 1 - len(values)
+        if short > 0:
+            mask[len(values) - 1 :] = 0
+            values = np.concatenate([values, np.zeros(short, dtype=np.float32)])
+        return {"input_ids": values[:-1], "labels": values[1:], "loss_masks": mask}
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        for i in range(len(self)):
+            yield self[i]
+
+
+def windows(
+    reader: TokenReader,
+    context_length: int,
+    prediction_length: int = 0,
+    stride: int | None = None,
+    normalization: str | None = "zero",
+) -> Windows:
+    """Time-MoE's training windows over ``reader`` (see :class:`Windows`)."""
+    return Windows(reader, context_length, prediction_length, stride, normalization)
+
+
+class Writer(TokenWriter):
+    """Writes a Time-MoE folder: ``data-K-of-N.bin`` shards and a one-line ``meta.json``.
+
+    Args:
+        path: the folder.
+        dtype: any numeric dtype (default float32, as every Time-300B folder).
+        vocab_size: for integer dtypes, values must be below it.
+        max_shard_elements: shard size in elements (default 2**30, as real Time-300B folders).
+        overwrite: replace an existing dataset (its shards and meta.json).
+
+    ``write(series, mean=, std=, id=)``: ``series`` holds the original values; with ``mean`` and ``std`` it is
+    stored as ``(series - mean) / std`` and the reader returns ``stored * std + mean``. Pass
+    ``normalized=True`` when ``series`` is already normalised. ``write_batch`` adds many sequences without scales.
+    Shard names need N, known only at commit, so shards are written as temporaries and named at the end;
+    K is zero-padded to the width of N so that text order and numeric order agree.
+    """
+
+    format = "timemoe"
+
+    def __init__(
+        self,
+        path: PathLike,
+        *,
+        dtype: npt.DTypeLike | None = None,
+        vocab_size: int | None = None,
+        max_shard_elements: int = MAX_SHARD_ELEMENTS,
+        overwrite: bool = False,
+    ) -> None:
+        chosen = parse_dtype(dtype if dtype is not None else "float32")
+        if chosen.kind not in "iuf":
+            raise DTypeError(f"timemoe stores numbers; {chosen.name} is not numeric.")
+        super().__init__(path, dtype=chosen, vocab_size=vocab_size, overwrite=overwrite)
+        if max_shard_elements <= 0:
+            raise ValueError(f"max_shard_elements must be positive, not {max_shard_elements}")
+        self.max_shard_elements = max_shard_elements
+        meta = self.path / META
+        self._files.check_destination(meta)
+        if overwrite and self.path.is_dir():
+            self._files.remove_on_commit([p for p in self.path.iterdir() if _SHARD_NAME.match(p.name)] + [meta])
+        self._scales: list[dict[str, Any]] = []
+        self._handles: list[Any] = []
+        self._in_shard = 0
+        self._offset = 0
+        self._shard_sizes: list[int] = []
+
+    def write(
+        self,
+        series: npt.ArrayLike,
+        *,
+        mean: float | None = None,
+        std: float | None = None,
+        id: Any = None,
+        normalized: bool = False,
+    ) -> None:
+        """Append one sequence, optionally with ``mean``/``std`` (both or neither) and an ``id``."""
+        self._check_open()
+        values = as_token_array(series, what="a series")
+        if (mean is None) != (std is None):
+            raise FormatError(f"{self.path}: pass both mean= and std=, or neither (sequence {self.num_documents}).")
+        if mean is not None and std is not None and not normalized:
+            values = (np.asarray(values, dtype=np.float64) - mean) / std
+        flat = self._validated(values, None)
+        entry: dict[str, Any] = {"offset": self._offset}
+        if mean is not None and std is not None:
+            entry["mean"], entry["std"] = float(mean), float(std)
+        entry["length"] = len(flat)
+        if id is not None:
+            entry["id"] = id
+        self._store(flat)
+        self._scales.append(entry)
+        self.num_documents += 1
+        self.num_tokens += len(flat)
+
+    def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
+        starts = self._offset + np.concatenate([[0], np.cumsum(lengths[:-1])]) if len(lengths) else lengths
+        self._store(flat)
+        self._scales.extend({"offset": int(s), "length": int(n)} for s, n in zip(starts, lengths))
+
+    def _store(self, flat: np.ndarray) -> None:
+        position = 0
+        while position < len(flat):
+            if not self._handles or self._in_shard == self.max_shard_elements:
+                self._new_shard()
+            room = self.max_shard_elements - self._in_shard
+            piece = flat[position : position + room]
+            self._handles[-1].write(np.ascontiguousarray(piece).data)
+            self._in_shard += len(piece)
+            position += len(piece)
+        self._offset += len(flat)
+
+    def _new_shard(self) -> None:
+        if self._handles:
+            self._shard_sizes.append(self._in_shard)
+            self._files.finish(self._handles[-1])
+        # Provisional name; the real one (data-K-of-N.bin) is given at commit, when N is known.
+        self._handles.append(self._files.create(self.path / f"data-{len(self._handles) + 1}-of-0.bin"))
+        self._in_shard = 0
+
+    def _finish(self) -> None:
+        if self._handles:
+            self._shard_sizes.append(self._in_shard)
+        else:  # an empty dataset still has one (empty) shard: Time-MoE recognises a folder by its .bin
+            self._handles.append(self._files.create(self.path / "data-1-of-0.bin"))
+            self._shard_sizes.append(0)
+        total = len(self._handles)
+        width = len(str(total))
+        files = {}
+        for k, size in enumerate(self._shard_sizes, start=1):
+            # K is zero-padded to N's width (data-01-of-12): readers that sort names as text (some Time-MoE
+            # versions) and readers that sort by the number then agree on the order.
+            name = f"data-{k:0{width}d}-of-{total}.bin"
+            self._files.retarget(self.path / f"data-{k}-of-0.bin", self.path / name)
+            files[name] = size
+        meta = {"num_sequences": len(self._scales), "dtype": self.dtype.name, "files": files, "scales": self._scales}
+        handle = self._files.create(self.path / META)  # last: meta.json means the folder is complete
+        handle.write(json.dumps(meta).encode("utf-8"))
+
+
+# Single-file sequence datasets (Time-MoE's GeneralDataset) are their own read-only format; the function
+# lives here too because Time-MoE users look for it here: ``tokformats.timemoe.from_file``.
+from .sequences import SequenceFile, from_file  # noqa: E402
