@@ -230,6 +230,24 @@ GOOD = {
         ),
         ({"scales": [{"offset": 0}, {"offset": 3, "length": 4}]}, None, HeaderError, "needs integer 'offset'"),
         ({"scales": "x"}, None, HeaderError, "'scales' must be a list"),
+        (
+            {"scales": [{"offset": 0.5, "length": 3}, {"offset": 3, "length": 4}]},
+            None,
+            HeaderError,
+            r"scales\[0\] needs integer 'offset'",
+        ),
+        (
+            {"scales": [{"offset": 0, "length": 3}, {"offset": 3, "length": True}]},
+            None,
+            HeaderError,
+            r"scales\[1\] needs integer",
+        ),
+        (
+            {"scales": [{"offset": 0, "length": 3, "mean": "1", "std": 1}, {"offset": 3, "length": 4}]},
+            None,
+            HeaderError,
+            r"scales\[0\]\['mean'\] is '1'",
+        ),
     ],
 )
 def test_malformed_folders(
@@ -310,3 +328,12 @@ def test_convert_a_single_file_into_a_folder(tmp_path: Path, capsys: pytest.Capt
     assert "4 documents, 10 tokens" in capsys.readouterr().out
     with tokformats.open(tmp_path / "ds") as reader:
         assert [d.tolist() for d in reader] == series
+
+
+@pytest.mark.parametrize("count", [1, 2, 7, 8, 9, 127, 128, 129, 4097, 70_001])
+def test_mean_std_are_numpys_bits(count: int) -> None:
+    rng = np.random.default_rng(count)
+    for _ in range(10):
+        values = (rng.normal(size=count) * rng.uniform(0.1, 1e3) + rng.uniform(-1e3, 1e3)).astype(np.float32)
+        mean, std = timemoe._mean_std(values)
+        assert mean == values.mean() and std == values.std()

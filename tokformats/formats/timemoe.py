@@ -184,6 +184,51 @@ def _scale_columns(folder: Path, meta: dict[str, Any], base: int, total: int) ->
             f"{where}: num_sequences is {meta['num_sequences']:,} but scales has {len(scales):,} entries."
         )
     count = len(scales)
+    try:
+        offsets, lengths, means, stds, extras = _columns_fast(scales)
+    except (KeyError, TypeError, ValueError, OverflowError, AttributeError):
+        offsets, lengths, means, stds, extras = _columns_checked(where, scales)
+    if count:
+        ends = offsets + lengths
+        bad = (offsets < 0) | (lengths < 0) | (ends > total)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise SizeMismatchError(
+                f"{where}: scales[{i}] (offset {int(offsets[i]):,}, length {int(lengths[i]):,}) runs outside the "
+                f"{total:,} elements of the data files."
+            )
+    return Scales(offsets + base, lengths, means, stds, extras)
+
+
+_KNOWN_KEYS = frozenset(("offset", "length", "mean", "std"))
+
+
+def _columns_fast(scales: list[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, list[Any]]]:
+    """Scale columns by C-level loops (a million scales in well under a second); raises on any odd entry,
+    and the caller then runs :func:`_columns_checked` for a precise message."""
+    integers = []
+    for key in ("offset", "length"):
+        values = [entry[key] for entry in scales]
+        if not all(type(v) is int for v in values):  # 1.5 or true would be cast silently by NumPy
+            raise TypeError(key)
+        integers.append(np.array(values, dtype=np.int64))
+    offsets, lengths = integers
+    columns = []
+    for key in ("mean", "std"):
+        values = [entry.get(key, np.nan) for entry in scales]
+        if not all(type(v) in (float, int) for v in values):  # None (null) or a string: the checked path says which
+            raise TypeError(key)
+        columns.append(np.array(values, dtype=np.float64))
+    names = set().union(*map(dict.keys, scales)) - _KNOWN_KEYS if scales else set()
+    extras = {key: [entry.get(key, _MISSING) for entry in scales] for key in sorted(names)}
+    return offsets, lengths, columns[0], columns[1], extras
+
+
+def _columns_checked(
+    where: Path, scales: list[Any]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, list[Any]]]:
+    """Scale columns entry by entry, naming the first entry that is not what Time-MoE writes."""
+    count = len(scales)
     offsets = np.empty(count, dtype=np.int64)
     lengths = np.empty(count, dtype=np.int64)
     means = np.full(count, np.nan)
@@ -193,6 +238,8 @@ def _scale_columns(folder: Path, meta: dict[str, Any], base: int, total: int) ->
         if not isinstance(entry, dict):
             raise HeaderError(f"{where}: scales[{i}] must be an object, found {entry!r:.80}.")
         try:
+            if not all(isinstance(entry[k], int) and not isinstance(entry[k], bool) for k in ("offset", "length")):
+                raise TypeError
             offsets[i] = entry["offset"]
             lengths[i] = entry["length"]
         except (KeyError, TypeError, ValueError, OverflowError):
@@ -205,18 +252,9 @@ def _scale_columns(folder: Path, meta: dict[str, Any], base: int, total: int) ->
                 if not isinstance(value, (int, float)) or isinstance(value, bool):
                     raise HeaderError(f"{where}: scales[{i}][{key!r}] is {value!r}; it must be a number.")
                 column[i] = value
-        for key in entry.keys() - {"offset", "length", "mean", "std"}:
+        for key in entry.keys() - _KNOWN_KEYS:
             extras.setdefault(key, [_MISSING] * count)[i] = entry[key]
-    if count:
-        ends = offsets + lengths
-        bad = (offsets < 0) | (lengths < 0) | (ends > total)
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise SizeMismatchError(
-                f"{where}: scales[{i}] (offset {int(offsets[i]):,}, length {int(lengths[i]):,}) runs outside the "
-                f"{total:,} elements of the data files."
-            )
-    return Scales(offsets + base, lengths, means, stds, extras)
+    return offsets, lengths, means, stds, extras
 
 
 class Reader(TokenReader):
@@ -383,58 +421,72 @@ class Windows:
         counts = np.where(lengths < 2, 0, 1 + np.maximum(0, (lengths - self.window - 1) // self.stride))
         #: ``ends[i]`` is the number of windows of sequences ``0..i``.
         self.ends = np.cumsum(counts)
-        self._lengths = lengths
-        self._shift = np.full(len(lengths), np.nan, dtype=np.float32)
-        self._scale = np.full(len(lengths), np.nan, dtype=np.float32)
+        self._count = int(self.ends[-1]) if len(self.ends) else 0
+        # Per-sequence statistics, filled on first use: (shift, scale) with normalised = (x - shift) / scale.
+        self._known = bytearray(len(lengths))
+        self._shift = np.zeros(len(lengths), dtype=np.float32)
+        self._scale = np.ones(len(lengths), dtype=np.float32)
+        self._mask = np.ones(self.window, dtype=np.int32)
+        # For a folder reader, windows read only their own W + 1 stored values (no whole-sequence read).
+        self._folder = reader if isinstance(reader, Reader) else None
 
     def __len__(self) -> int:
-        return int(self.ends[-1]) if len(self.ends) else 0
+        return self._count
 
     def locate(self, index: int) -> tuple[int, int]:
         """``(sequence, start)`` of window ``index``."""
-        sequence = int(np.searchsorted(self.ends, index, side="right"))
-        before = int(self.ends[sequence - 1]) if sequence else 0
+        sequence = int(self.ends.searchsorted(index, side="right"))
+        before = self.ends.item(sequence - 1) if sequence else 0
         return sequence, (index - before) * self.stride
 
     def _statistics(self, sequence: int) -> tuple[np.float32, np.float32]:
         """(shift, scale) such that the normalised sequence is ``(x - shift) / scale``; computed once.
 
         A zero std (or max) is stored as a scale of 1: dividing by 1 leaves float32 values exactly as they are,
-        which is Time-MoE's "x - mean" (or "unchanged") case.
+        which is Time-MoE's "x - mean" (or "unchanged") case. The reductions are NumPy's float32 ones over the
+        whole sequence, as Time-MoE computes them, so the results are the same bits.
         """
-        if np.isnan(self._shift[sequence]):
+        if not self._known[sequence]:
             values = np.asarray(self.reader[sequence], dtype=np.float32)
             if self.normalization == "zero":
-                mean, std = values.mean(dtype=np.float32), values.std(dtype=np.float32)
+                mean, std = _mean_std(values)
                 self._shift[sequence], self._scale[sequence] = mean, (std if std != 0 else 1)
-            else:
-                top = np.abs(values).max() if len(values) else np.float32(0)
-                self._shift[sequence], self._scale[sequence] = 0, (top if top != 0 else 1)
+            elif len(values):
+                top = np.abs(values).max()
+                self._scale[sequence] = top if top != 0 else 1
+            self._known[sequence] = 1
         return self._shift[sequence], self._scale[sequence]
 
     def _values(self, sequence: int, start: int, stop: int) -> np.ndarray:
-        reader = self.reader
-        if isinstance(reader, Reader):
-            stored = reader.stored(sequence)[start:stop]
-            values = np.asarray(stored, dtype=np.float32)
-            if reader.denormalize and reader.scales.normalized[sequence]:
-                values = values * np.float32(reader.scales.stds[sequence]) + np.float32(reader.scales.means[sequence])
-            return values
-        return np.asarray(reader[sequence][start:stop], dtype=np.float32)
+        """A fresh float32 copy of the sequence's values ``start:stop`` (de-normalised like the reader's)."""
+        folder = self._folder
+        if folder is None:
+            return np.array(self.reader[sequence][start:stop], dtype=np.float32)
+        scales = folder.scales
+        first = scales.offsets.item(sequence)
+        stop = min(stop, scales.lengths.item(sequence))
+        values = np.array(folder._view[first + start : first + stop], dtype=np.float32)
+        if folder.denormalize and scales.normalized[sequence]:
+            values *= np.float32(scales.stds.item(sequence))
+            values += np.float32(scales.means.item(sequence))
+        return values
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        n = len(self)
         if index < 0:
-            index += n
-        if not 0 <= index < n:
-            raise IndexError(f"window {index} is out of range for {n} windows")
-        sequence, start = self.locate(index)
+            index += self._count
+        if not 0 <= index < self._count:
+            raise IndexError(f"window {index} is out of range for {self._count} windows")
+        sequence = self.ends.searchsorted(index, side="right").item()
+        start = (index - (self.ends.item(sequence - 1) if sequence else 0)) * self.stride
         values = self._values(sequence, start, start + self.window + 1)
         if self.normalization is not None:
-            # Elementwise, so normalising W + 1 values gives the same bits as normalising the whole sequence.
-            shift, scale = self._statistics(sequence)
-            values = (values - shift) / scale
-        mask = np.ones(self.window, dtype=np.int32)
+            # Elementwise (in place on our own copy), so normalising W + 1 values gives the same bits as
+            # normalising the whole sequence first.
+            if not self._known[sequence]:
+                self._statistics(sequence)
+            values -= self._shift[sequence]
+            values /= self._scale[sequence]
+        mask = self._mask.copy()
         short = self.window + 1 - len(values)
         if short > 0:
             mask[len(values) - 1 :] = 0
@@ -444,6 +496,20 @@ class Windows:
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         for i in range(len(self)):
             yield self[i]
+
+
+def _mean_std(values: np.ndarray) -> tuple[np.float32, np.float32]:
+    """``values.mean()`` and ``values.std()`` of a float32 array, bit for bit as NumPy computes them
+    (pairwise float32 sums; the variance as the mean of squared deviations), with one pass fewer: NumPy's
+    ``std`` sums the values again to get the mean it subtracts."""
+    count = len(values)
+    if count == 0:
+        return np.float32(np.nan), np.float32(np.nan)
+    mean = np.float32(np.add.reduce(values, dtype=np.float32) / count)
+    deviations = values - mean
+    np.multiply(deviations, deviations, out=deviations)
+    variance = np.float32(np.add.reduce(deviations, dtype=np.float32) / count)
+    return mean, np.sqrt(variance)
 
 
 def windows(
