@@ -45,6 +45,7 @@ _FORMAT_MODULES = {"raw", "llmc", "megatron", "pt", "timemoe"}
 
 if TYPE_CHECKING:
     from .formats import llmc, megatron, pt, raw, timemoe
+    from .pipeline import tokenize
     from .tokenizer import train_tokenizer
 
 
@@ -53,6 +54,10 @@ def __getattr__(name: str) -> Any:
         from .tokenizer import train_tokenizer
 
         return train_tokenizer
+    if name == "tokenize":
+        from .pipeline import tokenize
+
+        return tokenize
     if name in _FORMAT_MODULES:
         module = importlib.import_module(f".formats.{name}", __name__)
         globals()[name] = module
@@ -88,5 +93,6 @@ __all__ = [
     "pt",
     "timemoe",
     "train_tokenizer",
+    "tokenize",
     "__version__",
 ]

@@ -138,6 +138,57 @@ def _cmd_head(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_tokenize(args: argparse.Namespace) -> int:
+    from .pipeline import tokenize
+
+    executor = None
+    if args.workers and args.workers > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        executor = ProcessPoolExecutor(args.workers)
+    writer_options = dict(option.split("=", 1) for option in args.writer_option)
+    try:
+        summary = tokenize(
+            args.inputs,
+            args.tokenizer,
+            args.output,
+            args.format,
+            text_key=args.text_key or "text",
+            eos=args.eos,
+            eos_id=args.eos_id,
+            split=args.split,
+            seed=args.seed,
+            unit=args.unit,
+            batch_size=args.batch_size,
+            progress=False if args.quiet else None,
+            resume=args.resume,
+            on_error=args.on_error,
+            executor=executor,
+            overwrite=args.overwrite,
+            **{k: _number(v) for k, v in writer_options.items()},
+        )
+    finally:
+        if executor is not None:
+            executor.shutdown()
+    seconds = summary["seconds"]
+    rate = f", {summary['bytes'] / seconds / 1e6:.1f} MB/s" if summary["bytes"] and seconds else ""
+    print(f"tokenized {summary['documents']:,} documents into {summary['tokens']:,} tokens in {seconds:.1f} s{rate}")
+    if summary["skipped"]:
+        print(f"skipped {summary['skipped']:,} bad records, e.g. {summary['errors'][0]}")
+    for name, output in summary["outputs"].items():
+        print(f"  {name}: {output['documents']:,} documents, {output['tokens']:,} tokens -> {output['path']}")
+    return 0
+
+
+def _number(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
 def _cmd_formats(args: argparse.Namespace) -> int:
     rows = [
         {
@@ -219,6 +270,33 @@ def build_parser() -> argparse.ArgumentParser:
     decoder.add_argument("--vocab", help="an llm.c vocabulary file")
     _reader_arguments(head)
     head.set_defaults(run=_cmd_head)
+
+    tok = commands.add_parser("tokenize", help="tokenize text files into any format")
+    tok.add_argument("inputs", nargs="+", help=".txt/.json/.jsonl/.parquet files (.gz/.zst), globs or folders")
+    tok.add_argument("--tokenizer", "-t", required=True, help="tokenizer.json or its folder")
+    tok.add_argument("--output", "-o", required=True, help="output path prefix")
+    tok.add_argument("--format", "-f", default="megatron", choices=sorted(n for n, d in formats.items() if d.writable))
+    tok.add_argument("--text-key", action="append", help="JSON/Parquet key(s) holding the text (default: text)")
+    tok.add_argument("--eos", choices=["append", "prepend", "none"], default="append")
+    tok.add_argument("--eos-id", type=int, help="end-of-text id (default: the tokenizer's <|endoftext|>)")
+    tok.add_argument("--split", help="e.g. 8:1:1 for train:val:test, by document")
+    tok.add_argument("--seed", type=int, default=0)
+    tok.add_argument("--unit", choices=["line", "file", "paragraph"], default="line", help="a .txt document is a ...")
+    tok.add_argument("--batch-size", type=int, default=1000)
+    tok.add_argument("--workers", type=int, default=0, help="encode partitions of the inputs in N processes")
+    tok.add_argument("--on-error", choices=["raise", "skip"], default="raise")
+    tok.add_argument("--resume", action="store_true", help="continue an interrupted run")
+    tok.add_argument("--overwrite", action="store_true")
+    tok.add_argument("--quiet", "-q", action="store_true", help="no progress line")
+    tok.add_argument(
+        "--writer-option",
+        "-w",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="passed to the format's writer, e.g. -w shard_size=100000000",
+    )
+    tok.set_defaults(run=_cmd_tokenize)
 
     listing = commands.add_parser("formats", help="list the formats")
     listing.set_defaults(run=_cmd_formats)

@@ -1,7 +1,7 @@
 """``tokformats quickstart``: the whole job on built-in sample data, offline, in seconds.
 
 It generates a deterministic multi-script text corpus (Latin, CJK, emoji), trains a byte-level BPE on
-it, exports llm.c's vocabulary, tokenizes the corpus into every corpus format tokformats writes, opens
+it, exports llm.c's vocabulary, tokenizes the corpus (``tokformats.tokenize``) into every corpus format, opens
 each result again (by detection where the format allows), decodes every document and checks it is the
 original text, and returns one row per format for the summary table.
 """
@@ -20,7 +20,7 @@ import numpy as np
 from . import api
 from .formats.llmc_vocab import Vocab
 from .inspect import describe
-from .protocol import TokenReader, TokenWriter
+from .protocol import TokenReader
 from .samples import sample_texts
 from .tokenizer import train_tokenizer
 
@@ -32,35 +32,29 @@ EOT = 0
 
 @dataclass
 class FormatTrip:
-    """How one corpus format is written and read back in the quickstart."""
+    """How one corpus format is tokenized into and read back in the quickstart."""
 
     format: str
-    suffix: str = ""
+    #: ``tokenize``'s eos mode: the owners' convention (llm.c puts the delimiter first).
+    eos: str = "append"
     write: dict[str, Any] = field(default_factory=dict)
     read: dict[str, Any] = field(default_factory=dict)
-    #: What to remove from a document read back to get the encoded text (the delimiter the format adds).
-    strip: Callable[[np.ndarray], np.ndarray] = lambda document: document
-    #: What to open, given the path the writer was created with.
-    source: Callable[[Path], Any] = lambda target: target
+    #: What to open, given the path ``tokenize`` reports for the output.
+    source: Callable[[str], Any] = lambda path: path
+
+    def strip(self, document: np.ndarray) -> np.ndarray:
+        """The document's text ids, without the delimiter ``tokenize`` added."""
+        return document[1:] if self.eos == "prepend" else document[:-1]
 
 
 def _trips() -> list[FormatTrip]:
     return [
-        FormatTrip("raw", ".bin", {"eos": EOT}, {"format": "raw", "dtype": "uint16", "eos": EOT}, lambda d: d[:-1]),
-        FormatTrip("llmc", "", {"bos": EOT}, {"bos": EOT}, lambda d: d[1:], lambda t: f"{t}_train_*.bin"),
+        FormatTrip("raw", read={"format": "raw", "dtype": "uint16", "eos": EOT}),
+        FormatTrip("llmc", "prepend", read={"bos": EOT}, source=lambda path: f"{path}_train_*.bin"),
         FormatTrip("megatron"),
-        FormatTrip(
-            "pt", "", {"eos": EOT, "tokens_per_shard": 50_000, "final_shard": True}, {"eos": EOT}, lambda d: d[:-1]
-        ),
-        FormatTrip("timemoe", "", {"dtype": "uint16"}),
+        FormatTrip("pt", write={"tokens_per_shard": 50_000}, read={"eos": EOT}),
+        FormatTrip("timemoe"),
     ]
-
-
-def _encode(tokenizer: Any, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    encodings = tokenizer.encode_batch_fast(texts, add_special_tokens=False)
-    documents = [np.asarray(e.ids, dtype=np.int64) for e in encodings]
-    lengths = np.fromiter((len(d) for d in documents), dtype=np.int64, count=len(documents))
-    return np.concatenate(documents), lengths
 
 
 def run(output: Path | None = None, *, documents: int = 2000, vocab_size: int = 1000) -> list[dict[str, Any]]:
@@ -69,6 +63,8 @@ def run(output: Path | None = None, *, documents: int = 2000, vocab_size: int = 
     Raises:
         AssertionError: a document did not come back as its text (a bug: please report it).
     """
+    from .pipeline import tokenize
+
     texts = sample_texts(documents)
     with tempfile.TemporaryDirectory(prefix="tokformats-quickstart-") as scratch:
         root = Path(output) if output is not None else Path(scratch)
@@ -81,27 +77,32 @@ def run(output: Path | None = None, *, documents: int = 2000, vocab_size: int = 
         with api.open(vocab_path) as vocab:
             assert isinstance(vocab, Vocab) and len(vocab) == size
             rows.append(_row("llmc-vocab", [vocab_path], "", size, "bytes", time.perf_counter() - started))
-        flat, lengths = _encode(tokenizer, texts)
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
         for trip in _trips():
             started = time.perf_counter()
-            target = root / trip.format / f"sample{trip.suffix}"
-            with api.create(target, trip.format, vocab_size=size, overwrite=True, **trip.write) as writer:
-                assert isinstance(writer, TokenWriter)
-                writer.write_batch(flat, lengths)
-            with api.open(trip.source(target), **trip.read) as reader:
+            summary = tokenize(
+                texts,
+                tokenizer,
+                root / trip.format / "sample",
+                trip.format,
+                eos=trip.eos,
+                progress=False,
+                overwrite=True,
+                **trip.write,
+            )
+            (written,) = summary["outputs"].values()
+            with api.open(trip.source(written["path"]), **trip.read) as reader:
                 assert isinstance(reader, TokenReader)
                 if len(reader) != documents:
                     raise AssertionError(f"{trip.format}: wrote {documents} documents, read {len(reader)}")
                 for k, text in enumerate(texts):
-                    ids = trip.strip(reader[k])
-                    if not np.array_equal(ids, flat[offsets[k] : offsets[k + 1]]) or vocab.decode(ids) != text:
+                    if vocab.decode(trip.strip(reader[k])) != text:
                         raise AssertionError(f"{trip.format}: document {k} did not come back as its text")
                 info = describe(reader, scan=False)
+            files = [Path(f) for f in written["files"]]
             rows.append(
                 _row(
                     trip.format,
-                    writer.written,
+                    files,
                     f"{info['documents']:,}",
                     info["tokens"],
                     info["dtype"],

@@ -368,6 +368,9 @@ class Writer(TokenWriter):
             Other tools use uint16 up to 65,536: pass ``dtype="uint16"`` to match them.
         dtype: explicit dtype (one of Megatron's codes).
         multimodal: store a mode (int8) per sequence.
+        empty_documents: how ``write``/``write_batch`` store an empty document: ``"sequence"`` (one empty
+            sequence, as ``add_item([])`` + ``end_document()``) or ``"none"`` (a document with no sequence, as
+            ``preprocess_data.py``'s ``add_document`` writes it).
         overwrite: replace an existing dataset.
 
     ``write(ids)`` and ``write_batch(flat, lengths)`` add single-sequence documents; ``write_document``
@@ -383,9 +386,13 @@ class Writer(TokenWriter):
         vocab_size: int | None = None,
         dtype: npt.DTypeLike | None = None,
         multimodal: bool = False,
+        empty_documents: str = "sequence",
         overwrite: bool = False,
     ) -> None:
         chosen = _megatron_dtype(dtype, vocab_size)
+        if empty_documents not in ("sequence", "none"):
+            raise ValueError(f"empty_documents must be 'sequence' or 'none', not {empty_documents!r}")
+        self.empty_documents = empty_documents
         prefix = resolve_prefix(path)
         super().__init__(prefix, dtype=chosen, vocab_size=vocab_size, overwrite=overwrite)
         self.multimodal = multimodal
@@ -426,8 +433,13 @@ class Writer(TokenWriter):
     # -- the common protocol --------------------------------------------------------------------
     def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
         """Single-sequence documents (``write`` / ``write_batch``)."""
-        self._add_sequences(flat, lengths, None)
-        ends = len(self._lengths) - len(lengths) + np.arange(1, len(lengths) + 1, dtype=np.int64)
+        if self.empty_documents == "none":
+            nonempty = lengths > 0
+            self._add_sequences(flat, lengths[nonempty], None)
+            ends = len(self._lengths) - int(nonempty.sum()) + np.cumsum(nonempty, dtype=np.int64)
+        else:
+            self._add_sequences(flat, lengths, None)
+            ends = len(self._lengths) - len(lengths) + np.arange(1, len(lengths) + 1, dtype=np.int64)
         self._document_indices.extend(ends)
 
     def _add_sequences(self, flat: np.ndarray, lengths: np.ndarray, modes: Sequence[int] | None) -> None:

@@ -37,7 +37,7 @@ import numpy as np
 
 from ..arrays import ConcatenatedArray, TokenArray, map_file
 from ..documents import offsets_from_lengths
-from ..dtypes import as_token_array, parse_dtype
+from ..dtypes import as_token_array, dtype_for_vocab, parse_dtype
 from ..errors import DTypeError, FormatError, HeaderError, NoFilesError, SizeMismatchError
 from ..protocol import PathLike, TokenReader, TokenWriter
 
@@ -528,7 +528,8 @@ class Writer(TokenWriter):
 
     Args:
         path: the folder.
-        dtype: any numeric dtype (default float32, as every Time-300B folder).
+        dtype: any numeric dtype (default float32, as every Time-300B folder; with ``vocab_size`` and no
+            ``dtype``, the smallest unsigned dtype that holds the ids).
         vocab_size: for integer dtypes, values must be below it.
         max_shard_elements: shard size in elements (default 2**30, as real Time-300B folders).
         overwrite: replace an existing dataset (its shards and meta.json).
@@ -551,7 +552,11 @@ class Writer(TokenWriter):
         max_shard_elements: int = MAX_SHARD_ELEMENTS,
         overwrite: bool = False,
     ) -> None:
-        chosen = parse_dtype(dtype if dtype is not None else "float32")
+        # float32 for series (every Time-300B folder); token ids (a vocab_size given) get the smallest that fits
+        if dtype is not None:
+            chosen = parse_dtype(dtype)
+        else:
+            chosen = dtype_for_vocab(vocab_size) if vocab_size is not None else np.dtype("<f4")
         if chosen.kind not in "iuf":
             raise DTypeError(f"timemoe stores numbers; {chosen.name} is not numeric.")
         super().__init__(path, dtype=chosen, vocab_size=vocab_size, overwrite=overwrite)

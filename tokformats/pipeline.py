@@ -1,0 +1,615 @@
+"""``tokformats.tokenize``: text in, training-ready token files out, in any format tokformats writes.
+
+The run has two phases. *Encoding*: a reader thread parses and decompresses the inputs into batches while the
+main thread encodes them with ``Tokenizer.encode_batch_fast`` (which releases the GIL and uses every core) and
+appends ids and document lengths to append-only spool files, one pair per output stream (text key x split), in
+a work folder beside the output (``OUTPUT.tokenize/``). Every few seconds the spools are fsynced and a checkpoint
+records how far each input was consumed and how long each spool is. *Writing*: each stream's spool is fed to the
+format's writer, whose files appear atomically; then the work folder is removed.
+
+A run killed at any point resumes with ``resume=True``: spools are cut back to the checkpoint and reading
+restarts after the last checkpointed record, so the final files are byte-identical to an uninterrupted run.
+Documents are assigned to splits by a hash of (seed, input, record position), so the assignment depends on
+nothing else: not on batching, resuming or partitioning. With ``executor=`` the inputs are split into
+partitions encoded in parallel (each into its own spools) and joined in input order: the output equals a
+single-process run.
+
+Empty documents follow each format's owner: Megatron's ``preprocess_data.py`` keeps them as documents
+without sequences and without an end-of-document id; llm.c, nanoGPT and the others still write the delimiter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Executor
+from dataclasses import asdict, dataclass, field
+from itertools import chain, pairwise
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import api
+from .arrays import map_file
+from .dtypes import dtype_for_vocab
+from .errors import FormatError, OutputExistsError
+from .protocol import TokenWriter
+from .registry import descriptor as format_descriptor
+from .sources import Input, Record, SourceError, iter_records, resolve_inputs
+from .tokenizer import END_OF_TEXT, load_tokenizer
+
+__all__ = ["tokenize", "parse_split", "output_paths"]
+
+EOS_MODES = ("append", "prepend", "none")
+CHECKPOINT = "checkpoint.json"
+_CHECKPOINT_SECONDS = 5.0
+_SPOOL_CHUNK = 1 << 24  # tokens per write_batch call when writing the outputs
+
+
+# -- configuration --------------------------------------------------------------------------------------
+
+
+def parse_split(split: Any) -> dict[str, float] | None:
+    """``{"train": 0.8, ...}``, ``"8:1:1"`` (train, val, test) or None; fractions normalised to sum to 1."""
+    if split is None:
+        return None
+    if isinstance(split, str):
+        parts = [float(p) for p in split.split(":")]
+        names = ["train", "val", "test"][: len(parts)]
+        if len(parts) > 3:
+            raise ValueError(f"--split takes up to three ratios (train:val:test), not {split!r}")
+        split = dict(zip(names, parts))
+    weights = {str(k): float(v) for k, v in dict(split).items()}
+    total = sum(weights.values())
+    if not weights or total <= 0 or any(v < 0 for v in weights.values()):
+        raise ValueError(f"split ratios must be non-negative and not all zero, found {weights}")
+    return {k: v / total for k, v in weights.items()}
+
+
+@dataclass
+class Plan:
+    """Everything that decides the output; a resumed run must have the same plan."""
+
+    inputs: list[str]
+    format: str
+    keys: list[str]
+    eos: str
+    eos_id: int | None
+    split: dict[str, float] | None
+    seed: int
+    unit: str
+    vocab_size: int
+    tokenizer_hash: str
+    on_error: str
+
+    @property
+    def splits(self) -> list[str]:
+        return list(self.split) if self.split else [""]
+
+    @property
+    def streams(self) -> list[tuple[str, str]]:
+        return [(key, split) for key in self.keys for split in self.splits]
+
+
+def _stream_name(key: str, split: str) -> str:
+    return "-".join(part for part in (key, split) if part) or "all"
+
+
+def output_paths(output: Any, format: str, keys: list[str], splits: list[str]) -> dict[tuple[str, str], Path]:
+    """Where each (key, split) stream is written.
+
+    ``OUTPUT`` plus ``_KEY`` when several text keys are tokenized and ``_SPLIT`` when splitting; Megatron outputs
+    end in ``_KEY_document`` as ``preprocess_data.py`` names them; raw streams get ``.bin``. For llm.c the split
+    goes into the shard names (``OUTPUT_{split}_{index:06d}.bin``) instead.
+    """
+    base = str(output)
+    paths = {}
+    for key in keys:
+        for split in splits:
+            parts = [key] if len(keys) > 1 and format != "megatron" else []
+            if split and format != "llmc":
+                parts.append(split)
+            if format == "megatron":
+                parts += [key, "document"]
+            name = base + "".join(f"_{p}" for p in parts)
+            if format == "raw":
+                name += ".bin"
+            paths[(key, split)] = Path(name)
+    return paths
+
+
+# -- split assignment ---------------------------------------------------------------------------------
+
+
+def _mix(values: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a well-mixed 64-bit hash of each value (NumPy uint64 arithmetic wraps)."""
+    z = values + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def assign_splits(seed: int, inputs: np.ndarray, positions: np.ndarray, fractions: list[float]) -> np.ndarray:
+    """The split index of each record, from a hash of (seed, input, position): reproducible in any batching."""
+    with np.errstate(over="ignore"):
+        key = _mix(
+            np.uint64(seed & 0xFFFFFFFFFFFFFFFF)
+            ^ _mix(inputs.astype(np.uint64) << np.uint64(40) ^ positions.astype(np.uint64))
+        )
+    uniform = (key >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+    edges = np.cumsum(fractions)[:-1]
+    return np.searchsorted(edges, uniform, side="right")
+
+
+# -- spools and checkpoints ---------------------------------------------------------------------------
+
+
+class Spool:
+    """An append-only pair of files: ids (in ``dtype``) and document lengths (int64)."""
+
+    def __init__(self, folder: Path, name: str, dtype: np.dtype, tokens: int = 0, documents: int = 0) -> None:
+        self.tokens_path = folder / f"{name}.tokens"
+        self.lengths_path = folder / f"{name}.lengths"
+        self.dtype = dtype
+        for path, size in ((self.tokens_path, tokens * dtype.itemsize), (self.lengths_path, documents * 8)):
+            with open(path, "ab") as handle:
+                handle.truncate(size)  # drop whatever was written after the last checkpoint
+        self._tokens = open(self.tokens_path, "ab")  # noqa: SIM115 - closed by close()
+        self._lengths = open(self.lengths_path, "ab")  # noqa: SIM115 - closed by close()
+        self.num_tokens, self.num_documents = tokens, documents
+
+    def append(self, flat: np.ndarray, lengths: np.ndarray) -> None:
+        self._tokens.write(np.ascontiguousarray(flat, dtype=self.dtype).data)
+        self._lengths.write(np.ascontiguousarray(lengths, dtype="<i8").data)
+        self.num_tokens += len(flat)
+        self.num_documents += len(lengths)
+
+    def sync(self) -> None:
+        for handle in (self._tokens, self._lengths):
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def close(self) -> None:
+        self._tokens.close()
+        self._lengths.close()
+
+
+def finished_spool(folder: Path, name: str, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """A finished partition's spooled ids and lengths, memory-mapped, as long as its checkpoint says."""
+    sizes = json.loads((folder / CHECKPOINT).read_text(encoding="utf-8"))["spools"][name]
+    return (
+        map_file(folder / f"{name}.tokens", dtype, 0, sizes["tokens"]),
+        map_file(folder / f"{name}.lengths", np.dtype("<i8"), 0, sizes["documents"]),
+    )
+
+
+def _write_json_atomically(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(data, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+@dataclass
+class Stats:
+    """Counters of one partition (or of the whole run)."""
+
+    records: int = 0
+    documents: int = 0
+    tokens: int = 0
+    skipped: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+# -- progress -------------------------------------------------------------------------------------------
+
+
+class Progress:
+    """One line on stderr, refreshed twice a second: documents, tokens, MB/s, and ETA when sizes are known."""
+
+    def __init__(self, enabled: bool, total_bytes: int | None, counters: list[Any]) -> None:
+        self.enabled, self.total, self.counters = enabled, total_bytes, counters
+        self.started = self.last = time.perf_counter()
+        self.done_before = 0
+
+    def update(self, stats: Stats, *, final: bool = False) -> None:
+        now = time.perf_counter()
+        if not self.enabled or (not final and now - self.last < 0.5):
+            return
+        self.last = now
+        read = self.done_before + sum(c.count for c in self.counters)
+        elapsed = max(now - self.started, 1e-9)
+        rate = read / elapsed
+        line = f"tokenize: {stats.documents:,} documents, {stats.tokens:,} tokens, {rate / 1e6:.1f} MB/s"
+        if self.total:
+            share = min(read / self.total, 1.0)
+            eta = (self.total - read) / rate if rate > 0 and not final else 0
+            line += f", {share:.0%}, ETA {int(eta) // 60}:{int(eta) % 60:02d}"
+        if stats.skipped:
+            line += f", {stats.skipped:,} bad records skipped"
+        sys.stderr.write("\r" + line + ("\n" if final else ""))
+        sys.stderr.flush()
+
+
+# -- encoding one partition -----------------------------------------------------------------------------
+
+
+def _batches(records: Iterator[Record], size: int, out: queue.Queue[Any], stop: threading.Event) -> None:
+    """The reader thread: groups records into batches of ``size`` documents; passes errors on."""
+    try:
+        batch: list[Record] = []
+        for record in records:
+            if stop.is_set():
+                return
+            batch.append(record)
+            if len(batch) >= size:
+                out.put(batch)
+                batch = []
+        if batch:
+            out.put(batch)
+        out.put(None)
+    except BaseException as exc:  # delivered to the main thread, which raises it
+        out.put(exc)
+
+
+def _encode(tokenizer: Any, texts: list[str], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    encodings = tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+    ids = [e.ids for e in encodings]
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    flat = np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum()))
+    return flat, lengths
+
+
+def _add_eos(plan: Plan, flat: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if plan.eos == "none" or plan.eos_id is None:
+        return flat, lengths
+    # Megatron's preprocess_data adds no end-of-document id to an empty document; the others always do.
+    gets = lengths > 0 if plan.format == "megatron" else np.ones(len(lengths), dtype=bool)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    where = (starts + lengths if plan.eos == "append" else starts)[gets]
+    return np.insert(flat, where, plan.eos_id), lengths + gets
+
+
+def _encode_partition(
+    plan: Plan,
+    tokenizer: Any,
+    inputs: list[Input],
+    first_input: int,
+    folder: Path,
+    *,
+    batch_size: int,
+    resume: bool,
+    progress: Progress | None,
+) -> Stats:
+    """Encode ``inputs`` (global numbers ``first_input...``) into spools in ``folder``; resumable."""
+    dtype = dtype_for_vocab(plan.vocab_size)
+    checkpoint = folder / CHECKPOINT
+    state: dict[str, Any] = {}
+    if checkpoint.exists():
+        state = json.loads(checkpoint.read_text(encoding="utf-8"))
+        if not resume:
+            raise OutputExistsError(
+                f"{folder} holds an unfinished run; pass resume=True to continue it, or delete the folder."
+            )
+        if state.get("plan") != asdict(plan):
+            raise FormatError(
+                f"{checkpoint} was written by a run with other settings; it cannot be resumed with these. "
+                "Delete the folder to start over."
+            )
+    else:
+        folder.mkdir(parents=True, exist_ok=True)
+    stats = Stats(
+        **{k: v for k, v in state.get("stats", {}).items() if k in ("records", "documents", "tokens", "skipped")}
+    )
+    stats.errors = list(state.get("errors", []))
+    spools = {
+        stream: Spool(folder, _stream_name(*stream), dtype, **state.get("spools", {}).get(_stream_name(*stream), {}))
+        for stream in plan.streams
+    }
+    position = tuple(state.get("position", (first_input, 0)))
+    if state.get("done"):
+        for spool in spools.values():
+            spool.close()
+        return stats
+
+    def save(done: bool = False) -> None:
+        for spool in spools.values():
+            spool.sync()
+        _write_json_atomically(
+            checkpoint,
+            {
+                "plan": asdict(plan),
+                "position": list(position),
+                "spools": {
+                    _stream_name(*s): {"tokens": sp.num_tokens, "documents": sp.num_documents}
+                    for s, sp in spools.items()
+                },
+                "stats": {
+                    "records": stats.records,
+                    "documents": stats.documents,
+                    "tokens": stats.tokens,
+                    "skipped": stats.skipped,
+                },
+                "errors": stats.errors[-100:],
+                "done": done,
+            },
+        )
+
+    counters: list[Any] = [] if progress is None else progress.counters
+    local_start = (position[0] - first_input, position[1])
+    records = iter_records(inputs, tuple(plan.keys), plan.unit, start=local_start, counter=counters)
+    batches: queue.Queue[Any] = queue.Queue(maxsize=4)  # memory: a few batches, never the corpus
+    stop = threading.Event()
+    reader = threading.Thread(target=_batches, args=(records, batch_size, batches, stop), daemon=True)
+    reader.start()
+    fractions = list(plan.split.values()) if plan.split else [1.0]
+    last_save = time.perf_counter()
+    try:
+        while True:
+            batch = batches.get()
+            if batch is None:
+                break
+            if isinstance(batch, BaseException):
+                raise batch
+            good = []
+            for record in batch:
+                if record.texts is not None:
+                    good.append(record)
+                elif record.error is not None:
+                    if plan.on_error != "skip":
+                        raise SourceError(record.error + " Pass on_error='skip' to count and skip bad records.")
+                    stats.skipped += 1
+                    stats.errors.append(record.error)
+            stats.records += len(batch)
+            if good:
+                split_of = assign_splits(
+                    plan.seed,
+                    np.array([r.input + first_input for r in good], dtype=np.int64),
+                    np.array([r.index for r in good], dtype=np.int64),
+                    fractions,
+                )
+                for k, key in enumerate(plan.keys):
+                    flat, lengths = _encode(tokenizer, [r.texts[k] for r in good if r.texts], dtype)
+                    flat, lengths = _add_eos(plan, flat, lengths)
+                    if len(fractions) == 1:
+                        spools[(key, plan.splits[0])].append(flat, lengths)
+                    else:
+                        offsets = np.concatenate([[0], np.cumsum(lengths)])
+                        for s, split in enumerate(plan.splits):
+                            chosen = np.flatnonzero(split_of == s)
+                            if chosen.size:
+                                pieces = [flat[offsets[i] : offsets[i + 1]] for i in chosen.tolist()]
+                                spools[(key, split)].append(np.concatenate(pieces), lengths[chosen])
+                    if k == 0:
+                        stats.documents += len(good)
+                    stats.tokens += len(flat)
+            last = batch[-1]
+            position = (last.input + first_input, last.index)
+            if progress is not None:
+                progress.update(stats)
+            if time.perf_counter() - last_save > _CHECKPOINT_SECONDS:
+                save()
+                last_save = time.perf_counter()
+        save(done=True)
+    finally:
+        stop.set()
+        while reader.is_alive():  # unblock a reader waiting on a full queue
+            try:
+                batches.get_nowait()
+            except queue.Empty:
+                reader.join(0.05)
+        for spool in spools.values():
+            spool.close()
+    return stats
+
+
+# -- partitions ---------------------------------------------------------------------------------------
+
+
+def _partition(inputs: list[Input], parts: int) -> list[tuple[int, list[Input]]]:
+    """Contiguous groups of inputs of roughly equal size: ``(first input number, inputs)``."""
+    sizes = np.array([i.size or 1 for i in inputs], dtype=np.float64)
+    bounds = np.searchsorted(np.cumsum(sizes), np.linspace(0, sizes.sum(), parts + 1)[1:-1], side="left") + 1
+    cuts = sorted({0, *[int(b) for b in bounds if 0 < b < len(inputs)], len(inputs)})
+    return [(a, inputs[a:b]) for a, b in pairwise(cuts)]
+
+
+def _partition_job(args: tuple[Any, ...]) -> dict[str, Any]:
+    """Run in an executor worker: encode one partition. Module-level, so that it pickles by reference."""
+    plan_dict, tokenizer_json, paths, first_input, folder, batch_size, resume = args
+    from tokenizers import Tokenizer
+
+    plan = Plan(**plan_dict)
+    tokenizer = Tokenizer.from_str(tokenizer_json)
+    stats = _encode_partition(
+        plan,
+        tokenizer,
+        [Input(Path(p)) for p in paths],
+        first_input,
+        Path(folder),
+        batch_size=batch_size,
+        resume=resume,
+        progress=None,
+    )
+    return asdict(stats)
+
+
+# -- the entry point ------------------------------------------------------------------------------------
+
+
+def tokenize(
+    inputs: Any,
+    tokenizer: Any,
+    output: Any,
+    format: str = "megatron",
+    *,
+    text_key: str | list[str] = "text",
+    eos: str = "append",
+    eos_id: int | None = None,
+    split: Any = None,
+    seed: int = 0,
+    unit: str = "line",
+    batch_size: int = 1000,
+    progress: bool | None = None,
+    resume: bool = False,
+    on_error: str = "raise",
+    executor: Executor | None = None,
+    partitions: int | None = None,
+    overwrite: bool = False,
+    **writer_options: Any,
+) -> dict[str, Any]:
+    """Tokenize text into ``format`` files; returns a summary (documents, tokens, bytes, seconds, per output).
+
+    Args:
+        inputs: files, globs or folders (``.txt``, ``.json``, ``.jsonl``, ``.parquet``; ``.gz``/``.zst``), or an
+            iterable of strings (a ``datasets.Dataset`` column works).
+        tokenizer: a ``tokenizers.Tokenizer``, a ``tokenizer.json``, or a folder holding one.
+        output: the output path prefix (see :func:`output_paths` for the names).
+        format: any writable format: ``megatron``, ``llmc``, ``raw``, ``pt``, ``timemoe``.
+        text_key: JSON/Parquet key(s) holding the text; several keys give several outputs.
+        eos: ``append`` the end-of-text id after each document, ``prepend`` it (llm.c), or ``none``.
+        eos_id: the id to use; default: the tokenizer's ``<|endoftext|>``.
+        split: ``{"train": 0.8, "val": 0.1, "test": 0.1}`` or ``"8:1:1"``: by document, reproducible from ``seed``.
+        unit: for ``.txt``: a document per ``line``, per ``file`` or per blank-line ``paragraph``.
+        batch_size: documents per ``encode_batch_fast`` call.
+        progress: a progress line on stderr (default: when stderr is a terminal).
+        resume: continue a run that was interrupted (its work folder ``OUTPUT.tokenize`` is kept until success).
+        on_error: ``raise`` on a bad record (naming file and line), or ``skip`` and count it.
+        executor: a ``concurrent.futures.Executor`` (a process pool, dask's ``client.get_executor()``, ...) to
+            encode partitions of the inputs in parallel; the result equals a single-process run.
+        partitions: how many partitions (default: one per input file, at most 64).
+        overwrite: replace existing outputs.
+        **writer_options: passed to the format's writer (``shard_size``, ``tokens_per_shard``, ``dtype``, ...).
+    """
+    started = time.perf_counter()
+    if eos not in EOS_MODES:
+        raise ValueError(f"eos must be one of {EOS_MODES}, not {eos!r}")
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+    resolved = resolve_inputs(inputs)
+    loaded = load_tokenizer(tokenizer)
+    vocab_size = loaded.get_vocab_size(with_added_tokens=True)
+    if eos != "none" and eos_id is None:
+        found = loaded.token_to_id(END_OF_TEXT)
+        if found is None:
+            raise FormatError(f"the tokenizer has no {END_OF_TEXT!r} token; pass eos_id= or eos='none'.")
+        eos_id = int(found)
+    keys = [text_key] if isinstance(text_key, str) else list(text_key)
+    import hashlib
+
+    plan = Plan(
+        inputs=[i.name for i in resolved],
+        format=format,
+        keys=keys,
+        eos=eos,
+        eos_id=eos_id if eos != "none" else None,
+        split=parse_split(split),
+        seed=int(seed),
+        unit=unit,
+        vocab_size=vocab_size,
+        tokenizer_hash=hashlib.sha256(loaded.to_str().encode("utf-8")).hexdigest(),
+        on_error=on_error,
+    )
+    if format_descriptor(format).writer is None:
+        raise FormatError(f"format {format!r} cannot be written.")
+    targets = output_paths(output, format, keys, plan.splits)
+    work = Path(f"{output}.tokenize")
+    if not overwrite and not (resume and work.exists()):
+        for target in targets.values():
+            _refuse_existing(format, target)
+    total_bytes = sum(i.size or 0 for i in resolved) or None
+    show = sys.stderr.isatty() if progress is None else progress
+    counters: list[Any] = []
+    monitor = Progress(show, total_bytes, counters)
+
+    if executor is None:
+        stats = _encode_partition(
+            plan, loaded, resolved, 0, work / "part-0000", batch_size=batch_size, resume=resume, progress=monitor
+        )
+        parts = [work / "part-0000"]
+        all_stats = [stats]
+    else:
+        if any(i.path is None for i in resolved):
+            raise FormatError("executor= needs file inputs: an in-memory iterable cannot be shipped to workers.")
+        groups = _partition(resolved, min(partitions or len(resolved), 64, len(resolved)))
+        parts = [work / f"part-{n:04d}" for n in range(len(groups))]
+        jobs = [
+            (asdict(plan), loaded.to_str(), [str(i.path) for i in group], first, str(part), batch_size, resume)
+            for (first, group), part in zip(groups, parts)
+        ]
+        all_stats = [Stats(**result) for result in executor.map(_partition_job, jobs)]
+    total = Stats(
+        records=sum(s.records for s in all_stats),
+        documents=sum(s.documents for s in all_stats),
+        tokens=sum(s.tokens for s in all_stats),
+        skipped=sum(s.skipped for s in all_stats),
+        errors=[e for s in all_stats for e in s.errors][:100],
+    )
+    monitor.update(total, final=True)
+
+    outputs = {}
+    dtype = dtype_for_vocab(vocab_size)
+    options = {"vocab_size": vocab_size, **_default_writer_options(format), **writer_options}
+    for (key, split), target in targets.items():
+        name = _stream_name(key, split)
+        if format == "llmc":
+            options["split"] = split or writer_options.get("split", "train")
+        with api.create(target, format, overwrite=bool(resume or overwrite), **options) as writer:
+            assert isinstance(writer, TokenWriter)
+            for part in parts:
+                _feed(writer, *finished_spool(part, name, dtype))
+        outputs[name] = {
+            "path": str(target),
+            "documents": writer.num_documents,
+            "tokens": writer.num_tokens,
+            "files": [str(p) for p in writer.written],
+        }
+    shutil.rmtree(work, ignore_errors=True)
+    seconds = time.perf_counter() - started
+    return {
+        "documents": total.documents,
+        "tokens": total.tokens,
+        "bytes": total_bytes,
+        "seconds": round(seconds, 3),
+        "skipped": total.skipped,
+        "errors": total.errors,
+        "outputs": outputs,
+    }
+
+
+def _default_writer_options(format: str) -> dict[str, Any]:
+    if format == "pt":
+        return {"final_shard": True}  # a one-shot run writes its tail as a last, shorter shard
+    if format == "megatron":
+        return {"empty_documents": "none"}  # as preprocess_data.py: an empty document has no sequence
+    return {}
+
+
+def _refuse_existing(format: str, target: Path) -> None:
+    candidates = [target]
+    if format == "megatron":
+        candidates = [Path(f"{target}.idx"), Path(f"{target}.bin")]
+    elif format == "llmc":
+        candidates = list(target.parent.glob(f"{target.name}_*_000000.bin")) if target.parent.is_dir() else []
+    for path in candidates:
+        if path.exists():
+            raise OutputExistsError(f"{path} already exists; pass overwrite=True to replace it (nothing was written).")
+
+
+def _feed(writer: TokenWriter, flat: np.ndarray, lengths: np.ndarray) -> None:
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    start = 0
+    while start < len(lengths):
+        stop = int(np.searchsorted(offsets, offsets[start] + _SPOOL_CHUNK, side="right")) - 1
+        stop = min(max(stop, start + 1), len(lengths))
+        writer.write_batch(flat[offsets[start] : offsets[stop]], lengths[start:stop])
+        start = stop

@@ -1,0 +1,332 @@
+"""Text sources for tokenization: files (``.txt``, ``.json``, ``.jsonl``, ``.parquet``, each optionally ``.gz``
+or ``.zst``), globs, folders, or any Python iterable of strings.
+
+A source yields *records* in a fixed order; each record has a position ``(input, index)`` that never depends
+on batching, so that a run can be resumed from a checkpoint and documents can be assigned to splits
+reproducibly. A record holds one text per requested key (one text for ``.txt`` and iterables).
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import io
+import json
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from .errors import FormatError, NoFilesError
+
+__all__ = ["Record", "Input", "resolve_inputs", "iter_records", "SourceError", "TEXT_SUFFIXES", "UNITS"]
+
+#: Suffixes tokformats reads text from (before an optional .gz/.zst).
+TEXT_SUFFIXES = (".txt", ".text", ".md", ".rst", ".json", ".jsonl", ".ndjson", ".parquet", ".py")
+UNITS = ("line", "file", "paragraph")
+
+
+class SourceError(FormatError):
+    """A record cannot be read (invalid JSON, missing key, non-UTF-8 bytes); names the file and line."""
+
+
+@dataclass(frozen=True)
+class Input:
+    """One input: a file path, or an in-memory iterable (``path`` is None)."""
+
+    path: Path | None
+    iterable: Any = None
+
+    @property
+    def name(self) -> str:
+        return str(self.path) if self.path is not None else "<iterable>"
+
+    @property
+    def size(self) -> int | None:
+        return self.path.stat().st_size if self.path is not None else None
+
+
+@dataclass
+class Record:
+    """One record: its position and its texts (one per key). ``texts`` is None for a skipped bad record."""
+
+    input: int
+    index: int
+    texts: tuple[str, ...] | None
+    error: str | None = None
+
+
+def _base_suffix(path: Path) -> str:
+    name = path.name.lower()
+    for compression in (".gz", ".zst"):
+        if name.endswith(compression):
+            name = name[: -len(compression)]
+    return Path(name).suffix
+
+
+def _exists(text: str) -> bool:
+    try:
+        return Path(text).exists() or bool(set("*?[") & set(text) and glob.glob(text, recursive=True))
+    except OSError:  # a "name" too long for the file system is text
+        return False
+
+
+def _looks_like_path(text: str) -> bool:
+    return (
+        len(text) < 4096
+        and not any(c.isspace() for c in text)
+        and ("/" in text or os.sep in text or _base_suffix(Path(text)) in TEXT_SUFFIXES)
+    )
+
+
+def resolve_inputs(inputs: Any) -> list[Input]:
+    """Expand paths, globs and folders (recursively, sorted) into inputs, or take an iterable of texts as one input.
+
+    ``Path`` objects are always paths. A list of strings is paths when every one names something that exists
+    (or is a glob that matches), texts when none does and they do not look like paths; a mix is refused
+    (a typo would otherwise tokenize a file name as text). Any other iterable (a generator, a ``datasets``
+    column) is an iterable of texts.
+    """
+    if isinstance(inputs, (str, os.PathLike)):
+        inputs = [inputs]
+    if not isinstance(inputs, (list, tuple)):
+        return [Input(None, inputs)]
+    items = list(inputs)
+    if not items:
+        raise NoFilesError("no input was given.")
+    if not all(isinstance(i, (str, os.PathLike)) for i in items):
+        return [Input(None, items)]
+    texts = [i for i in items if isinstance(i, str)]
+    existing = [_exists(i) for i in texts]
+    if texts and not any(existing) and not any(isinstance(i, os.PathLike) for i in items):
+        if all(_looks_like_path(t) for t in texts):
+            raise NoFilesError(f"{texts[0]} does not exist.")
+        return [Input(None, items)]
+    resolved: list[Input] = []
+    for item in items:
+        text = os.fspath(item)
+        path = Path(text)
+        if path.is_dir():
+            files = sorted(p for p in path.rglob("*") if p.is_file() and _base_suffix(p) in TEXT_SUFFIXES)
+            if not files:
+                raise NoFilesError(f"the folder {path} holds no text files ({', '.join(TEXT_SUFFIXES)}).")
+            resolved.extend(Input(p) for p in files)
+        elif path.is_file():
+            resolved.append(Input(path))
+        elif set("*?[") & set(text):
+            matches = sorted(glob.glob(text, recursive=True))
+            if not matches:
+                raise NoFilesError(f"the pattern {text!r} matches no file.")
+            resolved.extend(Input(Path(m)) for m in matches if Path(m).is_file())
+        else:
+            raise NoFilesError(f"{path} does not exist.")
+    return resolved
+
+
+class _Counting(io.RawIOBase):
+    """A raw file wrapper counting bytes read from disk (compressed bytes, for progress)."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self.raw, self.count = raw, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        n = self.raw.readinto(buffer)  # type: ignore[attr-defined]
+        self.count += n or 0
+        return n or 0
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
+
+
+def _open_binary(path: Path, counter: list[_Counting]) -> IO[bytes]:
+    raw = _Counting(open(path, "rb", buffering=0))  # noqa: SIM115 - closed with the returned stream
+    counter.append(raw)
+    name = path.name.lower()
+    if name.endswith(".gz"):
+        return gzip.GzipFile(fileobj=io.BufferedReader(raw, 1 << 20), mode="rb")  # type: ignore[return-value]
+    if name.endswith(".zst"):
+        try:
+            import zstandard
+        except ImportError:
+            raise FormatError(f"{path}: reading .zst needs the zstandard package (pip install zstandard).") from None
+        reader = zstandard.ZstdDecompressor().stream_reader(io.BufferedReader(raw, 1 << 20))
+        return io.BufferedReader(reader, 1 << 20)  # for peek() and fast line iteration
+    return io.BufferedReader(raw, 1 << 20)
+
+
+def _decode(path: Path, number: int, line: bytes) -> str:
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SourceError(f"{path}, line {number}: not UTF-8 ({exc.reason} at byte {exc.start}).") from None
+
+
+def _json_texts(path: Path, number: int, value: Any, keys: tuple[str, ...]) -> tuple[str, ...]:
+    if not isinstance(value, dict):
+        raise SourceError(
+            f"{path}, line {number}: expected a JSON object with {list(keys)}, found {type(value).__name__}."
+        )
+    texts = []
+    for key in keys:
+        if key not in value:
+            raise SourceError(f"{path}, line {number}: the record has no key {key!r} (keys: {sorted(value)[:8]}).")
+        text = value[key]
+        if not isinstance(text, str):
+            raise SourceError(f"{path}, line {number}: {key!r} is a {type(text).__name__}, not a string.")
+        texts.append(text)
+    return tuple(texts)
+
+
+def _file_records(
+    input_index: int, path: Path, keys: tuple[str, ...], unit: str, skip: int, counter: list[_Counting]
+) -> Iterator[Record]:
+    suffix = _base_suffix(path)
+    if suffix == ".parquet":
+        yield from _parquet_records(input_index, path, keys, skip)
+        return
+    with _open_binary(path, counter) as stream:
+        # .json is either one JSON array or, as Megatron's preprocess_data reads it, one object per line.
+        array = suffix == ".json" and stream.peek(256).lstrip()[:1] == b"["  # type: ignore[attr-defined]
+        if suffix in (".jsonl", ".ndjson", ".json") and not array:
+            for number, line in enumerate(stream, start=1):
+                if number <= skip:
+                    continue
+                if not line.strip():
+                    yield Record(input_index, number, None, None)  # blank line: nothing, but keeps positions
+                    continue
+                try:
+                    value = json.loads(_decode(path, number, line))
+                except json.JSONDecodeError as exc:
+                    yield Record(input_index, number, None, f"{path}, line {number}: invalid JSON ({exc.msg}).")
+                    continue
+                except SourceError as exc:
+                    yield Record(input_index, number, None, str(exc))
+                    continue
+                try:
+                    yield Record(input_index, number, _json_texts(path, number, value, keys))
+                except SourceError as exc:
+                    yield Record(input_index, number, None, str(exc))
+            return
+        if array:
+            try:
+                items = json.load(stream)
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise SourceError(f"{path}: not a valid JSON array ({exc}).") from None
+            for number, value in enumerate(items, start=1):
+                if number > skip:
+                    try:
+                        yield Record(input_index, number, _json_texts(path, number, value, keys))
+                    except SourceError as exc:
+                        yield Record(input_index, number, None, str(exc).replace("line", "item"))
+            return
+        yield from _text_records(input_index, path, stream, unit, skip)
+
+
+def _text_records(input_index: int, path: Path, stream: IO[bytes], unit: str, skip: int) -> Iterator[Record]:
+    if unit == "file":
+        if skip < 1:
+            data = stream.read()
+            try:
+                yield Record(input_index, 1, (data.decode("utf-8"),))
+            except UnicodeDecodeError as exc:
+                bad_line = data[: exc.start].count(b"\n") + 1
+                yield Record(input_index, 1, None, f"{path}, line {bad_line}: not UTF-8 ({exc.reason}).")
+        return
+    if unit == "line":
+        for number, line in enumerate(stream, start=1):
+            if number <= skip:
+                continue
+            try:
+                text = _decode(path, number, line).rstrip("\r\n")
+            except SourceError as exc:
+                yield Record(input_index, number, None, str(exc))
+                continue
+            yield Record(input_index, number, (text,) if text else None)
+        return
+    # paragraphs: blank-line separated; a record's index is the line number of its first line
+    lines: list[str] = []
+    first = 0
+    for number, line in enumerate(stream, start=1):
+        try:
+            text = _decode(path, number, line).rstrip("\r\n")
+        except SourceError as exc:
+            if first > skip or (not lines and number > skip):
+                yield Record(input_index, number, None, str(exc))
+            lines, first = [], 0
+            continue
+        if text.strip():
+            if not lines:
+                first = number
+            lines.append(text)
+        elif lines:
+            if first > skip:
+                yield Record(input_index, first, ("\n".join(lines),))
+            lines, first = [], 0
+    if lines and first > skip:
+        yield Record(input_index, first, ("\n".join(lines),))
+
+
+def _parquet_records(input_index: int, path: Path, keys: tuple[str, ...], skip: int) -> Iterator[Record]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise FormatError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow).") from None
+    table = pq.ParquetFile(path)
+    missing = [k for k in keys if k not in table.schema_arrow.names]
+    if missing:
+        raise SourceError(
+            f"{path}: the Parquet file has no column {missing[0]!r} (columns: {table.schema_arrow.names})."
+        )
+    row = 0
+    for batch in table.iter_batches(columns=list(keys), batch_size=8192):
+        columns = [batch.column(k).to_pylist() for k in keys]
+        for values in zip(*columns):
+            row += 1
+            if row <= skip:
+                continue
+            if any(not isinstance(v, str) for v in values):
+                yield Record(input_index, row, None, f"{path}, row {row}: a text column holds a non-string value.")
+            else:
+                yield Record(input_index, row, tuple(values))
+
+
+def _iterable_records(input_index: int, iterable: Iterable[Any], skip: int) -> Iterator[Record]:
+    for number, text in enumerate(iterable, start=1):
+        if number <= skip:
+            continue
+        if not isinstance(text, str):
+            yield Record(
+                input_index, number, None, f"item {number} of the iterable is a {type(text).__name__}, not a string."
+            )
+        else:
+            yield Record(input_index, number, (text,))
+
+
+def iter_records(
+    inputs: list[Input],
+    keys: tuple[str, ...] = ("text",),
+    unit: str = "line",
+    start: tuple[int, int] = (0, 0),
+    counter: list[Any] | None = None,
+) -> Iterator[Record]:
+    """Every record of every input in order, from position ``start`` = (input, records to skip in it).
+
+    Bad records come back with ``texts=None`` and an ``error`` message; blank lines with neither.
+    ``counter`` collects objects whose ``count`` is the bytes read from disk so far (for progress).
+    """
+    if unit not in UNITS:
+        raise ValueError(f"unit must be one of {UNITS}, not {unit!r}")
+    counters = counter if counter is not None else []
+    first_input, skip = start
+    for index in range(first_input, len(inputs)):
+        source = inputs[index]
+        already = skip if index == first_input else 0
+        if source.path is None:
+            yield from _iterable_records(index, source.iterable, already)
+        else:
+            yield from _file_records(index, source.path, keys, unit, already, counters)
