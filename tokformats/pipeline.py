@@ -49,7 +49,6 @@ __all__ = ["tokenize", "parse_split", "output_paths"]
 
 EOS_MODES = ("append", "prepend", "none")
 CHECKPOINT = "checkpoint.json"
-_CHECKPOINT_SECONDS = 5.0
 _SPOOL_CHUNK = 1 << 24  # tokens per write_batch call when writing the outputs
 
 
@@ -289,6 +288,7 @@ def _encode_partition(
     batch_size: int,
     resume: bool,
     progress: Progress | None,
+    checkpoint_every: float = 5.0,
 ) -> Stats:
     """Encode ``inputs`` (global numbers ``first_input...``) into spools in ``folder``; resumable."""
     dtype = dtype_for_vocab(plan.vocab_size)
@@ -396,7 +396,7 @@ def _encode_partition(
             position = (last.input + first_input, last.index)
             if progress is not None:
                 progress.update(stats)
-            if time.perf_counter() - last_save > _CHECKPOINT_SECONDS:
+            if time.perf_counter() - last_save >= checkpoint_every:
                 save()
                 last_save = time.perf_counter()
         save(done=True)
@@ -425,7 +425,7 @@ def _partition(inputs: list[Input], parts: int) -> list[tuple[int, list[Input]]]
 
 def _partition_job(args: tuple[Any, ...]) -> dict[str, Any]:
     """Run in an executor worker: encode one partition. Module-level, so that it pickles by reference."""
-    plan_dict, tokenizer_json, paths, first_input, folder, batch_size, resume = args
+    plan_dict, tokenizer_json, paths, first_input, folder, batch_size, resume, checkpoint_every = args
     from tokenizers import Tokenizer
 
     plan = Plan(**plan_dict)
@@ -439,6 +439,7 @@ def _partition_job(args: tuple[Any, ...]) -> dict[str, Any]:
         batch_size=batch_size,
         resume=resume,
         progress=None,
+        checkpoint_every=checkpoint_every,
     )
     return asdict(stats)
 
@@ -465,6 +466,7 @@ def tokenize(
     executor: Executor | None = None,
     partitions: int | None = None,
     overwrite: bool = False,
+    checkpoint_every: float = 5.0,
     **writer_options: Any,
 ) -> dict[str, Any]:
     """Tokenize text into ``format`` files; returns a summary (documents, tokens, bytes, seconds, per output).
@@ -488,6 +490,7 @@ def tokenize(
             encode partitions of the inputs in parallel; the result equals a single-process run.
         partitions: how many partitions (default: one per input file, at most 64).
         overwrite: replace existing outputs.
+        checkpoint_every: seconds between checkpoints (spools fsynced, position recorded): what a crash can lose.
         **writer_options: passed to the format's writer (``shard_size``, ``tokens_per_shard``, ``dtype``, ...).
     """
     started = time.perf_counter()
@@ -533,7 +536,15 @@ def tokenize(
 
     if executor is None:
         stats = _encode_partition(
-            plan, loaded, resolved, 0, work / "part-0000", batch_size=batch_size, resume=resume, progress=monitor
+            plan,
+            loaded,
+            resolved,
+            0,
+            work / "part-0000",
+            batch_size=batch_size,
+            resume=resume,
+            progress=monitor,
+            checkpoint_every=checkpoint_every,
         )
         parts = [work / "part-0000"]
         all_stats = [stats]
@@ -543,7 +554,16 @@ def tokenize(
         groups = _partition(resolved, min(partitions or len(resolved), 64, len(resolved)))
         parts = [work / f"part-{n:04d}" for n in range(len(groups))]
         jobs = [
-            (asdict(plan), loaded.to_str(), [str(i.path) for i in group], first, str(part), batch_size, resume)
+            (
+                asdict(plan),
+                loaded.to_str(),
+                [str(i.path) for i in group],
+                first,
+                str(part),
+                batch_size,
+                resume,
+                checkpoint_every,
+            )
             for (first, group), part in zip(groups, parts)
         ]
         all_stats = [Stats(**result) for result in executor.map(_partition_job, jobs)]

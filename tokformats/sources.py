@@ -101,7 +101,10 @@ def resolve_inputs(inputs: Any) -> list[Input]:
     existing = [_exists(i) for i in texts]
     if texts and not any(existing) and not any(isinstance(i, os.PathLike) for i in items):
         if all(_looks_like_path(t) for t in texts):
-            raise NoFilesError(f"{texts[0]} does not exist.")
+            missing = texts[0]
+            if set("*?[") & set(missing):
+                raise NoFilesError(f"the pattern {missing!r} matches no file.")
+            raise NoFilesError(f"{missing} does not exist.")
         return [Input(None, items)]
     resolved: list[Input] = []
     for item in items:
