@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 from .errors import NoFilesError, UnknownFormatError
 
-__all__ = ["FormatDescriptor", "formats", "register", "descriptor", "detect", "expand_paths"]
+__all__ = ["FormatDescriptor", "formats", "register", "descriptor", "detect", "expand_paths", "read_head"]
 
 
 class FormatDescriptor(NamedTuple):
@@ -82,6 +82,15 @@ def descriptor(name: str) -> FormatDescriptor:
     except KeyError:
         known = ", ".join(sorted(_REGISTRY))
         raise UnknownFormatError(f"there is no format named {name!r}; the formats are: {known}.") from None
+
+
+def read_head(path: Path, size: int) -> bytes:
+    """The first ``size`` bytes of ``path`` (fewer if it is shorter; empty if it cannot be read): for detection."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(size)
+    except OSError:
+        return b""
 
 
 _GLOB_CHARS = set("*?[")

@@ -27,6 +27,7 @@ import numpy as np
 
 from .arrays import map_file
 from .errors import DTypeError, FormatError, HeaderError, NoFilesError, SizeMismatchError, UnsafePickleError
+from .registry import read_head
 
 __all__ = ["TensorRef", "load", "save", "write_tensor", "is_torch_file", "SafeUnpickler", "ZIP_MAGIC", "LEGACY_MAGIC"]
 
@@ -176,11 +177,7 @@ def _unpickle(data: BinaryIO, where: str) -> Any:
 
 def is_torch_file(path: Path) -> bool:
     """True when the file starts like a ``torch.save`` output (zip with ``data.pkl``, or legacy magic)."""
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(len(LEGACY_MAGIC))
-    except OSError:
-        return False
+    head = read_head(path, len(LEGACY_MAGIC))
     if head.startswith(LEGACY_MAGIC):
         return True
     if not head.startswith(ZIP_MAGIC):

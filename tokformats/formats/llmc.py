@@ -31,7 +31,7 @@ from ..documents import split_offsets
 from ..dtypes import check_tokens, resolve_dtype
 from ..errors import HeaderError, NoFilesError, SizeMismatchError
 from ..protocol import PathLike, TokenReader, TokenWriter
-from ..registry import expand_paths
+from ..registry import expand_paths, read_head
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -126,11 +126,7 @@ def read_header(path: Path) -> tuple[Family, int]:
 
 def detect(path: Path) -> bool:
     """True for a file starting with an llm.c token-shard magic and its version."""
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(8)
-    except OSError:
-        return False
+    head = read_head(path, 8)
     if len(head) < 8:
         return False
     magic, version = (int(v) for v in np.frombuffer(head, dtype="<i4"))

@@ -26,6 +26,7 @@ from ..errors import HeaderError, NoFilesError, SizeMismatchError, TokenRangeErr
 from ..protocol import PathLike
 from ..protocol import Reader as BaseReader
 from ..protocol import Writer as BaseWriter
+from ..registry import read_head
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -42,11 +43,7 @@ _MAX_TOKEN_BYTES = 255
 
 def detect(path: Path) -> bool:
     """True for a file starting with the vocabulary magic and version 1 or 2."""
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(8)
-    except OSError:
-        return False
+    head = read_head(path, 8)
     if len(head) < 8:
         return False
     magic, version = (int(v) for v in np.frombuffer(head, dtype="<u4"))

@@ -38,6 +38,7 @@ from ..dtypes import as_token_array, little_endian, resolve_dtype
 from ..errors import DTypeError, FormatError, HeaderError, NoFilesError, SizeMismatchError
 from ..oscopy import append_file
 from ..protocol import PathLike, TokenReader, TokenWriter
+from ..registry import read_head
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -93,12 +94,7 @@ def resolve_prefix(path: PathLike) -> Path:
 
 def detect(path: Path) -> bool:
     """True when ``path`` (a prefix, ``.bin`` or ``.idx``) has an ``.idx`` starting with Megatron's magic."""
-    index = Path(str(resolve_prefix(path)) + ".idx")
-    try:
-        with open(index, "rb") as handle:
-            return handle.read(len(MAGIC)) == MAGIC
-    except OSError:
-        return False
+    return read_head(Path(str(resolve_prefix(path)) + ".idx"), len(MAGIC)) == MAGIC
 
 
 class Sequences(Sequence[np.ndarray]):

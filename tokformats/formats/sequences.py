@@ -21,6 +21,7 @@ from ..documents import offsets_from_lengths
 from ..dtypes import parse_dtype
 from ..errors import FormatError, NoFilesError, UnsafePickleError
 from ..protocol import PathLike, TokenReader
+from ..registry import read_head
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -36,8 +37,7 @@ def detect(path: Path) -> bool:
     name = path.name.lower()
     if not path.is_file() or not name.endswith(SUFFIXES):
         return False
-    with open(path, "rb") as handle:
-        head = handle.read(8)
+    head = read_head(path, 8)
     if name.endswith((".json", ".jsonl")):
         return head.lstrip()[:1] in (b"[", b"{")
     if name.endswith(".npy"):
