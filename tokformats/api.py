@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import builtins
 from typing import Any
-
-import numpy as np
 
 from .errors import DTypeError, UnknownFormatError
 from .protocol import PathLike, Reader, TokenReader, TokenWriter, Writer
@@ -47,18 +44,6 @@ def create(path: PathLike, format: str, **options: Any) -> Writer[Any]:
     return writer
 
 
-def _batches(offsets: np.ndarray, batch_tokens: int) -> builtins.list[tuple[int, int]]:
-    """Split documents into consecutive runs of about ``batch_tokens`` tokens (at least one document each)."""
-    runs = []
-    start, last = 0, len(offsets) - 1
-    while start < last:
-        stop = int(np.searchsorted(offsets, offsets[start] + batch_tokens, side="right")) - 1
-        stop = min(max(stop, start + 1), last)
-        runs.append((start, stop))
-        start = stop
-    return runs
-
-
 def convert(
     source: Any,
     destination: PathLike,
@@ -73,7 +58,8 @@ def convert(
 
     The token stream is preserved exactly: documents keep whatever delimiters they include. When
     neither ``dtype=`` nor ``vocab_size=`` is given, the source dtype is kept if the destination can
-    store it, else the smallest dtype holding the largest id is chosen.
+    store it, else the smallest dtype holding the largest id is chosen. Values are copied as stored:
+    Time-MoE sequences stored normalised stay normalised, and their mean/std are not carried over.
 
     Returns:
         ``{"documents", "tokens", "files"}`` of what was written.
@@ -96,10 +82,5 @@ def convert(
             writer = create(destination, format, **options)
         assert isinstance(writer, TokenWriter)
         with writer:
-            offsets = reader.offsets
-            lengths = reader.lengths
-            for start, stop in _batches(offsets, batch_tokens):
-                flat = reader.tokens[int(offsets[start]) : int(offsets[stop])]
-                writer.write_batch(flat, lengths[start:stop])
-        files = getattr(writer, "written", None)
-        return {"documents": len(reader), "tokens": reader.num_tokens, "files": files}
+            writer.write_all(reader.tokens, reader.lengths, batch_tokens=batch_tokens)
+        return {"documents": len(reader), "tokens": reader.num_tokens, "files": writer.written}

@@ -10,7 +10,7 @@ import numpy as np
 
 from .arrays import CHUNK_ELEMENTS, TokenArray, iter_chunks
 
-__all__ = ["offsets_from_lengths", "split_offsets"]
+__all__ = ["offsets_from_lengths", "split_offsets", "document_runs"]
 
 
 def offsets_from_lengths(lengths: np.ndarray) -> np.ndarray:
@@ -61,3 +61,16 @@ def split_offsets(
     if n == 0:
         return np.zeros(1, dtype=np.int64)
     return np.concatenate([head, cuts, [n]]).astype(np.int64)
+
+
+def document_runs(offsets: np.ndarray, budget: int) -> list[tuple[int, int]]:
+    """Consecutive runs ``(first, stop)`` of documents of about ``budget`` tokens each (at least one document
+    per run), so that a large corpus can be copied in bounded pieces."""
+    runs = []
+    start, last = 0, len(offsets) - 1
+    while start < last:
+        stop = int(np.searchsorted(offsets, offsets[start] + budget, side="right")) - 1
+        stop = min(max(stop, start + 1), last)
+        runs.append((start, stop))
+        start = stop
+    return runs

@@ -586,7 +586,7 @@ def tokenize(
         with api.create(target, format, overwrite=bool(resume or overwrite), **options) as writer:
             assert isinstance(writer, TokenWriter)
             for part in parts:
-                _feed(writer, *finished_spool(part, name, dtype))
+                writer.write_all(*finished_spool(part, name, dtype), batch_tokens=_SPOOL_CHUNK)
         outputs[name] = {
             "path": str(target),
             "documents": writer.num_documents,
@@ -623,13 +623,3 @@ def _refuse_existing(format: str, target: Path) -> None:
     for path in candidates:
         if path.exists():
             raise OutputExistsError(f"{path} already exists; pass overwrite=True to replace it (nothing was written).")
-
-
-def _feed(writer: TokenWriter, flat: np.ndarray, lengths: np.ndarray) -> None:
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    start = 0
-    while start < len(lengths):
-        stop = int(np.searchsorted(offsets, offsets[start] + _SPOOL_CHUNK, side="right")) - 1
-        stop = min(max(stop, start + 1), len(lengths))
-        writer.write_batch(flat[offsets[start] : offsets[stop]], lengths[start:stop])
-        start = stop

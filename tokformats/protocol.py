@@ -30,6 +30,7 @@ from .atomic import AtomicFiles
 if TYPE_CHECKING:
     import numpy.typing as npt
     from typing_extensions import Self
+from .documents import document_runs, offsets_from_lengths
 from .dtypes import as_token_array, check_lengths, check_tokens
 
 __all__ = ["Reader", "TokenReader", "Writer", "TokenWriter", "PathLike"]
@@ -60,7 +61,6 @@ class Reader(ABC, Generic[Item]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._init_args = args
         self._init_kwargs = kwargs
-        self._closed = False
 
     # -- pickling: by path, re-opened on load --------------------------------------------
     def __reduce__(self) -> tuple[Any, ...]:
@@ -121,8 +121,8 @@ class Reader(ABC, Generic[Item]):
 
     # -- lifetime ------------------------------------------------------------------------------
     def close(self) -> None:
-        """Release memory maps. Using the reader afterwards re-maps lazily."""
-        self._closed = True
+        """Drop the reader's lazily created maps of its data (the OS unmaps a file once no array still views
+        it). Using the reader afterwards maps them again."""
         for name in self._cached_maps():
             self.__dict__.pop(name, None)
 
@@ -357,6 +357,14 @@ class TokenWriter(Writer[Any]):
         self._write_tokens(flat, sizes)
         self.num_documents += len(sizes)
         self.num_tokens += len(flat)
+
+    def write_all(self, tokens: TokenArray, lengths: npt.ArrayLike, *, batch_tokens: int = 1 << 24) -> None:
+        """Write the documents of a large (possibly memory-mapped) stream, about ``batch_tokens`` at a time,
+        so that memory stays bounded however large the stream is."""
+        sizes = check_lengths(lengths, len(tokens), where=f"{self.path}: ")
+        offsets = offsets_from_lengths(sizes)
+        for first, stop in document_runs(offsets, batch_tokens):
+            self.write_batch(tokens[offsets.item(first) : offsets.item(stop)], sizes[first:stop])
 
     @abstractmethod
     def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
