@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -68,8 +69,12 @@ with open("/proc/self/status") as status:
 
 
 def peak_rss(jsonl: Path, tokenizer: Path, output: Path) -> float:
-    out = subprocess.run([sys.executable, "-c", RSS_CHILD, str(jsonl), str(tokenizer), str(output)],
-                         check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", RSS_CHILD, str(jsonl), str(tokenizer), str(output)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return float(out.stdout.strip())
 
 
@@ -77,6 +82,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--megabytes", type=float, default=220)
     parser.add_argument("--skip-rss", action="store_true")
+    parser.add_argument("--rss-only", action="store_true", help="only the peak-RSS comparison")
     args = parser.parse_args()
     folder = scratch("tokenize")
     files = corpus_files(args.megabytes)
@@ -84,6 +90,10 @@ def main() -> None:
     with open(jsonl, encoding="utf-8") as handle:
         texts = [json.loads(line)["text"] for line in handle]
     tokenizer_path = folder / "tokenizer.json"
+    if args.rss_only:
+        tokformats.train_tokenizer(texts[:2000], 32000, progress=False).save(str(tokenizer_path))
+        print_rss(folder, files, jsonl, tokenizer_path)
+        return
     sample, size = [], 0
     for text in texts:
         sample.append(text)
@@ -100,31 +110,49 @@ def main() -> None:
             tokens += len(encoding.ids)
             empty += not encoding.ids
     baseline = time.perf_counter() - started
-    rows = [{"run": "(a) encode_batch_fast alone, pre-loaded texts", "MB/s": f"{text_bytes / baseline / 1e6:.1f}",
-             "tokens/s": f"{tokens / baseline / 1e6:.2f} M", "seconds": f"{baseline:.1f}", "(b)/(a)": "1.00"}]
+    rows = [
+        {
+            "run": "(a) encode_batch_fast alone, pre-loaded texts",
+            "MB/s": f"{text_bytes / baseline / 1e6:.1f}",
+            "tokens/s": f"{tokens / baseline / 1e6:.2f} M",
+            "seconds": f"{baseline:.1f}",
+            "(b)/(a)": "1.00",
+        }
+    ]
     del texts
     for source, label in ((jsonl, "(b) .jsonl"), (gz, "(c) .jsonl.gz")):
         for name in FORMATS if source == jsonl else ("megatron",):
-            summary = tokformats.tokenize(source, tokenizer, folder / "out" / name, name, progress=False,
-                                          overwrite=True)
+            summary = tokformats.tokenize(
+                source, tokenizer, folder / "out" / name, name, progress=False, overwrite=True
+            )
             seconds = summary["seconds"]
             # one end-of-text per document (Megatron's preprocess_data gives empty documents none)
             assert summary["tokens"] == tokens + summary["documents"] - (empty if name == "megatron" else 0)
-            rows.append({"run": f"{label} -> {name}", "MB/s": f"{text_bytes / seconds / 1e6:.1f}",
-                         "tokens/s": f"{summary['tokens'] / seconds / 1e6:.2f} M", "seconds": f"{seconds:.1f}",
-                         "(b)/(a)": f"{baseline / seconds:.2f}"})
+            rows.append(
+                {
+                    "run": f"{label} -> {name}",
+                    "MB/s": f"{text_bytes / seconds / 1e6:.1f}",
+                    "tokens/s": f"{summary['tokens'] / seconds / 1e6:.2f} M",
+                    "seconds": f"{seconds:.1f}",
+                    "(b)/(a)": f"{baseline / seconds:.2f}",
+                }
+            )
             print(rows[-1], flush=True)
-    print(f"machine: {machine()}; corpus: {len(files):,} files, {text_bytes / 1e6:.0f} MB of text, "
-          f"{tokens:,} tokens (32,000-token byte-level BPE)\n")
+    print(
+        f"machine: {machine()}; corpus: {len(files):,} files, {text_bytes / 1e6:.0f} MB of text, "
+        f"{tokens:,} tokens (32,000-token byte-level BPE)\n"
+    )
     print(table(rows))
     if not args.skip_rss:
-        big, _, _ = write_corpus(folder, files, repeat=5)
-        one = peak_rss(jsonl, tokenizer_path, folder / "rss1" / "c")
-        five = peak_rss(big, tokenizer_path, folder / "rss5" / "c")
-        print(f"\npeak RSS of (b) -> megatron in a fresh process: {one:.0f} MB on the corpus, {five:.0f} MB on 5x it")
-    import shutil
-
+        print_rss(folder, files, jsonl, tokenizer_path)
     shutil.rmtree(folder)
+
+
+def print_rss(folder: Path, files: list[Path], jsonl: Path, tokenizer_path: Path) -> None:
+    big, _, _ = write_corpus(folder, files, repeat=5)
+    one = peak_rss(jsonl, tokenizer_path, folder / "rss1" / "c")
+    five = peak_rss(big, tokenizer_path, folder / "rss5" / "c")
+    print(f"\npeak RSS of (b) -> megatron in a fresh process: {one:.0f} MB on the corpus, {five:.0f} MB on 5x it")
 
 
 if __name__ == "__main__":

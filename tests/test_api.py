@@ -138,3 +138,18 @@ def test_sample_texts_are_deterministic_and_multibyte() -> None:
     assert any("\u4e00" <= c <= "\u9fff" for c in joined), "CJK characters"
     assert any(ord(c) > 0xFFFF for c in joined), "emoji outside the BMP"
     assert any(c in "éüöç" for c in joined.lower()), "accented Latin"
+
+
+def test_write_all_streams_in_bounded_pieces(tmp_path: Path) -> None:
+    rng = np.random.default_rng(9)
+    lengths = rng.integers(0, 50, size=200)
+    flat = rng.integers(1, 1000, size=int(lengths.sum()))
+    calls: list[int] = []
+    with tokformats.create(tmp_path / "m", "megatron", vocab_size=1000) as writer:
+        original = writer.write_batch
+        writer.write_batch = lambda ids, sizes: (calls.append(len(ids)), original(ids, sizes))  # type: ignore[method-assign]
+        writer.write_all(flat, lengths, batch_tokens=300)
+    assert len(calls) > 10 and max(calls) <= 300 + 49 and sum(calls) == len(flat)
+    with tokformats.open(tmp_path / "m") as reader:
+        assert reader.lengths.tolist() == lengths.tolist()
+        np.testing.assert_array_equal(np.asarray(reader.tokens), flat)

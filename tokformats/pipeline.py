@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from . import api
-from .arrays import map_file
+from .documents import document_runs, offsets_from_lengths
 from .dtypes import dtype_for_vocab
 from .errors import FormatError, OutputExistsError
 from .protocol import TokenWriter
@@ -180,13 +180,19 @@ class Spool:
         self._lengths.close()
 
 
-def finished_spool(folder: Path, name: str, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """A finished partition's spooled ids and lengths, memory-mapped, as long as its checkpoint says."""
+def copy_spool(writer: TokenWriter, folder: Path, name: str, dtype: np.dtype) -> None:
+    """Feed a finished partition's spool to ``writer`` in pieces of about ``_SPOOL_CHUNK`` tokens.
+
+    Plain file reads, not a memory map: a map would keep every page it has read resident, so memory would
+    grow with the corpus; this way it stays at one piece.
+    """
     sizes = json.loads((folder / CHECKPOINT).read_text(encoding="utf-8"))["spools"][name]
-    return (
-        map_file(folder / f"{name}.tokens", dtype, 0, sizes["tokens"]),
-        map_file(folder / f"{name}.lengths", np.dtype("<i8"), 0, sizes["documents"]),
-    )
+    lengths = np.fromfile(folder / f"{name}.lengths", dtype="<i8", count=sizes["documents"])
+    offsets = offsets_from_lengths(lengths)
+    with open(folder / f"{name}.tokens", "rb") as handle:
+        for first, stop in document_runs(offsets, _SPOOL_CHUNK):
+            flat = np.fromfile(handle, dtype=dtype, count=offsets.item(stop) - offsets.item(first))
+            writer.write_batch(flat, lengths[first:stop])
 
 
 def _write_json_atomically(path: Path, data: dict[str, Any]) -> None:
@@ -586,7 +592,7 @@ def tokenize(
         with api.create(target, format, overwrite=bool(resume or overwrite), **options) as writer:
             assert isinstance(writer, TokenWriter)
             for part in parts:
-                writer.write_all(*finished_spool(part, name, dtype), batch_tokens=_SPOOL_CHUNK)
+                copy_spool(writer, part, name, dtype)
         outputs[name] = {
             "path": str(target),
             "documents": writer.num_documents,
