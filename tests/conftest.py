@@ -7,10 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-#: Golden files written by the owners' tools (read-only, never regenerated).
+#: Golden files written by the owners' tools (read-only, never regenerated): ``shared/`` beside the repository.
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
-if not FIXTURES.is_dir():  # a checkout placed elsewhere: look beside the repository root
-    FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
 
 
 @pytest.fixture(scope="session")
