@@ -45,9 +45,8 @@ def _fsync_dir(folder: Path) -> None:
     except OSError:  # some platforms cannot open folders; the rename is still atomic there
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
     finally:
         os.close(fd)
 

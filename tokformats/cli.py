@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Sequence
@@ -181,11 +182,10 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
 
 
 def _number(text: str) -> Any:
+    """A ``-w NAME=VALUE`` value as int, float or bool when it reads as one, else the string."""
     for kind in (int, float):
-        try:
+        with contextlib.suppress(ValueError):
             return kind(text)
-        except ValueError:
-            pass
     return {"true": True, "false": False}.get(text.lower(), text)
 
 

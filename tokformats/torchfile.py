@@ -140,10 +140,8 @@ class SafeUnpickler(pickle.Unpickler):
         self._where = where
 
     def find_class(self, module: str, name: str) -> Any:
-        try:
+        if (module, name) in _ALLOWED:
             return _ALLOWED[(module, name)]
-        except KeyError:
-            pass
         if (module, name) in {("torch", n) for n in _UNSUPPORTED}:
             raise DTypeError(f"{self._where}: {_UNSUPPORTED[name]} tensors have no NumPy dtype; convert them first.")
         raise UnsafePickleError(
@@ -197,10 +195,16 @@ class _Record(NamedTuple):
 def _zip_records(path: Path) -> tuple[str, dict[str, _Record], bytes, str]:
     """The archive's prefix, its records' data offsets, ``data.pkl`` and the byte order."""
     try:
-        archive = zipfile.ZipFile(path)
-    except zipfile.BadZipFile as exc:
-        raise FormatError(f"{path}: not a readable zip archive ({exc}); the file may be truncated.") from None
-    with archive:
+        return _parse_zip(path)
+    except FormatError:
+        raise
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, ValueError, struct.error) as exc:
+        # zipfile's own complaints about a damaged archive: bad CRC, names that do not match, bad offsets, ...
+        raise FormatError(f"{path}: not a readable zip archive ({type(exc).__name__}: {exc}).") from None
+
+
+def _parse_zip(path: Path) -> tuple[str, dict[str, _Record], bytes, str]:
+    with zipfile.ZipFile(path) as archive:
         infos = archive.infolist()
         if not infos:
             raise FormatError(f"{path}: the archive is empty.")
@@ -233,7 +237,9 @@ def _zip_records(path: Path) -> tuple[str, dict[str, _Record], bytes, str]:
                 records[info.filename] = _Record(start, info.file_size)
             pickle_bytes = archive.read(f"{prefix}/data.pkl")
             order_name = f"{prefix}/byteorder"
-            byteorder = archive.read(order_name).decode("ascii").strip() if order_name in names else "little"
+            byteorder = (
+                archive.read(order_name).decode("ascii", errors="replace").strip() if order_name in names else "little"
+            )
     if byteorder not in ("little", "big"):
         raise HeaderError(f"{path}: the byteorder record says {byteorder!r}; expected 'little' or 'big'.")
     return prefix, records, pickle_bytes, byteorder
