@@ -337,3 +337,11 @@ def test_mean_std_are_numpys_bits(count: int) -> None:
         values = (rng.normal(size=count) * rng.uniform(0.1, 1e3) + rng.uniform(-1e3, 1e3)).astype(np.float32)
         mean, std = timemoe._mean_std(values)
         assert mean == values.mean() and std == values.std()
+
+
+def test_yaml_source_when_pyyaml_is_installed(tmp_path: Path) -> None:
+    yaml = pytest.importorskip("yaml", reason="PyYAML is optional")
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump([[1.0, 2.0], {"sequence": [3.0]}]))
+    with timemoe.from_file(path) as reader:
+        assert [d.tolist() for d in reader] == [[1.0, 2.0], [3.0]]
