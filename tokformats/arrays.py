@@ -222,8 +222,3 @@ class GrowableArray:
     def view(self) -> np.ndarray:
         """The values so far (a view: valid until the next append)."""
         return self._data[: self._size]
-
-    @property
-    def last(self) -> Any:
-        """The last value appended."""
-        return self._data[self._size - 1]

@@ -276,14 +276,14 @@ def _view(path: Path, tensor: TensorRef, storage: np.ndarray) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(base, shape=tensor.size, strides=strides, writeable=False)
 
 
-def _materialise(path: Path, value: Any, arrays: dict[str, np.ndarray], resolve: Any) -> Any:
+def _materialise(path: Path, value: Any, resolve: Any) -> Any:
     """Replace every TensorRef inside ``value`` (dicts, lists, tuples) by its NumPy array."""
     if isinstance(value, TensorRef):
         return _view(path, value, resolve(value))
     if isinstance(value, dict):
-        return {k: _materialise(path, v, arrays, resolve) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_materialise(path, v, arrays, resolve) for v in value)
+        return {k: _materialise(path, v, resolve) for k, v in value.items()}
+    if type(value) in (list, tuple):  # not our stand-ins, which are NamedTuples
+        return type(value)(_materialise(path, v, resolve) for v in value)
     return value
 
 
@@ -316,7 +316,7 @@ def load(path: str | os.PathLike[str]) -> Any:
             cache[key] = _storage_array(file, tensor.storage, records[name], byteorder, tensor.dtype)
         return cache[key]
 
-    return _materialise(file, obj, cache, resolve)
+    return _materialise(file, obj, resolve)
 
 
 def _load_legacy(path: Path) -> Any:
@@ -373,7 +373,7 @@ def _load_legacy(path: Path) -> Any:
             raise FormatError(f"{path}: the object refers to storage {key!r}, which the file does not hold.")
         return _storage_array(path, tensor.storage, records[key], order, tensor.dtype)
 
-    return _materialise(path, obj, {}, resolve)
+    return _materialise(path, obj, resolve)
 
 
 # -- writing -------------------------------------------------------------------------------------
