@@ -175,11 +175,15 @@ def _unpickle(data: BinaryIO, where: str) -> Any:
 
 def is_torch_file(path: Path) -> bool:
     """True when the file starts like a ``torch.save`` output (zip with ``data.pkl``, or legacy magic)."""
-    head = read_head(path, len(LEGACY_MAGIC))
+    head = read_head(path, 30 + 256)
     if head.startswith(LEGACY_MAGIC):
         return True
-    if not head.startswith(ZIP_MAGIC):
+    if not head.startswith(ZIP_MAGIC) or len(head) < 30:
         return False
+    # torch writes PREFIX/data.pkl first: its local header answers without parsing the central directory.
+    name_length = struct.unpack("<H", head[26:28])[0]
+    if head[30 : 30 + name_length].endswith(b"/data.pkl"):
+        return True
     try:
         with zipfile.ZipFile(path) as archive:
             return any(n.endswith("/data.pkl") for n in archive.namelist())
@@ -216,30 +220,30 @@ def _parse_zip(path: Path) -> tuple[str, dict[str, _Record], bytes, str]:
             if f"{prefix}/{needed}" not in names:
                 raise FormatError(f"{path}: the archive has no {prefix}/{needed} record; torch.save always writes one.")
         records: dict[str, _Record] = {}
-        size = path.stat().st_size
-        with open(path, "rb") as handle:
-            for info in infos:
-                if info.compress_type != zipfile.ZIP_STORED:
-                    raise FormatError(
-                        f"{path}: record {info.filename} is compressed (method {info.compress_type}); torch stores "
-                        "records uncompressed and torch.load(mmap=True) would return garbage for it."
-                    )
-                handle.seek(info.header_offset)
-                local = handle.read(30)
-                if len(local) < 30 or local[:4] != ZIP_MAGIC:
-                    raise FormatError(
-                        f"{path}: the local header of {info.filename} at byte {info.header_offset} is bad."
-                    )
-                name_length, extra_length = struct.unpack("<HH", local[26:30])
-                start = info.header_offset + 30 + name_length + extra_length
-                if start + info.file_size > size:
-                    raise SizeMismatchError(f"{path}: record {info.filename} runs past the end of the file.")
-                records[info.filename] = _Record(start, info.file_size)
-            pickle_bytes = archive.read(f"{prefix}/data.pkl")
-            order_name = f"{prefix}/byteorder"
-            byteorder = (
-                archive.read(order_name).decode("ascii", errors="replace").strip() if order_name in names else "little"
-            )
+        handle = archive.fp  # the archive's own open file: no second open
+        assert handle is not None
+        handle.seek(0, os.SEEK_END)
+        size = handle.tell()
+        for info in infos:
+            if info.compress_type != zipfile.ZIP_STORED:
+                raise FormatError(
+                    f"{path}: record {info.filename} is compressed (method {info.compress_type}); torch stores "
+                    "records uncompressed and torch.load(mmap=True) would return garbage for it."
+                )
+            handle.seek(info.header_offset)
+            local = handle.read(30)
+            if len(local) < 30 or local[:4] != ZIP_MAGIC:
+                raise FormatError(f"{path}: the local header of {info.filename} at byte {info.header_offset} is bad.")
+            name_length, extra_length = struct.unpack("<HH", local[26:30])
+            start = info.header_offset + 30 + name_length + extra_length
+            if start + info.file_size > size:
+                raise SizeMismatchError(f"{path}: record {info.filename} runs past the end of the file.")
+            records[info.filename] = _Record(start, info.file_size)
+        pickle_bytes = archive.read(f"{prefix}/data.pkl")
+        order_name = f"{prefix}/byteorder"
+        byteorder = (
+            archive.read(order_name).decode("ascii", errors="replace").strip() if order_name in names else "little"
+        )
     if byteorder not in ("little", "big"):
         raise HeaderError(f"{path}: the byteorder record says {byteorder!r}; expected 'little' or 'big'.")
     return prefix, records, pickle_bytes, byteorder
