@@ -62,6 +62,13 @@ def test_convert_picks_a_dtype_the_destination_can_store(tmp_path: Path) -> None
         assert [d.tolist() for d in shard] == [[50256, 1, 2], [50256, 3]]
 
 
+def test_convert_refuses_non_corpus_destinations(tmp_path: Path) -> None:
+    with pytest.raises(UnknownFormatError, match="does not store token corpora"):
+        tokformats.convert(tmp_path / "x.bin", tmp_path / "v.bin", "llmc-vocab", source_format="raw")
+    with pytest.raises(UnknownFormatError, match="does not store token corpora"):
+        tokformats.convert(tmp_path / "x.bin", tmp_path / "s.json", "sequences", source_format="raw")
+
+
 def test_concatenated_array_indexing() -> None:
     parts = [np.arange(0, 5), np.arange(5, 5), np.arange(5, 12), np.arange(12, 13)]
     joined = ConcatenatedArray(parts)

@@ -64,6 +64,9 @@ def convert(
     Returns:
         ``{"documents", "tokens", "files"}`` of what was written.
     """
+    writer_class = descriptor(format).writer
+    if writer_class is None or not issubclass(writer_class, TokenWriter):
+        raise UnknownFormatError(f"format {format!r} does not store token corpora; convert into a corpus format.")
     reader = open(source, format=source_format, **(source_options or {}))
     if not isinstance(reader, TokenReader):
         raise UnknownFormatError(f"{source} is not a token corpus ({reader.format}); only corpora can be converted.")

@@ -237,7 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
     convert = commands.add_parser("convert", help="copy a corpus into another format")
     convert.add_argument("source")
     convert.add_argument("destination")
-    convert.add_argument("--to", required=True, choices=sorted(n for n, d in formats.items() if d.writable))
+    corpus_formats = sorted(n for n, d in formats.items() if d.writable and n != "llmc-vocab")
+    convert.add_argument("--to", required=True, choices=corpus_formats)
     _reader_arguments(convert)
     convert.add_argument("--vocab-size", type=int)
     convert.add_argument("--to-dtype", help="dtype of the output")
@@ -275,7 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     tok.add_argument("inputs", nargs="+", help=".txt/.json/.jsonl/.parquet files (.gz/.zst), globs or folders")
     tok.add_argument("--tokenizer", "-t", required=True, help="tokenizer.json or its folder")
     tok.add_argument("--output", "-o", required=True, help="output path prefix")
-    tok.add_argument("--format", "-f", default="megatron", choices=sorted(n for n, d in formats.items() if d.writable))
+    tok.add_argument("--format", "-f", default="megatron", choices=corpus_formats)
     tok.add_argument("--text-key", action="append", help="JSON/Parquet key(s) holding the text (default: text)")
     tok.add_argument("--eos", choices=["append", "prepend", "none"], default="append")
     tok.add_argument("--eos-id", type=int, help="end-of-text id (default: the tokenizer's <|endoftext|>)")
@@ -301,7 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
     listing = commands.add_parser("formats", help="list the formats")
     listing.set_defaults(run=_cmd_formats)
 
-    quick = commands.add_parser("quickstart", help="write built-in sample data to every format, read it back, check it")
+    quick = commands.add_parser(
+        "quickstart", help="tokenize built-in sample text into every format, read it back, check it decodes"
+    )
     quick.add_argument("--output", "-o", help="keep the files in this folder (default: a temporary one)")
     quick.set_defaults(run=_cmd_quickstart)
     return parser
