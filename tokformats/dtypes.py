@@ -26,6 +26,7 @@ __all__ = [
     "as_token_array",
     "check_tokens",
     "check_lengths",
+    "check_id",
 ]
 
 #: Largest vocabulary whose ids (0 .. 65535) all fit in uint16.
@@ -193,3 +194,10 @@ def check_lengths(lengths: Any, total: int, *, where: str = "") -> np.ndarray:
     if declared != total:
         raise TokenRangeError(f"{where}lengths add up to {declared:,} tokens but {total:,} tokens were given.")
     return array
+
+
+def check_id(value: int | None, target: np.dtype, vocab_size: int | None, what: str) -> Any:
+    """A single id option (``eos=``, ``bos=``) checked like a token and cast to ``target``; None stays None."""
+    if value is None:
+        return None
+    return check_tokens(np.array([value]), target, vocab_size=vocab_size, where=f"{what}: ")[0]

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from . import api
-from .documents import document_runs, offsets_from_lengths
+from .documents import add_delimiter, document_runs, offsets_from_lengths
 from .dtypes import dtype_for_vocab
 from .errors import FormatError, OutputExistsError
 from .protocol import TokenWriter
@@ -278,10 +278,8 @@ def _add_eos(plan: Plan, flat: np.ndarray, lengths: np.ndarray) -> tuple[np.ndar
     if plan.eos == "none" or plan.eos_id is None:
         return flat, lengths
     # Megatron's preprocess_data adds no end-of-document id to an empty document; the others always do.
-    gets = lengths > 0 if plan.format == "megatron" else np.ones(len(lengths), dtype=bool)
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-    where = (starts + lengths if plan.eos == "append" else starts)[gets]
-    return np.insert(flat, where, plan.eos_id), lengths + gets
+    only = lengths > 0 if plan.format == "megatron" else None
+    return add_delimiter(flat, lengths, plan.eos_id, before=plan.eos == "prepend", only=only)
 
 
 def _encode_partition(

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from ..arrays import ConcatenatedArray, TokenArray, map_file
-from ..documents import split_offsets
-from ..dtypes import check_tokens, resolve_dtype
+from ..documents import add_delimiter, split_offsets
+from ..dtypes import check_id, resolve_dtype
 from ..errors import HeaderError, NoFilesError, SizeMismatchError
 from ..protocol import PathLike, TokenReader, TokenWriter
 from ..registry import expand_paths, read_head
@@ -266,9 +266,7 @@ class Writer(TokenWriter):
             raise ValueError(f"shard_size must be positive, found {shard_size}")
         self.shard_size = min(shard_size, capacity)
         self.split = split
-        self.bos = (
-            None if bos is None else check_tokens(np.array([bos]), chosen, vocab_size=vocab_size, where="bos: ")[0]
-        )
+        self.bos = check_id(bos, chosen, vocab_size, "bos")
         self._header = np.zeros(HEADER_INTS, dtype="<i4")
         self._header[:2] = (self.family.magic, self.family.version)
         self._shard: Any = None
@@ -296,9 +294,7 @@ class Writer(TokenWriter):
 
     def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
         if self.bos is not None:
-            starts = np.zeros(len(lengths), dtype=np.int64)
-            np.cumsum(lengths[:-1], dtype=np.int64, out=starts[1:])
-            flat = np.insert(flat, starts, self.bos)
+            flat, _ = add_delimiter(flat, lengths, self.bos, before=True)
         position = 0
         while position < len(flat):
             if self._shard is None or self._shard_tokens == self.shard_size:

@@ -34,8 +34,8 @@ import numpy as np
 from .. import torchfile
 from ..arrays import ConcatenatedArray, TokenArray, map_file
 from ..atomic import AtomicFiles
-from ..documents import split_offsets
-from ..dtypes import check_tokens, parse_dtype
+from ..documents import add_delimiter, split_offsets
+from ..dtypes import check_id, check_tokens, parse_dtype
 from ..errors import DTypeError, FormatError, NoFilesError, OutputExistsError
 from ..protocol import PathLike, TokenReader, TokenWriter
 
@@ -104,6 +104,19 @@ def detect(path: Path) -> bool:
     if path.is_dir():
         return (path / MANIFEST).is_file() or any(SHARD_PATTERN.match(p.name) for p in path.iterdir())
     return torchfile.is_torch_file(path)
+
+
+def _json_object(file: Path) -> dict[str, Any] | None:
+    """The JSON object in ``file`` (a manifest or checkpoints), or None when the file does not exist."""
+    if not file.is_file():
+        return None
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise FormatError(f"{file} is not valid JSON ({exc}).") from None
+    if not isinstance(data, dict):
+        raise FormatError(f"{file} must hold a JSON object, found {type(data).__name__}.")
+    return data
 
 
 def _tensor_of(path: Path, payload: Any, key: str | None) -> tuple[np.ndarray, str | None, dict[str, Any]]:
@@ -216,20 +229,8 @@ class FolderReader(Reader):
             raise DTypeError(f"{self._path}: the shards mix dtypes {sorted(d.name for d in dtypes)}.")
         self._arrays = arrays
         self.eos, self.bos = eos, bos
-        self.manifest = self._json(MANIFEST)
-        self.checkpoints = self._json(CHECKPOINTS)
-
-    def _json(self, name: str) -> dict[str, Any] | None:
-        file = self._path / name
-        if not file.is_file():
-            return None
-        try:
-            data = json.loads(file.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise FormatError(f"{file} is not valid JSON ({exc}).") from None
-        if not isinstance(data, dict):
-            raise FormatError(f"{file} must hold a JSON object, found {type(data).__name__}.")
-        return data
+        self.manifest = _json_object(self._path / MANIFEST)
+        self.checkpoints = _json_object(self._path / CHECKPOINTS)
 
     @property
     def path(self) -> Path:
@@ -318,14 +319,14 @@ class FileWriter(Writer):
         chosen = _pt_dtype(dtype, vocab_size)
         super().__init__(path, dtype=chosen, vocab_size=vocab_size, overwrite=overwrite)
         self._files.check_destination(self.path)
-        self.eos = None if eos is None else check_tokens(np.array([eos]), chosen, vocab_size=vocab_size)[0]
+        self.eos = check_id(eos, chosen, vocab_size, "eos")
         # The tensor's length goes into data.pkl, which precedes the data: spool tokens, write at the end.
         self._spool_path = self._files.scratch(self.path)
         self._spool = open(self._spool_path, "wb")  # noqa: SIM115 - closed in _finish or abort
 
     def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
         if self.eos is not None:
-            flat = np.insert(flat, np.cumsum(lengths, dtype=np.int64), self.eos)
+            flat, _ = add_delimiter(flat, lengths, self.eos)
         self._spool.write(np.ascontiguousarray(flat).data)
 
     def _finish(self) -> None:
@@ -383,7 +384,7 @@ class FolderWriter(Writer):
         if tokens_per_shard <= 0:
             raise ValueError(f"tokens_per_shard must be positive, not {tokens_per_shard}")
         self.tokens_per_shard = tokens_per_shard
-        self.eos = None if eos is None else check_tokens(np.array([eos]), chosen, vocab_size=vocab_size)[0]
+        self.eos = check_id(eos, chosen, vocab_size, "eos")
         self.source = source
         self.tokenizer = tokenizer
         self.tokenizer_version = tokenizer_version
@@ -394,8 +395,8 @@ class FolderWriter(Writer):
         leftover = np.zeros(0, dtype=chosen)
         self._documents_before = 0
         if resume:
-            self._manifest = self._read_json(MANIFEST)
-            self._checkpoints = self._read_json(CHECKPOINTS)
+            self._manifest = _json_object(self.path / MANIFEST) or {}
+            self._checkpoints = _json_object(self.path / CHECKPOINTS) or {}
             state = self._checkpoints.get(source)
             if state is None and existing:
                 raise FormatError(f"{self.path / CHECKPOINTS} has no entry for source {source!r}; cannot resume it.")
@@ -423,15 +424,6 @@ class FolderWriter(Writer):
         self._new_bytes = 0
         self._append(leftover)
 
-    def _read_json(self, name: str) -> dict[str, Any]:
-        file = self.path / name
-        if not file.is_file():
-            return {}
-        data = json.loads(file.read_text(encoding="utf-8"))
-        if not isinstance(data, dict):
-            raise FormatError(f"{file} must hold a JSON object.")
-        return data
-
     def _append(self, tokens: np.ndarray) -> None:
         position = 0
         while position < len(tokens):
@@ -457,7 +449,7 @@ class FolderWriter(Writer):
 
     def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
         if self.eos is not None:
-            flat = np.insert(flat, np.cumsum(lengths, dtype=np.int64), self.eos)
+            flat, _ = add_delimiter(flat, lengths, self.eos)
         self._append(flat)
 
     def _write_json(self, name: str, data: dict[str, Any]) -> None:

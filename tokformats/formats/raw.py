@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..arrays import map_file
-from ..documents import split_offsets
-from ..dtypes import check_tokens, parse_dtype, resolve_dtype
+from ..documents import add_delimiter, split_offsets
+from ..dtypes import check_id, parse_dtype, resolve_dtype
 from ..errors import DTypeError, NoFilesError, SizeMismatchError
 from ..protocol import PathLike, TokenReader, TokenWriter
 
@@ -162,14 +162,12 @@ class Writer(TokenWriter):
     ) -> None:
         chosen = resolve_dtype(dtype, vocab_size, format=self.format)
         super().__init__(path, dtype=chosen, vocab_size=vocab_size, overwrite=overwrite)
-        self.eos = (
-            None if eos is None else check_tokens(np.array([eos]), chosen, vocab_size=vocab_size, where="eos: ")[0]
-        )
+        self.eos = check_id(eos, chosen, vocab_size, "eos")
         self._file = self._files.create(self.path)
 
     def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
         if self.eos is not None:
-            flat = np.insert(flat, np.cumsum(lengths, dtype=np.int64), self.eos)
+            flat, _ = add_delimiter(flat, lengths, self.eos)
         self._file.write(np.ascontiguousarray(flat).data)
 
     def _finish(self) -> None:

@@ -317,11 +317,6 @@ class Reader(TokenReader):
         parts = [map_file(p, self._dtype, 0, n) for p, n in self._shard_list] or [np.zeros(0, self._dtype)]
         return parts[0] if len(parts) == 1 else ConcatenatedArray(parts)
 
-    @cached_property
-    def _view(self) -> TokenArray:
-        tokens = self.tokens
-        return tokens.view(np.ndarray) if isinstance(tokens, np.memmap) else tokens
-
     @property
     def dtype(self) -> np.dtype:
         return self._dtype
