@@ -430,7 +430,7 @@ class Windows:
 
     def locate(self, index: int) -> tuple[int, int]:
         """``(sequence, start)`` of window ``index``."""
-        sequence = int(self.ends.searchsorted(index, side="right"))
+        sequence = self.ends.searchsorted(index, side="right").item()
         before = self.ends.item(sequence - 1) if sequence else 0
         return sequence, (index - before) * self.stride
 
@@ -471,8 +471,7 @@ class Windows:
             index += self._count
         if not 0 <= index < self._count:
             raise IndexError(f"window {index} is out of range for {self._count} windows")
-        sequence = self.ends.searchsorted(index, side="right").item()
-        start = (index - (self.ends.item(sequence - 1) if sequence else 0)) * self.stride
+        sequence, start = self.locate(index)
         values = self._values(sequence, start, start + self.window + 1)
         if self.normalization is not None:
             # Elementwise (in place on our own copy), so normalising W + 1 values gives the same bits as
