@@ -17,6 +17,7 @@ __all__ = [
     "OutputExistsError",
     "NoFilesError",
     "UnsafePickleError",
+    "ConfigError",
 ]
 
 
@@ -54,3 +55,9 @@ class NoFilesError(FormatError, FileNotFoundError):
 
 class UnsafePickleError(FormatError):
     """A pickle asks for something outside the allow-list; nothing of it was executed."""
+
+
+class ConfigError(FormatError):
+    """Options that cannot work together or with the data: a split with no tokens asked for samples, a
+    non-positive sequence length, a negative blend weight, a blend of different dtypes, a resume state taken
+    from another index."""

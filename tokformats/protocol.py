@@ -209,6 +209,15 @@ class TokenReader(Reader[np.ndarray]):
         offsets = self.offsets
         return self._view[offsets.item(index) : offsets.item(index + 1)]
 
+    def span(self, start: int, stop: int) -> np.ndarray:
+        """Tokens ``start:stop`` of the whole stream as a plain ndarray (a view whenever they lie in one file)."""
+        return self._view[start:stop]
+
+    def sample_units(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(lengths, offsets)`` of the units fixed-length training samples are cut from (see
+        :class:`tokformats.training.GPTSamples`): documents, unless the format's owner samples another unit."""
+        return self.lengths, self.offsets
+
     @property
     def num_tokens(self) -> int:
         """Total number of tokens (or values) in the stream."""

@@ -294,6 +294,10 @@ class Reader(TokenReader):
             )
         return self._view[start:end]
 
+    def sample_units(self) -> tuple[np.ndarray, np.ndarray]:
+        """Megatron's GPTDataset samples from *sequences* (``IndexedDataset[i]``), not documents."""
+        return self.sequence_lengths, self.sequence_offsets
+
     @property
     def sequences(self) -> Sequences:
         """Megatron's unit: ``len(r.sequences)``, ``r.sequences[j]``, ``r.sequences.get(j, offset, length)``."""

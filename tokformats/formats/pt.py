@@ -52,6 +52,8 @@ __all__ = [
     "save",
     "load",
     "assigned_shards",
+    "read_manifest",
+    "shard_files",
     "detect",
     "TOKENS_PER_SHARD",
     "SHARD_PATTERN",
@@ -104,6 +106,11 @@ def detect(path: Path) -> bool:
     if path.is_dir():
         return (path / MANIFEST).is_file() or any(SHARD_PATTERN.match(p.name) for p in path.iterdir())
     return torchfile.is_torch_file(path)
+
+
+def read_manifest(folder: PathLike) -> dict[str, Any] | None:
+    """A shard folder's ``manifest.json`` as a dict, or None when it has none."""
+    return _json_object(Path(folder) / MANIFEST)
 
 
 def _json_object(file: Path) -> dict[str, Any] | None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,7 +38,7 @@ import numpy as np
 from ..arrays import ConcatenatedArray, TokenArray, map_file
 from ..documents import offsets_from_lengths
 from ..dtypes import as_token_array, dtype_for_vocab, parse_dtype
-from ..errors import DTypeError, FormatError, HeaderError, NoFilesError, SizeMismatchError
+from ..errors import ConfigError, DTypeError, FormatError, HeaderError, NoFilesError, SizeMismatchError
 from ..protocol import PathLike, TokenReader, TokenWriter
 
 if TYPE_CHECKING:
@@ -392,6 +392,10 @@ class Windows:
     ``normalization`` (``"zero"``: ``(x - mean) / std`` with population std, or ``x - mean`` when std is 0;
     ``"max"``: ``x / max(|x|)``, unchanged when that is 0; ``None``) uses statistics of the whole sequence,
     computed once per sequence in float32 and cached, so a window reads only its own ``W + 1`` values.
+
+    ``transform`` (a callable taking a sequence's values and returning as many) replaces ``normalization``, as a
+    callable ``normalization_method`` does in Time-MoE's ``TimeMoEDataset``: it is applied to the whole sequence
+    before windowing (the last transformed sequence is kept, so consecutive windows transform it once).
     """
 
     def __init__(
@@ -401,7 +405,12 @@ class Windows:
         prediction_length: int = 0,
         stride: int | None = None,
         normalization: str | None = "zero",
+        transform: Callable[[np.ndarray], npt.ArrayLike] | None = None,
     ) -> None:
+        if transform is not None:
+            if not callable(transform):
+                raise ConfigError(f"transform must be a callable, not {type(transform).__name__}.")
+            normalization = None
         if context_length <= 0 or prediction_length < 0:
             raise ValueError(
                 f"need context_length > 0 and prediction_length >= 0, got {context_length}, {prediction_length}"
@@ -412,6 +421,8 @@ class Windows:
         self.window = context_length + prediction_length
         self.stride = stride or self.window
         self.normalization = normalization
+        self.transform = transform
+        self._transformed: tuple[int, np.ndarray] | None = None
         lengths = np.asarray(reader.lengths, dtype=np.int64)
         counts = np.where(lengths < 2, 0, 1 + np.maximum(0, (lengths - self.window - 1) // self.stride))
         #: ``ends[i]`` is the number of windows of sequences ``0..i``.
@@ -466,13 +477,30 @@ class Windows:
             values += np.float32(scales.means.item(sequence))
         return values
 
+    def _transformed_values(self, sequence: int, start: int, stop: int) -> np.ndarray:
+        """Values ``start:stop`` of ``transform(sequence)``, as float32 (Time-MoE casts the window)."""
+        if self._transformed is None or self._transformed[0] != sequence:
+            assert self.transform is not None
+            whole = np.array(self.reader[sequence])  # a writable copy, as Time-MoE hands its callable
+            result = np.asarray(self.transform(whole))
+            if result.shape != whole.shape:
+                raise ConfigError(
+                    f"transform returned shape {result.shape} for sequence {sequence} of shape {whole.shape}; "
+                    "it must return one value per value."
+                )
+            self._transformed = (sequence, result)
+        return np.array(self._transformed[1][start:stop], dtype=np.float32)
+
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         if index < 0:
             index += self._count
         if not 0 <= index < self._count:
             raise IndexError(f"window {index} is out of range for {self._count} windows")
         sequence, start = self.locate(index)
-        values = self._values(sequence, start, start + self.window + 1)
+        if self.transform is not None:
+            values = self._transformed_values(sequence, start, start + self.window + 1)
+        else:
+            values = self._values(sequence, start, start + self.window + 1)
         if self.normalization is not None:
             # Elementwise (in place on our own copy), so normalising W + 1 values gives the same bits as
             # normalising the whole sequence first.
@@ -512,9 +540,10 @@ def windows(
     prediction_length: int = 0,
     stride: int | None = None,
     normalization: str | None = "zero",
+    transform: Callable[[np.ndarray], npt.ArrayLike] | None = None,
 ) -> Windows:
-    """Time-MoE's training windows over ``reader`` (see :class:`Windows`)."""
-    return Windows(reader, context_length, prediction_length, stride, normalization)
+    """Time-MoE's training windows over ``reader`` (see :class:`Windows`); usable through ``tokformats.torch``."""
+    return Windows(reader, context_length, prediction_length, stride, normalization, transform)
 
 
 class Writer(TokenWriter):

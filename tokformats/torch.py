@@ -1,0 +1,138 @@
+"""PyTorch adapters for tokformats' training datasets (this module imports torch; ``import tokformats`` does not).
+
+>>> from tokformats import torch as tft                                          # doctest: +SKIP
+>>> loader = torch.utils.data.DataLoader(tft.Dataset(samples), batch_size=8, num_workers=2, shuffle=False)
+>>> stream = tft.IterableDataset(blend, global_batch_size=512, micro_batch_size=4, rank=r, world_size=w)
+>>> loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=2)   # batches come whole
+
+Samples that are arrays become int64/float tensors; samples that are dicts of arrays (Time-MoE windows) become
+dicts of tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+try:
+    import torch
+    import torch.utils.data
+except ImportError as error:  # pragma: no cover - exercised only without torch
+    raise ImportError(
+        "tokformats.torch needs PyTorch; install it (the CPU build: pip install torch --index-url "
+        "https://download.pytorch.org/whl/cpu). The rest of tokformats.training works without it."
+    ) from error
+
+from .training.sampler import BatchSampler
+
+__all__ = ["Dataset", "IterableDataset", "to_tensor", "collate"]
+
+
+def to_tensor(sample: Any) -> Any:
+    """A sample as tensors: an array becomes a tensor, a dict of arrays a dict of tensors."""
+    if isinstance(sample, dict):
+        return {key: torch.from_numpy(np.ascontiguousarray(value)) for key, value in sample.items()}
+    return torch.from_numpy(np.ascontiguousarray(sample))
+
+
+def collate(samples: Sequence[Any]) -> Any:
+    """Samples stacked into one batch: a ``(B, ...)`` tensor, or a dict of them."""
+    if samples and isinstance(samples[0], dict):
+        return {key: torch.from_numpy(np.stack([s[key] for s in samples])) for key in samples[0]}
+    return torch.from_numpy(np.stack(samples))
+
+
+class Dataset(torch.utils.data.Dataset):
+    """A map-style torch dataset over any tokformats sample sequence (``GPTSamples``, ``Blend``, windows, ...).
+
+    Picklable into DataLoader workers: readers pickle by path and re-open in the worker.
+    """
+
+    def __init__(self, samples: Sequence[Any]) -> None:
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> Any:
+        return to_tensor(self.samples[index])
+
+
+class IterableDataset(torch.utils.data.IterableDataset):
+    """This rank's micro-batches (as :class:`~tokformats.training.BatchSampler` orders them), split across
+    DataLoader workers, resumable.
+
+    Worker ``w`` of ``W`` produces micro-batches ``anchor + w, anchor + w + W, ...``, which a DataLoader (with
+    ``batch_size=None``) hands out round-robin: the loop sees exactly the sampler's order whatever ``W`` is.
+    :meth:`state_dict`/:meth:`load_state_dict` follow torchdata's ``Stateful`` protocol, so a
+    ``StatefulDataLoader`` checkpoints and restores each worker; without one, :meth:`state_after` gives the
+    state after the loop consumed a number of micro-batches.
+
+    Args:
+        samples: the sample sequence (``GPTSamples``, ``Blend``, windows, ...).
+        global_batch_size / micro_batch_size / rank / world_size / drop_last / shuffle / seed: as
+            :class:`~tokformats.training.BatchSampler`.
+    """
+
+    def __init__(
+        self,
+        samples: Sequence[Any],
+        global_batch_size: int,
+        micro_batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        *,
+        drop_last: bool = True,
+        shuffle: bool = False,
+        seed: int = 0,
+    ) -> None:
+        self.samples = samples
+        self.sampler = BatchSampler(
+            samples,
+            global_batch_size,
+            micro_batch_size,
+            rank,
+            world_size,
+            drop_last=drop_last,
+            shuffle=shuffle,
+            seed=seed,
+        )
+        self._anchor = 0  # the step worker 0 starts at: workers deal steps round-robin from it
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[Any]:
+        info = torch.utils.data.get_worker_info()
+        workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
+        sampler = self.sampler
+        order = sampler.order()
+        steps = -(-sampler.end // sampler.step)
+        for step in range(sampler.consumed_samples // sampler.step, steps):
+            if (step - self._anchor) % workers != worker:
+                continue
+            batch = sampler.micro_batch(step, order)
+            sampler.consumed_samples = (step + 1) * sampler.step
+            if batch:
+                yield collate([self.samples[i] for i in batch])
+        sampler.epoch += 1
+        sampler.consumed_samples = 0
+        self._anchor = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position after the last micro-batch this iterator (or this worker) produced: JSON-able."""
+        return {**self.sampler.state_dict(), "anchor": self._anchor * self.sampler.step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``; refuses a state of another dataset or batch layout."""
+        self.sampler.load_state_dict(state)
+        self._anchor = int(state.get("anchor", state["consumed_samples"])) // self.sampler.step
+
+    def state_after(self, micro_batches: int) -> dict[str, Any]:
+        """The state once a loop (over a plain DataLoader) has consumed ``micro_batches`` more of this rank's
+        micro-batches than the current state holds."""
+        state = self.sampler.state_dict()
+        consumed = min(self.sampler.consumed_samples + micro_batches * self.sampler.step, self.sampler.end)
+        return {**state, "consumed_samples": consumed, "anchor": consumed}

@@ -1,0 +1,202 @@
+"""Blends of sample datasets, equal to megatron-core's ``BlendedDataset``."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..protocol import TokenReader
+from . import indices
+from .cache import IndexCache, cache_key
+from .samples import GPTSamples
+
+__all__ = ["Blend"]
+
+_NAMES = ("dataset_index", "dataset_sample_index")
+#: megatron-core's ``mid_level_dataset_surplus`` default.
+SURPLUS = 0.005
+
+
+def _describe(dataset: Any) -> str:
+    return str(getattr(dataset, "fingerprint", f"{type(dataset).__name__}:{len(dataset)}"))
+
+
+class Blend(Sequence[Any]):
+    """Samples drawn from several datasets by weight: megatron-core's ``BlendedDataset``.
+
+    ``b[i]`` is ``datasets[dataset_index[i]][dataset_sample_index[i]]``. With ``weights`` and ``size``, sample
+    ``s`` comes from the dataset whose ``w * max(s, 1) - taken`` is largest (weights normalised; the first on
+    ties); with neither, every sample of every dataset is served once, interleaved in proportion to their sizes
+    (Megatron's exhaustive blend); with integer ``weights`` and no ``size``, exactly ``weights[k]`` samples of
+    dataset ``k``; with only ``size``, the weights are the datasets' sizes and ``size`` is capped at their sum.
+
+    Args:
+        datasets: sample datasets (:class:`GPTSamples`, another :class:`Blend`, any sized sequence of samples).
+        weights: positive weights, one per dataset.
+        size: samples in the blend.
+        cache_dir: keep the two index arrays there as ``.npy`` (built once across processes).
+
+    Raises:
+        ConfigError: a weight <= 0, datasets of different token dtypes or vocabularies, or a blend that needs
+            more samples from a dataset than it has (build it with more ``num_samples``, or use
+            :meth:`build`, which sizes them as Megatron's builder does).
+    """
+
+    def __init__(
+        self,
+        datasets: Sequence[Any],
+        weights: Sequence[float] | None = None,
+        size: int | None = None,
+        *,
+        cache_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.datasets = list(datasets)
+        if not self.datasets:
+            raise ConfigError("a blend needs at least one dataset.")
+        if len(self.datasets) >= 32767:
+            raise ConfigError(f"a blend holds at most 32,766 datasets (int16 dataset_index), not {len(datasets):,}.")
+        if weights is not None and len(weights) != len(self.datasets):
+            raise ConfigError(f"give one weight per dataset: {len(self.datasets)} datasets, {len(weights)} weights.")
+        self._check_compatible()
+        if weights is None:
+            weights = [len(d) for d in self.datasets]
+            if size is not None:
+                size = min(size, sum(len(d) for d in self.datasets))
+        for k, w in enumerate(weights):
+            if not w > 0 or math.isinf(w):
+                raise ConfigError(
+                    f"blend weight {k} is {w!r}; weights must be positive and finite (drop a dataset rather than "
+                    "weighting it 0: Megatron's greedy can still pick a zero-weight dataset)."
+                )
+        if size is None and any(float(w) != int(w) for w in weights):
+            raise ConfigError(
+                f"weights {list(weights)} are not whole numbers: without a size, each weight is a sample count."
+            )
+        if size is not None and size < 0:
+            raise ConfigError(f"size must be None or >= 0, not {size}.")
+        self.size = size
+        if size is not None:
+            w64 = np.array(weights, dtype=np.float64)
+            self.weights: list[float] = (w64 / np.sum(w64)).tolist()
+        else:
+            self.weights = [int(w) for w in weights]
+        self.description = {
+            "class": "Blend",
+            "version": 1,
+            "datasets": [_describe(d) for d in self.datasets],
+            "weights": self.weights,
+            "size": size,
+        }
+        #: A digest of the datasets' fingerprints, the weights and the size.
+        self.fingerprint = cache_key(self.description)
+        self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
+        if self.cache_dir is None:
+            arrays = self._build()
+        else:
+            arrays = IndexCache(self.cache_dir).get_or_build(self.fingerprint, self.description, _NAMES, self._build)
+        #: Which dataset each sample comes from (int16).
+        self.dataset_index: np.ndarray = arrays["dataset_index"]
+        #: Which sample of that dataset (int64).
+        self.dataset_sample_index: np.ndarray = arrays["dataset_sample_index"]
+
+    def _check_compatible(self) -> None:
+        first = self.datasets[0]
+        for other in self.datasets[1:]:
+            for field in ("dtype", "vocab_size"):
+                mine, theirs = getattr(first, field, None), getattr(other, field, None)
+                if mine is not None and theirs is not None and mine != theirs:
+                    raise ConfigError(
+                        f"cannot blend {other!r} ({field} {theirs}) with {first!r} ({field} {mine}): a blend's "
+                        f"datasets must share their {field}."
+                    )
+
+    def _build(self) -> dict[str, np.ndarray]:
+        if self.size is not None:
+            dataset_index, dataset_sample_index = indices.blending_indices(self.weights, self.size)
+        else:
+            dataset_index, dataset_sample_index = indices.exhaustive_blending_indices([int(w) for w in self.weights])
+        counts = np.bincount(dataset_index, minlength=len(self.datasets))
+        for k, taken in enumerate(counts.tolist()):
+            if taken > len(self.datasets[k]):
+                raise ConfigError(
+                    f"the blend takes {int(taken):,} samples from dataset {k} ({self.datasets[k]!r}), which has only "
+                    f"{len(self.datasets[k]):,}; give that dataset more num_samples (Blend.build sizes them)."
+                )
+        return {"dataset_index": dataset_index, "dataset_sample_index": dataset_sample_index}
+
+    @classmethod
+    def build(
+        cls,
+        readers: Sequence[TokenReader],
+        weights: Sequence[float] | None,
+        size: int | None,
+        *,
+        sequence_length: int,
+        split_name: str = "train",
+        surplus: float = SURPLUS,
+        cache_dir: str | os.PathLike[str] | None = None,
+        **options: Any,
+    ) -> Blend:
+        """A blend of readers sized as megatron-core's ``BlendedMegatronDatasetBuilder`` does it.
+
+        With weights and a size, dataset ``k`` gets ``ceil(ceil(size * w_k) * (1 + surplus))`` samples and the
+        blend ``sum(ceil(size * w_k))``; without weights, each dataset is one epoch and the blend is exhaustive
+        (capped at ``size`` when given). ``options`` go to every :class:`GPTSamples` (seed, split, ...).
+        """
+        if weights is not None:
+            if size is None:
+                raise ConfigError("weights need a size: Megatron's builder blends by weight only to a target size.")
+            w64 = np.array(weights, dtype=np.float64)
+            normalized = (w64 / np.sum(w64)).tolist()
+            targets = [math.ceil(size * w) for w in normalized]
+            buffers = [math.ceil(math.ceil(size * w) * (1 + surplus)) for w in normalized]
+            datasets = [
+                GPTSamples(r, sequence_length, num_samples=n, split_name=split_name, cache_dir=cache_dir, **options)
+                for r, n in zip(readers, buffers)
+            ]
+            return cls(datasets, normalized, sum(targets), cache_dir=cache_dir)
+        datasets = [
+            GPTSamples(r, sequence_length, split_name=split_name, cache_dir=cache_dir, **options) for r in readers
+        ]
+        return cls(datasets, None, size, cache_dir=cache_dir)
+
+    # -- the samples ---------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.dataset_index)
+
+    def __getitem__(self, index: Any) -> Any:
+        """Sample ``index`` of the blend (a slice gives a list)."""
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        n = len(self.dataset_index)
+        i = int(index)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"sample {int(index)} is out of range for a blend of {n:,} samples")
+        dataset = self.datasets[int(self.dataset_index[i])]
+        return dataset[int(self.dataset_sample_index[i])]
+
+    def batch(self, samples: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Several samples stacked into one array."""
+        if not len(samples):
+            raise ConfigError("batch() needs at least one sample index.")
+        return np.stack([self[int(i)] for i in samples])
+
+    @property
+    def dtype(self) -> np.dtype | None:
+        """The datasets' shared token dtype."""
+        return getattr(self.datasets[0], "dtype", None)
+
+    @property
+    def vocab_size(self) -> int | None:
+        """The datasets' shared vocabulary size, when they declare one."""
+        return next((v for v in (getattr(d, "vocab_size", None) for d in self.datasets) if v is not None), None)
+
+    def __repr__(self) -> str:
+        return f"<tokformats.training.Blend {len(self):,} samples from {len(self.datasets)} datasets>"
