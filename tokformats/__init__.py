@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from .api import convert, create, open
 from .arrays import ConcatenatedArray
 from .errors import (
+    ConfigError,
     DTypeError,
     FormatError,
     HeaderError,
@@ -87,6 +88,7 @@ __all__ = [
     "OutputExistsError",
     "NoFilesError",
     "UnsafePickleError",
+    "ConfigError",
     "raw",
     "llmc",
     "megatron",

@@ -1,0 +1,289 @@
+"""Training data layer: tokformats.training against megatron-core 0.16.1's GPTDataset/BlendedDataset, same run.
+
+Run: ``python benchmarks/bench_training.py [--documents 10000000] [--repeat 3]``.
+
+1. Index build for N documents of synthetic lengths (mean 300 tokens, no token file needed): megatron-core's own
+   document/sample/shuffle index code (``_build_document_index``, ``helpers.build_sample_idx`` compiled,
+   ``_build_shuffle_index``, as ``GPTDataset`` calls them) vs ``GPTSamples`` over the same lengths. Each side runs
+   in a fresh process (peak RSS is its own), alternated, ``--repeat`` times.
+2. Random sample reads over a real Megatron dataset: ``GPTDataset.__getitem__`` (what a training loop calls) and
+   its token part alone (``_query_document_sample_shuffle_indices``) vs ``GPTSamples[i]``.
+3. Blending 10 datasets to 10 M samples (``Blend``'s index build).
+4. DataLoader throughput with 2 workers, batches of 8 x 2049: ``tokformats.torch.Dataset`` vs ``GPTDataset``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine, peak_rss_mb, scratch, table
+
+HERE = Path(__file__).resolve()
+SEQUENCE = 2048
+
+
+class LengthsOnly:
+    """A stand-in reader for the index build: only the unit lengths exist (as a memory-mapped .npy)."""
+
+    format = "megatron"
+    dtype = np.dtype("<u2")
+    metadata: dict[str, Any] = {}  # noqa: RUF012
+
+    def __init__(self, lengths: np.ndarray) -> None:
+        self.lengths = lengths
+
+    def sample_units(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.lengths, np.zeros(0, dtype=np.int64)  # offsets are not needed to build indices
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmRSS:"))
+
+
+def index_task(side: str, lengths_path: Path) -> dict[str, Any]:
+    """One index build in this (fresh) process; memory is the peak above what the imports already hold."""
+    warnings.filterwarnings("ignore")
+    lengths = np.load(lengths_path, mmap_mode="r")
+    if side == "megatron":
+        from megatron.core.datasets import helpers
+        from megatron.core.datasets.gpt_dataset import _build_document_index, _build_shuffle_index
+
+        baseline = rss_mb()
+        started = time.perf_counter()
+        units = np.arange(0, len(lengths), dtype=np.int32)
+        tokens = int(np.sum(lengths[units]))
+        state = np.random.RandomState(1234)
+        document_index = _build_document_index(units, 1, state, False)
+        sizes = lengths.copy() if len(document_index) * 2 > len(lengths) else lengths  # as GPTDataset does
+        sample_index = helpers.build_sample_idx(sizes, document_index, SEQUENCE, 1, tokens, True, True)
+        shuffle_index = _build_shuffle_index(len(sample_index) - 1, len(sample_index) - 1, state)
+        elapsed = time.perf_counter() - started
+        digest = int(shuffle_index[:1000].sum()) + int(sample_index[-1].sum())
+    else:
+        from tokformats.training import GPTSamples
+
+        baseline = rss_mb()
+        started = time.perf_counter()
+        samples = GPTSamples(LengthsOnly(lengths), SEQUENCE, seed=1234)  # type: ignore[arg-type]
+        elapsed = time.perf_counter() - started
+        digest = int(samples.shuffle_index[:1000].sum()) + int(samples.sample_index[-1].sum())
+    return {"seconds": elapsed, "rss_mb": peak_rss_mb() - baseline, "digest": digest}
+
+
+def run_child(*args: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, str(HERE), "--child", *args], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def spread(values: list[float], fmt: str = "{:.2f}") -> str:
+    return "/".join(fmt.format(v) for v in (min(values), statistics.median(values), max(values)))
+
+
+def bench_index(documents: int, repeat: int) -> list[dict[str, Any]]:
+    folder = scratch("training")
+    lengths_path = folder / f"lengths-{documents}.npy"
+    if not lengths_path.exists():
+        rng = np.random.default_rng(0)
+        np.save(lengths_path, np.minimum(rng.geometric(1 / 300, size=documents), 60000).astype(np.int32))
+    times: dict[str, list[float]] = {"megatron": [], "ours": []}
+    rss: dict[str, list[float]] = {"megatron": [], "ours": []}
+    digests = set()
+    for _ in range(repeat):
+        for side in ("megatron", "ours"):
+            result = run_child("index", side, str(lengths_path))
+            times[side].append(result["seconds"])
+            rss[side].append(result["rss_mb"])
+            digests.add(result["digest"])
+    assert len(digests) == 1, "the two index builds differ"
+    tokens = int(np.load(lengths_path, mmap_mode="r").sum(dtype=np.int64))
+    ratios = [m / o for m, o in zip(times["megatron"], times["ours"])]
+    return [
+        {
+            "measure": f"index build, {documents:,} docs / {tokens / 1e9:.2f} G tokens, seq {SEQUENCE} (s)",
+            "megatron-core": spread(times["megatron"]),
+            "tokformats": spread(times["ours"]),
+            "tokformats advantage (x)": spread(ratios),
+        },
+        {
+            "measure": "index build peak memory above the imports (MB, min/med/max)",
+            "megatron-core": spread(rss["megatron"], "{:.0f}"),
+            "tokformats": spread(rss["ours"], "{:.0f}"),
+            "tokformats advantage (x)": spread([m / o for m, o in zip(rss["megatron"], rss["ours"])]),
+        },
+    ]
+
+
+def megatron_gpt(prefix: Path, sequence_length: int, attention_mask: bool = True) -> Any:
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+
+    class Tokenizer:
+        eod, vocab_size = 0, None
+        unique_identifiers = {"class": "bench"}  # noqa: RUF012
+
+    config = GPTDatasetConfig(
+        random_seed=1234,
+        sequence_length=sequence_length,
+        blend=([str(prefix)], None),
+        split="1",
+        tokenizer=Tokenizer(),
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        path_to_cache=None,
+        create_attention_mask=attention_mask,
+    )
+    return BlendedMegatronDatasetBuilder(GPTDataset, [None, None, None], lambda: True, config).build()[0]
+
+
+def make_dataset(documents: int) -> Path:
+    import tokformats
+
+    prefix = scratch("training") / f"reads-{documents}"
+    if not Path(f"{prefix}.idx").exists():
+        rng = np.random.default_rng(1)
+        lengths = rng.geometric(1 / 300, size=documents)
+        with tokformats.create(prefix, format="megatron", vocab_size=50257) as writer:
+            writer.write_batch(rng.integers(0, 50257, size=int(lengths.sum()), dtype=np.int64), lengths)
+    return prefix
+
+
+def bench_reads(documents: int, repeat: int, reads: int = 20_000) -> list[dict[str, Any]]:
+    import tokformats
+    from tokformats.training import GPTSamples
+
+    prefix = make_dataset(documents)
+    theirs = megatron_gpt(prefix, SEQUENCE)
+    ours = GPTSamples(tokformats.open(prefix), SEQUENCE, seed=1234)
+    assert np.array_equal(ours.shuffle_index, theirs.shuffle_index)
+    picks = np.random.default_rng(2).integers(0, len(ours), size=reads).tolist()
+    for i in picks[:50]:
+        assert np.array_equal(ours[i], theirs._query_document_sample_shuffle_indices(i)[0])
+    sides = {
+        "GPTDataset.__getitem__": lambda: [theirs[i] for i in picks],
+        "tokens part only": lambda: [theirs._query_document_sample_shuffle_indices(i) for i in picks],
+        "ours": lambda: [ours[i] for i in picks],
+    }
+    times: dict[str, list[float]] = {k: [] for k in sides}
+    for _ in range(repeat):
+        for name, read in sides.items():
+            started = time.perf_counter()
+            read()
+            times[name].append(reads / (time.perf_counter() - started))
+    rows = []
+    for name in ("GPTDataset.__getitem__", "tokens part only"):
+        rows.append(
+            {
+                "measure": f"random sample reads/s vs {name} ({documents:,} docs, seq {SEQUENCE}, min/med/max)",
+                "megatron-core": spread(times[name], "{:,.0f}"),
+                "tokformats": spread(times["ours"], "{:,.0f}"),
+                "tokformats advantage (x)": spread([o / m for o, m in zip(times["ours"], times[name])]),
+            }
+        )
+    return rows
+
+
+def bench_blend(repeat: int, datasets: int = 10, size: int = 10_000_000) -> list[dict[str, Any]]:
+    from megatron.core.datasets import helpers
+
+    from tokformats.training import Blend
+
+    class Counted:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def __len__(self) -> int:
+            return self.n
+
+    weights = np.random.default_rng(3).uniform(0.5, 2.0, size=datasets)
+    normalized = (weights / weights.sum()).tolist()
+    parts = [Counted(size) for _ in range(datasets)]
+    ours_t, theirs_t = [], []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        index = np.zeros(size, np.int16)
+        sample = np.zeros(size, np.int64)
+        helpers.build_blending_indices(index, sample, normalized, datasets, size, False)
+        np.unique(index, return_counts=True)  # BlendedDataset's oversampling check
+        theirs_t.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        blend = Blend(parts, weights.tolist(), size)
+        ours_t.append(time.perf_counter() - started)
+        assert np.array_equal(blend.dataset_index, index)
+    return [
+        {
+            "measure": f"blend {datasets} datasets to {size:,} samples (s, min/med/max)",
+            "megatron-core": spread(theirs_t),
+            "tokformats": spread(ours_t),
+            "tokformats advantage (x)": spread([t / o for t, o in zip(theirs_t, ours_t)]),
+        }
+    ]
+
+
+def bench_loader(documents: int, repeat: int, batches: int = 300) -> list[dict[str, Any]]:
+    import torch
+
+    import tokformats
+    from tokformats import torch as tft
+    from tokformats.training import GPTSamples
+
+    prefix = make_dataset(documents)
+    theirs = megatron_gpt(prefix, SEQUENCE, attention_mask=False)  # its cheaper setting: no (1, S, S) mask
+    ours = tft.Dataset(GPTSamples(tokformats.open(prefix), SEQUENCE, seed=1234))
+    rates: dict[str, list[float]] = {"megatron": [], "ours": []}
+    for _ in range(repeat):
+        for name, dataset in (("megatron", theirs), ("ours", ours)):
+            loader = torch.utils.data.DataLoader(dataset, batch_size=8, num_workers=2, shuffle=False)
+            started = time.perf_counter()
+            for k, _batch in enumerate(loader):
+                if k + 1 == batches:
+                    break
+            rates[name].append(batches * 8 / (time.perf_counter() - started))
+    return [
+        {
+            "measure": f"DataLoader, 2 workers, batches of 8 x {SEQUENCE + 1}, no attention mask (samples/s)",
+            "megatron-core": spread(rates["megatron"], "{:,.0f}"),
+            "tokformats": spread(rates["ours"], "{:,.0f}"),
+            "tokformats advantage (x)": spread([o / m for o, m in zip(rates["ours"], rates["megatron"])]),
+        }
+    ]
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--child"]:
+        print(json.dumps(index_task(sys.argv[3], Path(sys.argv[4]))))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--documents", type=int, default=10_000_000, help="documents for the index build")
+    parser.add_argument("--read-documents", type=int, default=200_000, help="documents of the dataset read back")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--only", choices=["index", "reads", "blend", "loader"], help="run one measurement")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    benches = {
+        "index": lambda: bench_index(args.documents, args.repeat),
+        "reads": lambda: bench_reads(args.read_documents, args.repeat),
+        "blend": lambda: bench_blend(args.repeat),
+        "loader": lambda: bench_loader(args.read_documents, args.repeat),
+    }
+    rows = [row for name, bench in benches.items() if args.only in (None, name) for row in bench()]
+    print(f"machine: {machine()}")
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
