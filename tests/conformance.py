@@ -28,6 +28,8 @@ class TokenFormatTests:
     dtypes: ClassVar[tuple[str, ...]] = ("uint16",)
     #: Smallest id documents may use (formats that split at a delimiter keep it out of documents).
     low_id: ClassVar[int] = 0
+    #: An id random corpora (ids up to 900) never use: a delimiter a conversion may add.
+    free_id: ClassVar[int] = 950
     #: Output names in this format: a file suffix, or "" for a prefix or folder.
     suffix: ClassVar[str] = ""
     #: Whether the same documents always give the same bytes whatever the output's name.
@@ -255,10 +257,26 @@ class TokenFormatTests:
             "raw",
             source_format=options.pop("format", None),
             source_options=options,
+            keep_boundaries=False,
         )
-        assert summary["tokens"] == len(stream) and summary["documents"] == documents
+        assert summary["tokens"] == len(stream) and summary["documents"] == min(documents, 1)
         with tokformats.open(tmp_path / "flat.bin", format="raw", dtype=stream.dtype) as raw:
             np.testing.assert_array_equal(np.asarray(raw.tokens), stream)
+        # By default the boundaries survive: an EOS id that occurs in no document is added to each one.
+        options = self.read_options(self.dtypes[0])
+        with self.open_written(source, self.dtypes[0]) as reader:
+            originals = [np.asarray(d).tolist() for d in reader]
+        summary = tokformats.convert(
+            self.source(source),
+            tmp_path / "kept.bin",
+            "raw",
+            source_format=options.pop("format", None),
+            source_options=options,
+            eos=self.free_id,
+        )
+        assert summary["documents"] == documents and summary["read_with"] == {"eos": self.free_id}
+        with tokformats.open(tmp_path / "kept.bin", format="raw", dtype=stream.dtype, eos=self.free_id) as kept:
+            assert [np.asarray(d).tolist() for d in kept] == [[*d, self.free_id] for d in originals]
         # Converting into the same format keeps documents; no delimiter options, the stream holds them.
         back = self.target(tmp_path, "back")
         options = self.read_options(self.dtypes[0])

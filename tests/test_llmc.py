@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import pickle
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -86,10 +88,24 @@ def test_default_delimiters_by_family(fixtures: Path) -> None:
     with tokformats.open(fixtures / "llmc" / "llama3_val_000000.bin") as reader:
         assert reader.bos == 128000 and reader.metadata["family"] == "llama3"
         assert len(reader) == 2 and reader[1][0] == 128000
-    with tokformats.open(fixtures / "llmc" / "corpus_train_000000.bin") as reader:
-        assert reader.bos == 50256 and len(reader) == 1
     with tokformats.open(fixtures / "llmc" / "corpus_train_000000.bin", bos=None) as reader:
         assert len(reader) == 1 and reader.bos is None
+
+
+def test_default_delimiter_of_another_tokenizer_is_the_first_token(fixtures: Path) -> None:
+    """Regression (issue 11, item 3): shards written with a non-GPT-2 tokenizer (EOT 0) read as one document."""
+    documents = json.loads((fixtures / "llmc" / "corpus.docs.json").read_text())
+    with tokformats.open(fixtures / "llmc" / "corpus_train_*.bin") as reader:
+        assert (reader.bos, reader.bos_rule) == (0, "first token")
+        assert len(reader) == len(documents) == 400
+        copy = pickle.loads(pickle.dumps(reader))
+        assert copy.bos == 0 and len(copy) == 400
+    # A GPT-2 shard opened from the middle of a corpus still finds 50256 near its start.
+    with tempfile.TemporaryDirectory() as scratch:
+        with tokformats.create(Path(scratch) / "x", format="llmc", vocab_size=50257) as writer:
+            writer.write_batch([7, 8, 50256, 9, 50256, 4], [6])
+        with tokformats.open(Path(scratch) / "x_train_000000.bin") as reader:
+            assert (reader.bos, reader.bos_rule, len(reader)) == (50256, "family", 3)
 
 
 def test_glob_sorted_and_list(fixtures: Path) -> None:

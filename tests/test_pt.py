@@ -284,7 +284,13 @@ def test_packing_leftover_manifest_and_tokenizer(fixtures: Path, tmp_path: Path)
     folder = tmp_path / "shards"
     tokenizer = fixtures / "llmc" / "bytelevel_bpe.tokenizer.json"
     with tokformats.create(
-        folder, "pt", tokens_per_shard=10, source="web", tokenizer=tokenizer, tokenizer_version="bpe_v1"
+        folder,
+        "pt",
+        tokens_per_shard=10,
+        source="web",
+        tokenizer=tokenizer,
+        tokenizer_version="bpe_v1",
+        final_shard=False,  # an unfinished stream: the tail waits in leftover_tokens
     ) as writer:
         writer.write_batch(np.arange(1, 26), [12, 13])
     assert sorted(p.name for p in folder.iterdir()) == [
@@ -308,18 +314,36 @@ def test_packing_leftover_manifest_and_tokenizer(fixtures: Path, tmp_path: Path)
         assert reader.tokens[:].tolist() == list(range(1, 21))
 
 
+def test_a_finished_job_leaves_every_token_in_a_shard(tmp_path: Path) -> None:
+    """Regression (issue 11, item 1): fewer tokens than one shard wrote no shard; the tail sat in leftover_tokens."""
+    with tokformats.create(tmp_path / "small", "pt", tokens_per_shard=1000) as writer:
+        writer.write_batch(np.arange(1, 26), [12, 13])
+    manifest = json.loads((tmp_path / "small" / "manifest.json").read_text())
+    assert manifest["total_tokens"] == 25 and manifest["total_shards"] == 1
+    assert json.loads((tmp_path / "small" / "checkpoints.json").read_text())["default"]["leftover_tokens"] == []
+    with tokformats.open(tmp_path / "small") as reader:
+        assert reader.tokens[:].tolist() == list(range(1, 26)) and reader.dtype == np.dtype("<i8")
+    source = tmp_path / "src"
+    with tokformats.create(source, "megatron", vocab_size=50257) as writer:
+        writer.write_batch(np.arange(1, 26), [12, 13])
+    summary = tokformats.convert(source, tmp_path / "converted", "pt", eos=0)
+    with tokformats.open(tmp_path / "converted", eos=0) as reader:
+        assert reader.num_tokens == summary["tokens"] == 27 and len(reader) == summary["documents"] == 2
+        assert reader.dtype == np.dtype("<i8")  # Genesis's dtype, not the source's uint16 (item 4)
+
+
 def test_resume_equals_one_uninterrupted_run(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     lengths = rng.integers(0, 40, size=60)
     flat = rng.integers(0, 50000, size=int(lengths.sum()))
-    with tokformats.create(tmp_path / "once", "pt", tokens_per_shard=97) as writer:
+    with tokformats.create(tmp_path / "once", "pt", tokens_per_shard=97, final_shard=False) as writer:
         writer.write_batch(flat, lengths)
     cut = int(lengths[:25].sum())
-    with tokformats.create(tmp_path / "twice", "pt", tokens_per_shard=97) as writer:
+    with tokformats.create(tmp_path / "twice", "pt", tokens_per_shard=97, final_shard=False) as writer:
         writer.write_batch(flat[:cut], lengths[:25])
     with pytest.raises(OutputExistsError, match="resume=True"):
         tokformats.create(tmp_path / "twice", "pt", tokens_per_shard=97)
-    with tokformats.create(tmp_path / "twice", "pt", tokens_per_shard=97, resume=True) as writer:
+    with tokformats.create(tmp_path / "twice", "pt", tokens_per_shard=97, resume=True, final_shard=False) as writer:
         writer.write_batch(flat[cut:], lengths[25:])
     once = pt.shard_files(tmp_path / "once")
     twice = pt.shard_files(tmp_path / "twice")
@@ -338,7 +362,9 @@ def test_resume_of_the_golden_folder_continues_after_its_leftover(fixtures: Path
 
     folder = tmp_path / "ns"
     shutil.copytree(fixtures / "torch" / "neuroshard", folder)
-    with tokformats.create(folder, "pt", tokens_per_shard=5, source="fineweb-edu", resume=True) as writer:
+    with tokformats.create(
+        folder, "pt", tokens_per_shard=5, source="fineweb-edu", resume=True, final_shard=False
+    ) as writer:
         writer.write([14, 15, 16, 17])
     with tokformats.open(folder) as reader:
         assert reader.shard_ids == [0, 1, 2, 3]
@@ -349,7 +375,7 @@ def test_resume_of_the_golden_folder_continues_after_its_leftover(fixtures: Path
 
 
 def test_aborted_folder_writer_leaves_the_folder_as_it_was(tmp_path: Path) -> None:
-    with tokformats.create(tmp_path / "s", "pt", tokens_per_shard=4) as writer:
+    with tokformats.create(tmp_path / "s", "pt", tokens_per_shard=4, final_shard=False) as writer:
         writer.write([1, 2, 3, 4, 5])
     before = {p.name: p.read_bytes() for p in (tmp_path / "s").iterdir()}
     with pytest.raises(RuntimeError):

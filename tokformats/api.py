@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import DTypeError, UnknownFormatError
+from .boundaries import choose_delimiter, delimit
+from .documents import document_runs
+from .errors import DTypeError, FormatError, UnknownFormatError
 from .protocol import PathLike, Reader, TokenReader, TokenWriter, Writer
 from .registry import descriptor, detect, formats
 
@@ -44,6 +46,23 @@ def create(path: PathLike, format: str, **options: Any) -> Writer[Any]:
     return writer
 
 
+def _corpus_writer(format: str) -> type[TokenWriter]:
+    writer_class = descriptor(format).writer
+    if writer_class is None or not issubclass(writer_class, TokenWriter):
+        raise UnknownFormatError(f"format {format!r} does not store token corpora; convert into a corpus format.")
+    return writer_class
+
+
+def _index_formats() -> str:
+    """Names of the writable formats that store document boundaries (for messages)."""
+    names = []
+    for name, entry in formats.items():
+        writer = entry.writer
+        if writer is not None and issubclass(writer, TokenWriter) and writer.boundaries == "index":
+            names.append(name)
+    return ", ".join(names)
+
+
 def convert(
     source: Any,
     destination: PathLike,
@@ -51,39 +70,82 @@ def convert(
     *,
     source_format: str | None = None,
     source_options: dict[str, Any] | None = None,
+    eos: int | None = None,
+    bos: int | None = None,
+    keep_boundaries: bool = True,
     batch_tokens: int = 1 << 24,
     **writer_options: Any,
 ) -> dict[str, Any]:
-    """Copy a corpus into another format, document by document, in batches of about ``batch_tokens``.
+    """Copy a corpus into another format, in batches of about ``batch_tokens``, losing no token and no boundary.
 
-    The token stream is preserved exactly: documents keep whatever delimiters they include. When
-    neither ``dtype=`` nor ``vocab_size=`` is given, the source dtype is kept if the destination can
-    store it, else the smallest dtype holding the largest id is chosen. Values are copied as stored:
-    Time-MoE sequences stored normalised stay normalised, and their mean/std are not carried over.
+    Every token is copied as stored. Document boundaries are kept: a destination that stores them gets them; a
+    destination whose reader splits the stream at a delimiter (llm.c before each document, raw and ``.pt`` after
+    it) gets the delimiter inserted into each document that lacks it: ``eos=``/``bos=`` names it, or the source's
+    documents already all end (start) with one id, which is then used. Anything else is refused with the option
+    that keeps the boundaries; ``keep_boundaries=False`` copies the bare stream instead (its documents then read
+    back merged, which the summary says). Before committing, the documents are proven to split back unchanged
+    (the delimiter occurs once per document) and the counts written are checked against the source's.
+
+    When neither ``dtype=`` nor ``vocab_size=`` is given, the format's conventional dtype is used (``.pt``:
+    int64), else the source's dtype if the destination stores it, else the smallest dtype holding the largest id.
+    Values are copied as stored: Time-MoE sequences stored normalised stay normalised.
 
     Returns:
-        ``{"documents", "tokens", "files"}`` of what was written.
+        ``{"documents", "tokens", "files", "delimiters_added", "read_with"}``: what the destination reads back,
+        and the reader options to open it with (``{"eos": 50256}``, ...; empty when none are needed).
     """
-    writer_class = descriptor(format).writer
-    if writer_class is None or not issubclass(writer_class, TokenWriter):
-        raise UnknownFormatError(f"format {format!r} does not store token corpora; convert into a corpus format.")
+    writer_class = _corpus_writer(format)
     reader = open(source, format=source_format, **(source_options or {}))
     if not isinstance(reader, TokenReader):
         raise UnknownFormatError(f"{source} is not a token corpus ({reader.format}); only corpora can be converted.")
     with reader:
+        delimiter = None if not keep_boundaries else choose_delimiter(
+            writer_class.boundaries,
+            reader.tokens,
+            reader.offsets,
+            eos=eos,
+            bos=bos,
+            format=format,
+            source=reader.path,
+            alternatives=_index_formats(),
+        )
         options = dict(writer_options)
         if "dtype" not in options and "vocab_size" not in options:
-            options["dtype"] = reader.dtype
+            options["dtype"] = writer_class.conventional_dtype or reader.dtype
             try:
                 writer = create(destination, format, **options)
             except DTypeError:
                 del options["dtype"]
                 top = reader.tokens.max() if reader.num_tokens else 0
-                options["vocab_size"] = int(top) + 1
+                options["vocab_size"] = max(int(top), delimiter.id if delimiter else 0) + 1
                 writer = create(destination, format, **options)
         else:
             writer = create(destination, format, **options)
         assert isinstance(writer, TokenWriter)
+        added = 0
+        check = writer_class.boundaries != "index"
+        documents = len(reader) if keep_boundaries or not check else min(len(reader), 1)
         with writer:
-            writer.write_all(reader.tokens, reader.lengths, batch_tokens=batch_tokens)
-        return {"documents": len(reader), "tokens": reader.num_tokens, "files": writer.written}
+            for first, stop in document_runs(reader.offsets, batch_tokens):
+                flat = reader.span(reader.offsets.item(first), reader.offsets.item(stop))
+                lengths = reader.lengths[first:stop]
+                if delimiter is not None:
+                    flat, lengths, inserted = delimit(flat, lengths, delimiter, first, check=check)
+                    added += inserted
+                writer.write_batch(flat, lengths)
+            if (writer.num_documents, writer.num_tokens) != (len(reader), reader.num_tokens + added) or (
+                # the bare stream a delimiter format reads back: one document
+                not keep_boundaries and check and len(reader) > 1 and documents != 1
+            ):
+                raise FormatError(  # a bug, not bad input: refuse to commit rather than publish it
+                    f"converting {reader.path} wrote {writer.num_documents:,} documents and {writer.num_tokens:,} "
+                    f"tokens, expected {len(reader):,} and {reader.num_tokens + added:,}; nothing was written."
+                )
+        read_with = delimiter.option if delimiter is not None and check else {}
+        return {
+            "documents": documents,
+            "tokens": reader.num_tokens + added,
+            "files": writer.written,
+            "delimiters_added": added,
+            "read_with": read_with,
+        }

@@ -278,7 +278,12 @@ def build_parser() -> argparse.ArgumentParser:
     tok.add_argument("--output", "-o", required=True, help="output path prefix")
     tok.add_argument("--format", "-f", default="megatron", choices=corpus_formats)
     tok.add_argument("--text-key", action="append", help="JSON/Parquet key(s) holding the text (default: text)")
-    tok.add_argument("--eos", choices=["append", "prepend", "none"], default="append")
+    tok.add_argument(
+        "--eos",
+        choices=["append", "prepend", "none"],
+        help="add the end-of-text id after each document, before it, or not (default: the format's convention: "
+        "prepend for llmc, append for the others)",
+    )
     tok.add_argument("--eos-id", type=int, help="end-of-text id (default: the tokenizer's <|endoftext|>)")
     tok.add_argument("--split", help="e.g. 8:1:1 for train:val:test, by document")
     tok.add_argument("--seed", type=int, default=0)

@@ -101,27 +101,21 @@ def _stream_name(key: str, split: str) -> str:
     return "-".join(part for part in (key, split) if part) or "all"
 
 
-def output_paths(output: Any, format: str, keys: list[str], splits: list[str]) -> dict[tuple[str, str], Path]:
-    """Where each (key, split) stream is written.
+def _writer_class(format: str) -> type[TokenWriter]:
+    writer = format_descriptor(format).writer
+    if writer is None or not issubclass(writer, TokenWriter):
+        raise FormatError(f"format {format!r} cannot be written as a token corpus.")
+    return writer
 
-    ``OUTPUT`` plus ``_KEY`` when several text keys are tokenized and ``_SPLIT`` when splitting; Megatron outputs
-    end in ``_KEY_document`` as ``preprocess_data.py`` names them; raw streams get ``.bin``. For llm.c the split
-    goes into the shard names (``OUTPUT_{split}_{index:06d}.bin``) instead.
-    """
-    base = str(output)
-    paths = {}
-    for key in keys:
-        for split in splits:
-            parts = [key] if len(keys) > 1 and format != "megatron" else []
-            if split and format != "llmc":
-                parts.append(split)
-            if format == "megatron":
-                parts += [key, "document"]
-            name = base + "".join(f"_{p}" for p in parts)
-            if format == "raw":
-                name += ".bin"
-            paths[(key, split)] = Path(name)
-    return paths
+
+def output_paths(output: Any, format: str, keys: list[str], splits: list[str]) -> dict[tuple[str, str], Path]:
+    """Where each (key, split) stream is written: the format's :meth:`TokenWriter.output_path` (``OUTPUT`` plus
+    ``_KEY`` when several text keys are tokenized and ``_SPLIT`` when splitting, unless the format names its files
+    its own way)."""
+    writer = _writer_class(format)
+    return {
+        (key, split): writer.output_path(output, key, split or None, len(keys) > 1) for key in keys for split in splits
+    }
 
 
 # -- split assignment ---------------------------------------------------------------------------------
@@ -277,8 +271,8 @@ def _encode(tokenizer: Any, texts: list[str], dtype: np.dtype) -> tuple[np.ndarr
 def _add_eos(plan: Plan, flat: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if plan.eos == "none" or plan.eos_id is None:
         return flat, lengths
-    # Megatron's preprocess_data adds no end-of-document id to an empty document; the others always do.
-    only = lengths > 0 if plan.format == "megatron" else None
+    # Some owners add no end-of-document id to an empty document (Megatron's preprocess_data).
+    only = None if _writer_class(plan.format).delimit_empty_documents else lengths > 0
     return add_delimiter(flat, lengths, plan.eos_id, before=plan.eos == "prepend", only=only)
 
 
@@ -458,7 +452,7 @@ def tokenize(
     format: str = "megatron",
     *,
     text_key: str | list[str] = "text",
-    eos: str = "append",
+    eos: str | None = None,
     eos_id: int | None = None,
     split: Any = None,
     seed: int = 0,
@@ -482,7 +476,8 @@ def tokenize(
         output: the output path prefix (see :func:`output_paths` for the names).
         format: any writable format: ``megatron``, ``llmc``, ``raw``, ``pt``, ``timemoe``.
         text_key: JSON/Parquet key(s) holding the text; several keys give several outputs.
-        eos: ``append`` the end-of-text id after each document, ``prepend`` it (llm.c), or ``none``.
+        eos: ``append`` the end-of-text id after each document, ``prepend`` it, or ``none``; by default the
+            format's own convention (llm.c: ``prepend``, as its writers do; the others: ``append``).
         eos_id: the id to use; default: the tokenizer's ``<|endoftext|>``.
         split: ``{"train": 0.8, "val": 0.1, "test": 0.1}`` or ``"8:1:1"``: by document, reproducible from ``seed``.
         unit: for ``.txt``: a document per ``line``, per ``file`` or per blank-line ``paragraph``.
@@ -498,6 +493,9 @@ def tokenize(
         **writer_options: passed to the format's writer (``shard_size``, ``tokens_per_shard``, ``dtype``, ...).
     """
     started = time.perf_counter()
+    writer_class = _writer_class(format)
+    if eos is None:
+        eos = "prepend" if writer_class.boundaries == "bos" else "append"
     if eos not in EOS_MODES:
         raise ValueError(f"eos must be one of {EOS_MODES}, not {eos!r}")
     if on_error not in ("raise", "skip"):
@@ -526,13 +524,14 @@ def tokenize(
         tokenizer_hash=hashlib.sha256(loaded.to_str().encode("utf-8")).hexdigest(),
         on_error=on_error,
     )
-    if format_descriptor(format).writer is None:
-        raise FormatError(f"format {format!r} cannot be written.")
     targets = output_paths(output, format, keys, plan.splits)
     work = Path(f"{output}.tokenize")
     if not overwrite and not (resume and work.exists()):
         for target in targets.values():
-            _refuse_existing(format, target)
+            for path in writer_class.existing_outputs(target):
+                raise OutputExistsError(
+                    f"{path} already exists; pass overwrite=True to replace it (nothing was written)."
+                )
     total_bytes = sum(i.size or 0 for i in resolved) or None
     show = sys.stderr.isatty() if progress is None else progress
     counters: list[Any] = []
@@ -582,11 +581,14 @@ def tokenize(
 
     outputs = {}
     dtype = dtype_for_vocab(vocab_size)
-    options = {"vocab_size": vocab_size, **_default_writer_options(format), **writer_options}
     for (key, split), target in targets.items():
         name = _stream_name(key, split)
-        if format == "llmc":
-            options["split"] = split or writer_options.get("split", "train")
+        options = {
+            "vocab_size": vocab_size,
+            **writer_class.tokenize_options,
+            **writer_class.split_options(split or None),
+            **writer_options,
+        }
         with api.create(target, format, overwrite=bool(resume or overwrite), **options) as writer:
             assert isinstance(writer, TokenWriter)
             for part in parts:
@@ -608,22 +610,3 @@ def tokenize(
         "errors": total.errors,
         "outputs": outputs,
     }
-
-
-def _default_writer_options(format: str) -> dict[str, Any]:
-    if format == "pt":
-        return {"final_shard": True}  # a one-shot run writes its tail as a last, shorter shard
-    if format == "megatron":
-        return {"empty_documents": "none"}  # as preprocess_data.py: an empty document has no sequence
-    return {}
-
-
-def _refuse_existing(format: str, target: Path) -> None:
-    candidates = [target]
-    if format == "megatron":
-        candidates = [Path(f"{target}.idx"), Path(f"{target}.bin")]
-    elif format == "llmc":
-        candidates = list(target.parent.glob(f"{target.name}_*_000000.bin")) if target.parent.is_dir() else []
-    for path in candidates:
-        if path.exists():
-            raise OutputExistsError(f"{path} already exists; pass overwrite=True to replace it (nothing was written).")

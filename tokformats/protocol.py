@@ -326,7 +326,40 @@ class TokenWriter(Writer[Any]):
         dtype: on-disk dtype; chosen from ``vocab_size`` by the format's rule when omitted.
         vocab_size: ids must be below it; also picks the dtype.
         overwrite: replace an existing dataset.
+
+    The class attributes and class methods below are the format's conventions, which ``convert`` and ``tokenize``
+    follow without naming any format.
     """
+
+    #: How the format's reader finds documents: ``"index"`` (boundaries are stored), ``"eos"`` (a delimiter ends
+    #: each document: the writer's and reader's ``eos=`` option) or ``"bos"`` (a delimiter starts each document:
+    #: their ``bos=`` option).
+    boundaries: ClassVar[str] = "index"
+    #: The dtype the format's users expect whatever the source's (``.pt``: int64, what ``nn.Embedding`` takes);
+    #: None: ``convert`` keeps the source's dtype when the format stores it.
+    conventional_dtype: ClassVar[str | None] = None
+    #: Whether ``tokenize`` ends (or starts) an empty document with the delimiter too; Megatron's
+    #: ``preprocess_data.py`` leaves an empty document empty.
+    delimit_empty_documents: ClassVar[bool] = True
+    #: Writer options ``tokenize`` uses unless the caller gives others.
+    tokenize_options: ClassVar[dict[str, Any]] = {}
+
+    @classmethod
+    def output_path(cls, output: PathLike, key: str, split: str | None, several_keys: bool) -> Path:
+        """Where ``tokenize`` writes the documents of text ``key`` in ``split`` (None when not splitting):
+        ``OUTPUT`` plus ``_KEY`` when several keys are tokenized, plus ``_SPLIT`` when splitting."""
+        parts = ([key] if several_keys else []) + ([split] if split else [])
+        return Path(os.fspath(output) + "".join(f"_{part}" for part in parts))
+
+    @classmethod
+    def split_options(cls, split: str | None) -> dict[str, Any]:
+        """Writer options that put ``split`` into the file names, for formats that name splits themselves."""
+        return {}
+
+    @classmethod
+    def existing_outputs(cls, path: PathLike) -> list[Path]:
+        """The files of a dataset at ``path`` that already exist (a writer refuses them without overwrite)."""
+        return [Path(path)] if Path(path).exists() else []
 
     def __init__(self, path: PathLike, *, dtype: np.dtype, vocab_size: int | None, overwrite: bool = False) -> None:
         super().__init__(path, overwrite=overwrite)

@@ -79,7 +79,8 @@ OTHER_MAGICS = {
     20240803: "an llm.c Llama-3 model checkpoint",
 }
 
-_DEFAULT = object()
+#: Tokens the reader looks at to find the delimiter when none is given.
+DELIMITER_PROBE = 1 << 20
 
 
 def shard_name(prefix: PathLike, split: str, index: int) -> Path:
@@ -139,14 +140,15 @@ class Reader(TokenReader):
 
     Args:
         path: a shard, a glob such as ``"data/fineweb_train_*.bin"``, or a list of shards.
-        bos: the delimiter that precedes each document; defaults to the family's (50256 for GPT-2,
-            128000 for Llama-3); pass the id your tokenizer used, or ``None`` to read the whole
-            stream as one document.
+        bos: the delimiter that precedes each document. ``"auto"`` (default): the family's (50256 for GPT-2,
+            128000 for Llama-3) when it occurs near the start of the stream, else the stream's first token, which
+            llm.c's writers always make the delimiter (so shards written with another tokenizer read right);
+            an id; or ``None`` to read the whole stream as one document. ``bos_rule`` says which applied.
     """
 
     format = "llmc"
 
-    def __init__(self, path: PathLike | list[PathLike], *, bos: Any = _DEFAULT) -> None:
+    def __init__(self, path: PathLike | list[PathLike], *, bos: int | str | None = "auto") -> None:
         super().__init__(path, bos=bos)
         paths = expand_paths(path)
         if len(paths) > 1:
@@ -160,7 +162,29 @@ class Reader(TokenReader):
             )
         self.family: Family = headers[0][0]
         self._counts = [ntok for _, ntok in headers]
-        self.bos: int | None = self.family.delimiter if bos is _DEFAULT else bos
+        if bos == "auto":
+            self.bos, self.bos_rule = self._find_delimiter()
+        elif bos is None or isinstance(bos, (int, np.integer)):
+            self.bos, self.bos_rule = (None if bos is None else int(bos)), "given"
+        else:
+            raise ValueError(f"bos must be an id, None or 'auto', not {bos!r}")
+        self._init_kwargs["bos"] = self.bos  # pickles re-open with the delimiter found here
+
+    def _find_delimiter(self) -> tuple[int | None, str]:
+        """The delimiter llm.c's writers put before every document, found without a full scan.
+
+        The family's own delimiter (50256, 128000) when the stream starts with it or it occurs among the first
+        ``DELIMITER_PROBE`` tokens (a single shard from the middle of a corpus starts mid-document); otherwise the
+        stream's first token, since llm.c's writers start every corpus with the delimiter.
+        """
+        first_shard = next((k for k, n in enumerate(self._counts) if n), None)
+        if first_shard is None:
+            return self.family.delimiter, "family"
+        head = map_file(self._paths[first_shard], self.family.dtype, HEADER_BYTES, self._counts[first_shard])
+        probe = np.asarray(head[:DELIMITER_PROBE])
+        if probe[0] == self.family.delimiter or (probe == self.family.delimiter).any():
+            return self.family.delimiter, "family"
+        return int(probe[0]), "first token"
 
     @property
     def path(self) -> Path:
@@ -206,6 +230,7 @@ class Reader(TokenReader):
             "version": self.family.version,
             "family": self.family.name,
             "bos": self.bos,
+            "bos_rule": self.bos_rule,
             "shards": [{"path": str(p), "ntok": n} for p, n in zip(self._paths, self._counts)],
         }
 
@@ -246,6 +271,21 @@ class Writer(TokenWriter):
     """
 
     format = "llmc"
+    boundaries = "bos"  # llm.c's writers put the delimiter before each document
+
+    @classmethod
+    def output_path(cls, output: PathLike, key: str, split: str | None, several_keys: bool) -> Path:
+        """The shard prefix: the split goes into the shard names (``OUTPUT_{split}_{index:06d}.bin``)."""
+        return super().output_path(output, key, None, several_keys)
+
+    @classmethod
+    def split_options(cls, split: str | None) -> dict[str, Any]:
+        return {"split": split} if split else {}
+
+    @classmethod
+    def existing_outputs(cls, path: PathLike) -> list[Path]:
+        prefix = Path(path)
+        return sorted(prefix.parent.glob(f"{prefix.name}_*_000000.bin")) if prefix.parent.is_dir() else []
 
     def __init__(
         self,

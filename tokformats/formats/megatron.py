@@ -23,6 +23,7 @@ fixes: ids that do not fit the dtype are refused instead of wrapped, the index i
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Iterable, Sequence
 from functools import cached_property
@@ -378,6 +379,19 @@ class Writer(TokenWriter):
     """
 
     format = "megatron"
+    #: preprocess_data.py writes an empty document as a document without sequences.
+    tokenize_options = {"empty_documents": "none"}  # noqa: RUF012
+    delimit_empty_documents = False
+
+    @classmethod
+    def output_path(cls, output: PathLike, key: str, split: str | None, several_keys: bool) -> Path:
+        """``OUTPUT[_SPLIT]_KEY_document``: the key always, as ``preprocess_data.py`` names its outputs."""
+        return Path(f"{os.fspath(output)}{f'_{split}' if split else ''}_{key}_document")
+
+    @classmethod
+    def existing_outputs(cls, path: PathLike) -> list[Path]:
+        prefix = resolve_prefix(path)
+        return [p for p in (Path(f"{prefix}.idx"), Path(f"{prefix}.bin")) if p.exists()]
 
     def __init__(
         self,

@@ -295,6 +295,15 @@ class Writer(TokenWriter):
     (:class:`FolderWriter`). Both store int64 unless ``dtype=`` says otherwise."""
 
     format = "pt"
+    boundaries = "eos"  # Genesis and nanoGPT-style .pt streams end documents with EOS
+    conventional_dtype = "int64"  # Genesis shards are int64, the dtype nn.Embedding takes
+
+    @classmethod
+    def existing_outputs(cls, path: PathLike) -> list[Path]:
+        folder = Path(path)
+        if not folder.is_dir():
+            return super().existing_outputs(path)
+        return [p for _, p in shard_files(folder)] + [folder / n for n in (MANIFEST,) if (folder / n).exists()]
 
     def __new__(cls, path: PathLike, *args: Any, **kwargs: Any) -> Writer:
         if cls is Writer:
@@ -361,8 +370,9 @@ class FolderWriter(Writer):
         source: the name this run is recorded under in the manifest and checkpoints.
         tokenizer: a ``tokenizer.json`` path or ``tokenizers.Tokenizer`` to copy into the folder.
         tokenizer_version: recorded in the manifest.
-        final_shard: write the unfilled tail as a last, shorter shard instead of keeping it as
-            ``leftover_tokens`` for a later run.
+        final_shard: write the unfilled tail as a last, shorter shard (the default: a finished job leaves every
+            token in a shard). ``False`` keeps the tail as ``leftover_tokens`` for a later ``resume=True`` run,
+            the way an unfinished Genesis stream continues.
         resume: continue a folder this writer (or Genesis) left: its leftover tokens come first and shard
             numbers continue, so the shards equal those of one uninterrupted run.
         overwrite: replace an existing folder's shards, manifest and checkpoints.
@@ -382,7 +392,7 @@ class FolderWriter(Writer):
         source: str = "default",
         tokenizer: Any = None,
         tokenizer_version: str | None = None,
-        final_shard: bool = False,
+        final_shard: bool = True,
         resume: bool = False,
         overwrite: bool = False,
     ) -> None:

@@ -150,6 +150,11 @@ class Writer(TokenWriter):
     """
 
     format = "raw"
+    boundaries = "eos"  # nanoGPT and oxidizr streams end each document with EOS
+
+    @classmethod
+    def output_path(cls, output: PathLike, key: str, split: str | None, several_keys: bool) -> Path:
+        return Path(f"{super().output_path(output, key, split, several_keys)}.bin")
 
     def __init__(
         self,
