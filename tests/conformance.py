@@ -87,6 +87,7 @@ class TokenFormatTests:
 
     # -- the suite -----------------------------------------------------------------------
     @pytest.mark.parametrize("seed", [0, 1])
+    @pytest.mark.filterwarnings("ignore::tokformats.DataWarning")  # ids across the whole dtype range look odd
     def test_round_trip_random_corpus(self, tmp_path: Path, seed: int) -> None:
         for dtype in self.dtypes:
             rng = np.random.default_rng(seed)
@@ -197,6 +198,26 @@ class TokenFormatTests:
         self.write(target, *second, overwrite=True)
         with self.open_written(target, self.dtypes[0]) as reader:
             self.check_round_trip(reader, *second)
+
+    def required_read_options(self, dtype: str) -> dict[str, Any]:
+        """The options without which the format cannot be opened at all (raw: its format and dtype)."""
+        return {}
+
+    def test_pickle_of_a_reader_opened_with_defaults(self, tmp_path: Path) -> None:
+        """Regression (issue 11, item 6): a reader must pickle its resolved options, not a sentinel."""
+        flat, lengths = random_corpus(np.random.default_rng(12), 25, low=self.low_id, high=500)
+        target = self.target(tmp_path)
+        self.write(target, flat, lengths)
+        with tokformats.open(self.source(target), **self.required_read_options(self.dtypes[0])) as reader:
+            assert isinstance(reader, tokformats.TokenReader)
+            clone = pickle.loads(pickle.dumps(reader))
+            assert type(clone) is type(reader) and len(clone) == len(reader)
+            np.testing.assert_array_equal(clone.lengths, reader.lengths)
+            np.testing.assert_array_equal(np.asarray(clone.tokens), np.asarray(reader.tokens))
+            for name in ("eos", "bos"):
+                assert getattr(clone, name, None) == getattr(reader, name, None)
+                assert isinstance(getattr(clone, name, None), (int, type(None)))
+            clone.close()
 
     def test_pickle_reopens_by_path(self, tmp_path: Path) -> None:
         flat, lengths = random_corpus(np.random.default_rng(2), 20, low=self.low_id, high=500)

@@ -28,6 +28,9 @@ class TestRawConformance(TokenFormatTests):
     def read_options(self, dtype: str) -> dict[str, Any]:
         return {"format": "raw", "dtype": dtype, "eos": EOS}
 
+    def required_read_options(self, dtype: str) -> dict[str, Any]:
+        return {"format": "raw", "dtype": dtype}
+
     def expected(self, document: np.ndarray) -> np.ndarray:
         return np.append(document, EOS)
 

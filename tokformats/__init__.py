@@ -19,6 +19,7 @@ from .api import convert, create, open
 from .arrays import ConcatenatedArray
 from .errors import (
     ConfigError,
+    DataWarning,
     DTypeError,
     FormatError,
     HeaderError,
@@ -89,6 +90,7 @@ __all__ = [
     "NoFilesError",
     "UnsafePickleError",
     "ConfigError",
+    "DataWarning",
     "raw",
     "llmc",
     "megatron",

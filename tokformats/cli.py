@@ -39,6 +39,8 @@ def _reader_options(args: argparse.Namespace) -> dict[str, Any]:
 def _print_info(info: dict[str, Any]) -> None:
     metadata = info.pop("metadata")
     files = info.pop("files")
+    for warning in info.pop("warnings", []):
+        print(f"warning: {warning}", file=sys.stderr)
     width = max(len(k) for k in [*info, "files", *metadata]) + 2
     for key, value in info.items():
         text = f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else value

@@ -18,6 +18,7 @@ __all__ = [
     "NoFilesError",
     "UnsafePickleError",
     "ConfigError",
+    "DataWarning",
 ]
 
 
@@ -61,3 +62,7 @@ class ConfigError(FormatError):
     """Options that cannot work together or with the data: a split with no tokens asked for samples, a
     non-positive sequence length, a negative blend weight, a blend of different dtypes, a resume state taken
     from another index."""
+
+
+class DataWarning(UserWarning):
+    """The data opens, but looks wrong: ids implausible for the dtype given, a delimiter that never occurs."""

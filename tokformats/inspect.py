@@ -45,6 +45,12 @@ def describe(reader: Reader[Any], *, scan: bool = True) -> dict[str, Any]:
         info["dtype"] = reader.dtype.name
         if scan:
             info["min_id"], info["max_id"] = _extremes(reader)
+        delimiter = next((getattr(reader, k) for k in ("eos", "bos") if getattr(reader, k, None) is not None), None)
+        if delimiter is not None and len(reader) <= 1 and reader.num_tokens > 1:
+            reader.warnings.append(
+                f"the delimiter {delimiter} never occurs inside the stream, so it reads as one document; if its "
+                "documents are marked by another id, pass it (--eos / --bos)."
+            )
         if len(reader):
             lengths = reader.lengths
             info["document_length"] = {
@@ -55,6 +61,7 @@ def describe(reader: Reader[Any], *, scan: bool = True) -> dict[str, Any]:
     else:
         info["items"] = len(reader)
     info["metadata"] = _jsonable(reader.metadata)
+    info["warnings"] = list(reader.warnings)
     return info
 
 

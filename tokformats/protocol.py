@@ -61,6 +61,8 @@ class Reader(ABC, Generic[Item]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._init_args = args
         self._init_kwargs = kwargs
+        #: What looks wrong about the data though it opens (``tokformats info`` prints these).
+        self.warnings: list[str] = []
 
     # -- pickling: by path, re-opened on load --------------------------------------------
     def __reduce__(self) -> tuple[Any, ...]:

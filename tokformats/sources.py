@@ -66,6 +66,8 @@ def _base_suffix(path: Path) -> str:
 
 
 def _exists(text: str) -> bool:
+    if not text.strip():  # Path("") is the current folder; an empty text is a document
+        return False
     try:
         return Path(text).exists() or bool(set("*?[") & set(text) and glob.glob(text, recursive=True))
     except OSError:  # a "name" too long for the file system is text

@@ -16,6 +16,7 @@ each document.
 
 from __future__ import annotations
 
+import warnings
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +26,7 @@ import numpy as np
 from ..arrays import map_file
 from ..documents import add_delimiter, split_offsets
 from ..dtypes import check_id, parse_dtype, resolve_dtype
-from ..errors import DTypeError, NoFilesError, SizeMismatchError
+from ..errors import DataWarning, DTypeError, NoFilesError, SizeMismatchError
 from ..protocol import PathLike, TokenReader, TokenWriter
 
 if TYPE_CHECKING:
@@ -53,6 +54,30 @@ def _guess(sample: bytes, size: int) -> str:
     if halves[1::2].any():
         return "the values read as uint32 are all plausible ids; uint32/int32 is likely, but uint16 is possible"
     return "as uint16, every second value is 0: probably uint32 (or int32, identical for ids below 2**31)"
+
+
+def implausible(sample: bytes, dtype: np.dtype) -> str | None:
+    """Why ids read from ``sample`` as ``dtype`` look wrong (a dtype that only happens to divide the file size),
+    or None. Only patterns no real token stream shows count: ids past any vocabulary, or every second id 0."""
+    usable = len(sample) // 4 * 4
+    if usable < 64:
+        return None
+    if dtype.itemsize == 4:
+        values = np.frombuffer(sample[:usable], dtype=dtype)
+        huge = float(np.mean((values >= 1 << 20) | (values < 0)))
+        if huge > 0.5:
+            return (
+                f"read as {dtype.name}, {huge:.0%} of the first ids are negative or above 2**20 (no tokenizer is that "
+                "large); the file is probably uint16: pass dtype='uint16'"
+            )
+    elif dtype.itemsize == 2:
+        halves = np.frombuffer(sample[:usable], dtype=dtype)
+        if not halves[1::2].any() and halves[0::2].any():
+            return (
+                f"read as {dtype.name}, every second id is 0; the file is probably uint32 (or int32): "
+                "pass dtype='uint32'"
+            )
+    return None
 
 
 def describe_headerless(path: Path) -> str:
@@ -112,6 +137,11 @@ class Reader(TokenReader):
             )
         self.eos = eos
         self.bos = bos
+        with open(self._path, "rb") as handle:
+            problem = implausible(handle.read(1 << 16), self._dtype)
+        if problem:
+            self.warnings.append(f"{self._path}: {problem}.")
+            warnings.warn(DataWarning(self.warnings[-1]), stacklevel=3)
 
     @property
     def path(self) -> Path:

@@ -257,6 +257,12 @@ def _columns_checked(
     return offsets, lengths, means, stds, extras
 
 
+def denormalized(values: np.ndarray, std: float, mean: float) -> np.ndarray:
+    """Time-MoE's ``sequence * std + mean`` with Python floats, so NumPy's promotion decides as it does there:
+    float16/32/64 data stays in its own dtype (the floats are rounded to it), integer data becomes float64."""
+    return values * std + mean
+
+
 class Reader(TokenReader):
     """A Time-MoE sequence folder (or a tree of them), memory-mapped.
 
@@ -351,8 +357,7 @@ class Reader(TokenReader):
     def _item(self, index: int) -> np.ndarray:
         values = self.stored(index)
         if self.denormalize and self.scales.normalized[index]:
-            # float32 arithmetic, as Time-MoE's ``sequence * std + mean`` on a float32 array
-            return values * np.float32(self.scales.stds[index]) + np.float32(self.scales.means[index])
+            return denormalized(values, self.scales.stds.item(index), self.scales.means.item(index))
         return values
 
     @property
@@ -430,8 +435,13 @@ class Windows:
         self._count = int(self.ends[-1]) if len(self.ends) else 0
         # Per-sequence statistics, filled on first use: (shift, scale) with normalised = (x - shift) / scale.
         self._known = bytearray(len(lengths))
-        self._shift = np.zeros(len(lengths), dtype=np.float32)
-        self._scale = np.ones(len(lengths), dtype=np.float32)
+        # Time-MoE normalises a sequence in the dtype BinaryDataset returns (float64 data in float64, ...) and
+        # casts the window to float32 afterwards; integer data it would truncate back to integers, so it is
+        # normalised in float32 here instead.
+        stored = np.dtype(reader.dtype).newbyteorder("=")
+        self._work = stored if stored.kind == "f" else np.dtype(np.float32)
+        self._shift = np.zeros(len(lengths), dtype=self._work)
+        self._scale = np.ones(len(lengths), dtype=self._work)
         self._mask = np.ones(self.window, dtype=np.int32)
         # For a folder reader, windows read only their own W + 1 stored values (no whole-sequence read).
         self._folder = reader if isinstance(reader, Reader) else None
@@ -453,7 +463,7 @@ class Windows:
         whole sequence, as Time-MoE computes them, so the results are the same bits.
         """
         if not self._known[sequence]:
-            values = np.asarray(self.reader[sequence], dtype=np.float32)
+            values = np.asarray(self.reader[sequence], dtype=self._work)
             if self.normalization == "zero":
                 mean, std = _mean_std(values)
                 self._shift[sequence], self._scale[sequence] = mean, (std if std != 0 else 1)
@@ -464,18 +474,18 @@ class Windows:
         return self._shift[sequence], self._scale[sequence]
 
     def _values(self, sequence: int, start: int, stop: int) -> np.ndarray:
-        """A fresh float32 copy of the sequence's values ``start:stop`` (de-normalised like the reader's)."""
+        """A fresh copy of the sequence's values ``start:stop`` in the working dtype (de-normalised like the
+        reader's, with the same arithmetic)."""
         folder = self._folder
         if folder is None:
-            return np.array(self.reader[sequence][start:stop], dtype=np.float32)
+            return np.array(self.reader[sequence][start:stop], dtype=self._work)
         scales = folder.scales
         first = scales.offsets.item(sequence)
         stop = min(stop, scales.lengths.item(sequence))
-        values = np.array(folder._view[first + start : first + stop], dtype=np.float32)
+        stored = folder._view[first + start : first + stop]
         if folder.denormalize and scales.normalized[sequence]:
-            values *= np.float32(scales.stds.item(sequence))
-            values += np.float32(scales.means.item(sequence))
-        return values
+            stored = denormalized(stored, scales.stds.item(sequence), scales.means.item(sequence))
+        return np.array(stored, dtype=self._work)
 
     def _transformed_values(self, sequence: int, start: int, stop: int) -> np.ndarray:
         """Values ``start:stop`` of ``transform(sequence)``, as float32 (Time-MoE casts the window)."""
@@ -508,6 +518,7 @@ class Windows:
                 self._statistics(sequence)
             values -= self._shift[sequence]
             values /= self._scale[sequence]
+        values = values.astype(np.float32, copy=False)  # Time-MoE's window cast
         mask = self._mask.copy()
         short = self.window + 1 - len(values)
         if short > 0:
@@ -520,11 +531,15 @@ class Windows:
             yield self[i]
 
 
-def _mean_std(values: np.ndarray) -> tuple[np.float32, np.float32]:
-    """``values.mean()`` and ``values.std()`` of a float32 array, bit for bit as NumPy computes them
-    (pairwise float32 sums; the variance as the mean of squared deviations), with one pass fewer: NumPy's
-    ``std`` sums the values again to get the mean it subtracts."""
+def _mean_std(values: np.ndarray) -> tuple[Any, Any]:
+    """``values.mean()`` and ``values.std()``, bit for bit as NumPy computes them. For float32 (pairwise float32
+    sums; the variance as the mean of squared deviations) with one pass fewer: NumPy's ``std`` sums the values
+    again to get the mean it subtracts. Other dtypes go through NumPy itself."""
     count = len(values)
+    if values.dtype != np.float32:
+        if count == 0:
+            return values.dtype.type(np.nan), values.dtype.type(np.nan)
+        return values.mean(), values.std()
     if count == 0:
         return np.float32(np.nan), np.float32(np.nan)
     mean = np.float32(np.add.reduce(values, dtype=np.float32) / count)
