@@ -35,8 +35,10 @@ def test_descriptors() -> None:
 
 
 def test_unknown_format_name(tmp_path: Path) -> None:
-    with pytest.raises(UnknownFormatError, match=r"there is no format named 'nope'; the formats are: .*llmc"):
+    with pytest.raises(UnknownFormatError, match=r"there is no format named 'nope'\. The formats are: .*llmc"):
         tokformats.open(tmp_path / "x", format="nope")
+    with pytest.raises(UnknownFormatError, match="Did you mean 'megatron'"):
+        tokformats.open(tmp_path / "x", format="megatrn")
     with pytest.raises(UnknownFormatError):
         tokformats.create(tmp_path / "x", "nope")
 

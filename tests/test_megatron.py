@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import tokformats
+from tokformats.checks import VerificationError
 from tokformats import DTypeError, FormatError, HeaderError, SizeMismatchError
 from tokformats.formats import megatron
 
@@ -225,8 +226,10 @@ def test_lying_arrays(tmp_path: Path) -> None:
 
     idx.write_bytes(patch(index, pointers_at + 8, "<q", 999))
     with tokformats.open(prefix) as reader:  # a middle pointer is only checked by verify()
-        with pytest.raises(HeaderError, match=r"sequence_pointers\[1\] is 999"):
-            reader.verify()  # type: ignore[attr-defined]
+        with pytest.raises(VerificationError, match=r"sequence_pointers\[1\]: is 999"):
+            reader.verify()
+        (problem,) = reader.problems()
+        assert problem.file == str(idx) and problem.field == "sequence_pointers[1]"
 
     idx.write_bytes(patch(index, di_at + 8, "<q", 3))  # [0, 3, 3, 4] is fine; [0, 3, 2, ...] is not
     with tokformats.open(prefix) as reader:

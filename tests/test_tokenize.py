@@ -255,7 +255,7 @@ def test_missing_inputs_and_existing_outputs(tmp_path: Path, texts: list[str], t
 
     bare = Tokenizer(models.BPE())
     bare.pre_tokenizer = pre_tokenizers.ByteLevel()
-    with pytest.raises(FormatError, match="pass eos_id= or eos='none'"):
+    with pytest.raises(FormatError, match="pass eos_id=ID or eos='none'"):
         tokformats.tokenize(texts[:3], bare, tmp_path / "y", "raw", progress=False)
 
 

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
-from .errors import OutputExistsError
+from .errors import OutputExistsError, option
 
 __all__ = ["AtomicFiles"]
 
@@ -75,7 +75,9 @@ class AtomicFiles:
         """Refuse ``final`` if it exists and overwriting was not allowed."""
         path = Path(final)
         if path.exists() and not self.overwrite:
-            raise OutputExistsError(f"{path} already exists; pass overwrite=True to replace it (nothing was written).")
+            raise OutputExistsError(
+                f"{path} already exists; pass {option('overwrite')} to replace it (nothing was written)."
+            )
 
     def make_parent(self, final: Path) -> None:
         """Create ``final``'s folder (and its parents) if needed, remembering what to remove on abort."""

@@ -14,7 +14,7 @@ import numpy as np
 
 from .arrays import TokenArray
 from .documents import add_delimiter
-from .errors import ConfigError, FormatError
+from .errors import ConfigError, FormatError, option
 
 __all__ = ["Delimiter", "choose_delimiter", "delimit"]
 
@@ -69,7 +69,7 @@ def choose_delimiter(
     if given[wrong] is not None:
         raise ConfigError(
             f"{format} readers find documents by an id {'after' if destination_kind == 'eos' else 'before'} each "
-            f"one: pass {destination_kind}= (CLI --{destination_kind}), not {wrong}=."
+            f"one: pass {option(destination_kind, 'ID')}, not {option(wrong, 'ID')}."
         )
     if given[destination_kind] is not None:
         return Delimiter(destination_kind, int(given[destination_kind]))  # type: ignore[arg-type]
@@ -81,9 +81,10 @@ def choose_delimiter(
     where = "at the end of" if destination_kind == "eos" else "at the start of"
     raise ConfigError(
         f"{source} has {documents:,} documents, and a {format} file marks them only by an id {where} each one, which "
-        f"these documents do not share; converting as they are would merge them. Pass {destination_kind}=ID "
-        f"(CLI --{destination_kind} ID) to insert an id that occurs in no document (e.g. the tokenizer's "
-        "end-of-text id), or convert to a format that stores boundaries ({alternatives})."
+        f"these documents do not share; converting as they are would merge them. Pass {option(destination_kind, 'ID')} "
+        "to insert an id that occurs in no document (e.g. the tokenizer's end-of-text id), convert to a format "
+        f"that stores boundaries ({alternatives}), or pass {option('keep_boundaries', 'False')} to copy the bare "
+        "stream."
     )
 
 

@@ -7,6 +7,10 @@ Messages are full sentences that name the file, the field, what was expected and
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
+
 __all__ = [
     "FormatError",
     "UnknownFormatError",
@@ -19,7 +23,34 @@ __all__ = [
     "UnsafePickleError",
     "ConfigError",
     "DataWarning",
+    "option",
+    "command_line_flags",
 ]
+
+#: Set by the command line while a subcommand runs: Python option name -> its flag.
+_FLAGS: ContextVar[Mapping[str, str] | None] = ContextVar("tokformats_flags", default=None)
+
+
+def option(name: str, value: str = "True") -> str:
+    """An option as the caller spells it, for messages: ``overwrite=True`` or ``on_error='skip'`` from Python,
+    ``--overwrite`` or ``--on-error skip`` from the command line. ``value`` is the Python spelling of the value
+    (``"True"``, ``"'skip'"``, or a placeholder such as ``"ID"``)."""
+    flags = _FLAGS.get()
+    if flags is None or name not in flags:
+        return f"{name}={value}"
+    if value == "True":
+        return flags[name]
+    return f"{flags[name]} {value.strip(chr(39))}"
+
+
+@contextlib.contextmanager
+def command_line_flags(flags: Mapping[str, str]) -> Iterator[None]:
+    """Within the block, :func:`option` names options by these command-line flags."""
+    token = _FLAGS.set(flags)
+    try:
+        yield
+    finally:
+        _FLAGS.reset(token)
 
 
 class FormatError(ValueError):

@@ -39,7 +39,7 @@ import numpy as np
 from . import api
 from .documents import add_delimiter, document_runs, offsets_from_lengths
 from .dtypes import dtype_for_vocab
-from .errors import FormatError, OutputExistsError
+from .errors import FormatError, OutputExistsError, option
 from .protocol import TokenWriter
 from .registry import descriptor as format_descriptor
 from .sources import Input, Record, SourceError, iter_records, resolve_inputs
@@ -296,7 +296,8 @@ def _encode_partition(
         state = json.loads(checkpoint.read_text(encoding="utf-8"))
         if not resume:
             raise OutputExistsError(
-                f"{folder} holds an unfinished run; pass resume=True to continue it, or delete the folder."
+                f"{folder} holds an unfinished run; pass {option('resume')} to continue it, or "
+                f"{option('overwrite')} to start over."
             )
         if state.get("plan") != asdict(plan):
             raise FormatError(
@@ -364,7 +365,9 @@ def _encode_partition(
                     good.append(record)
                 elif record.error is not None:
                     if plan.on_error != "skip":
-                        raise SourceError(record.error + " Pass on_error='skip' to count and skip bad records.")
+                        raise SourceError(
+                            f"{record.error} Pass {option('on_error', repr('skip'))} to count and skip bad records."
+                        )
                     stats.skipped += 1
                     stats.errors.append(record.error)
             stats.records += len(batch)
@@ -506,7 +509,10 @@ def tokenize(
     if eos != "none" and eos_id is None:
         found = loaded.token_to_id(END_OF_TEXT)
         if found is None:
-            raise FormatError(f"the tokenizer has no {END_OF_TEXT!r} token; pass eos_id= or eos='none'.")
+            raise FormatError(
+                f"the tokenizer has no {END_OF_TEXT!r} token; pass {option('eos_id', 'ID')} or "
+                f"{option('eos', repr('none'))}."
+            )
         eos_id = int(found)
     keys = [text_key] if isinstance(text_key, str) else list(text_key)
     import hashlib
@@ -530,7 +536,7 @@ def tokenize(
         for target in targets.values():
             for path in writer_class.existing_outputs(target):
                 raise OutputExistsError(
-                    f"{path} already exists; pass overwrite=True to replace it (nothing was written)."
+                    f"{path} already exists; pass {option('overwrite')} to replace it (nothing was written)."
                 )
     total_bytes = sum(i.size or 0 for i in resolved) or None
     show = sys.stderr.isatty() if progress is None else progress

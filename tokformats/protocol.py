@@ -215,6 +215,43 @@ class TokenReader(Reader[np.ndarray]):
         """Tokens ``start:stop`` of the whole stream as a plain ndarray (a view whenever they lie in one file)."""
         return self._view[start:stop]
 
+    # -- checking and looking -----------------------------------------------------------------
+    def _problems(self) -> list[Any]:
+        """The format's own checks beyond what opening does (Megatron's pointers, manifest checksums, ...), as
+        :class:`tokformats.checks.Problem` rows. Formats override it; the base has none."""
+        return []
+
+    def problems(self, vocab_size: int | None = None) -> list[Any]:
+        """Every problem found by reading the whole dataset once: the format's own checks (index consistency,
+        recorded sizes and checksums), ids below ``vocab_size`` (negative ids and non-finite values always),
+        and delimiters where the format splits at one. Empty when the dataset is sound."""
+        from .checks import problems
+
+        return problems(self, vocab_size)
+
+    def verify(self, vocab_size: int | None = None) -> None:
+        """:meth:`problems`, raising :class:`tokformats.checks.VerificationError` (listing them all) if any."""
+        from .checks import VerificationError
+
+        found = self.problems(vocab_size)
+        if found:
+            raise VerificationError(found)
+
+    def stats(self, top: int = 20) -> dict[str, Any]:
+        """Documents, tokens, length percentiles and histogram, most frequent ids, files (``tokformats stats``)."""
+        from .checks import stats
+
+        return stats(self, top=top)
+
+    def decode(self, index: int, tokenizer: Any) -> str:
+        """Document ``index`` as text, with a ``tokenizers.Tokenizer`` (or a tokenizer.json path) or an llm.c
+        vocabulary."""
+        from .tokenizer import text_decoder
+
+        if hasattr(tokenizer, "decode_bytes"):  # an llm.c Vocab
+            return text_decoder(vocab=tokenizer)(self[index])
+        return text_decoder(tokenizer=tokenizer)(self[index])
+
     def sample_units(self) -> tuple[np.ndarray, np.ndarray]:
         """``(lengths, offsets)`` of the units fixed-length training samples are cut from (see
         :class:`tokformats.training.GPTSamples`): documents, unless the format's owner samples another unit."""

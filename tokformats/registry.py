@@ -80,8 +80,12 @@ def descriptor(name: str) -> FormatDescriptor:
     try:
         return _REGISTRY[name]
     except KeyError:
+        import difflib
+
         known = ", ".join(sorted(_REGISTRY))
-        raise UnknownFormatError(f"there is no format named {name!r}; the formats are: {known}.") from None
+        close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise UnknownFormatError(f"there is no format named {name!r}.{hint} The formats are: {known}.") from None
 
 
 def read_head(path: Path, size: int) -> bytes:
@@ -122,6 +126,23 @@ def _candidates(path: Path) -> Iterator[FormatDescriptor]:
     return iter(matching + [d for d in detectable if d not in matching])
 
 
+def _did_you_mean(path: Path) -> str:
+    """Datasets beside ``path`` whose names start with its name (``data/owt`` -> ``data/owt_text_document``)."""
+    try:
+        siblings = sorted(glob.glob(glob.escape(os.fspath(path)) + "*"))
+    except OSError:
+        return ""
+    names = []
+    for sibling in siblings:
+        name = Path(sibling).with_suffix("") if Path(sibling).is_file() else Path(sibling)
+        if name not in names and name != path:
+            names.append(name)
+    if not names:
+        return ""
+    shown = ", ".join(str(n) for n in names[:3]) + (" ..." if len(names) > 3 else "")
+    return f" Did you mean {shown}?"
+
+
 def detect(path: Any) -> str:
     """The name of the format of ``path`` (a file, a prefix, a folder, a glob or a list), by content.
 
@@ -134,8 +155,8 @@ def detect(path: Any) -> str:
     for candidate in _candidates(first):
         if candidate.detect(first):
             return candidate.name
-    if not first.exists() and not any(Path(str(first) + s).exists() for s in (".idx", ".bin")):
-        raise NoFilesError(f"{first} does not exist.")
+    if not first.exists():
+        raise NoFilesError(f"{first} does not exist.{_did_you_mean(first)}")
     from .formats.raw import describe_headerless
 
     raise UnknownFormatError(

@@ -19,6 +19,7 @@ C loader globs and sorts them.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
@@ -29,7 +30,7 @@ import numpy as np
 from ..arrays import ConcatenatedArray, TokenArray, map_file
 from ..documents import add_delimiter, split_offsets
 from ..dtypes import check_id, resolve_dtype
-from ..errors import HeaderError, NoFilesError, SizeMismatchError
+from ..errors import FormatError, HeaderError, NoFilesError, SizeMismatchError
 from ..protocol import PathLike, TokenReader, TokenWriter
 from ..registry import expand_paths, read_head
 
@@ -125,8 +126,44 @@ def read_header(path: Path) -> tuple[Family, int]:
     return family, ntok
 
 
+_SHARD_NAME = re.compile(r"^(?P<name>.+)_(?P<split>[^_]+)_(?P<index>\d+)\.bin$")
+
+
+def folder_shards(folder: Path) -> list[Path]:
+    """The shards of the one split in ``folder`` (``{name}_{split}_{index}.bin``), in order.
+
+    A folder holding several splits (llm.c's ``fineweb10B/`` has ``_train_`` and ``_val_`` shards) is refused with
+    the glob of each, rather than read as one corpus that mixes them.
+    """
+    shards = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".") and _is_shard(p))
+    if not shards:
+        raise NoFilesError(f"{folder} holds no llm.c token shards.")
+    groups: dict[str, list[Path]] = {}
+    for shard in shards:
+        match = _SHARD_NAME.match(shard.name)
+        key = f"{match.group('name')}_{match.group('split')}" if match else "(other names)"
+        groups.setdefault(key, []).append(shard)
+    if len(groups) > 1:
+        listing = "; ".join(
+            f"{folder / (k + '_*.bin')} ({len(v)} shard{'s' * (len(v) != 1)})" for k, v in sorted(groups.items())
+        )
+        raise FormatError(f"{folder} holds shards of {len(groups)} splits; open one of them: {listing}.")
+    return shards
+
+
+def _is_shard(path: Path) -> bool:
+    head = read_head(path, 8)
+    if len(head) < 8:
+        return False
+    magic, version = (int(v) for v in np.frombuffer(head, dtype="<i4"))
+    family = FAMILIES.get(magic)
+    return family is not None and family.version == version
+
+
 def detect(path: Path) -> bool:
-    """True for a file starting with an llm.c token-shard magic and its version."""
+    """True for a file starting with an llm.c token-shard magic and its version, or a folder of such shards."""
+    if path.is_dir():
+        return any(_is_shard(p) for p in sorted(path.glob("*.bin"))[:8])
     head = read_head(path, 8)
     if len(head) < 8:
         return False
@@ -139,7 +176,8 @@ class Reader(TokenReader):
     """One llm.c shard, or several (a glob or a list) read as one corpus in sorted order.
 
     Args:
-        path: a shard, a glob such as ``"data/fineweb_train_*.bin"``, or a list of shards.
+        path: a shard, a glob such as ``"data/fineweb_train_*.bin"``, a list of shards, or a folder holding the
+            shards of one split.
         bos: the delimiter that precedes each document. ``"auto"`` (default): the family's (50256 for GPT-2,
             128000 for Llama-3) when it occurs near the start of the stream, else the stream's first token, which
             llm.c's writers always make the delimiter (so shards written with another tokenizer read right);
@@ -150,6 +188,8 @@ class Reader(TokenReader):
 
     def __init__(self, path: PathLike | list[PathLike], *, bos: int | str | None = "auto") -> None:
         super().__init__(path, bos=bos)
+        if isinstance(path, (str, os.PathLike)) and Path(path).is_dir():
+            path = folder_shards(Path(path))
         paths = expand_paths(path)
         if len(paths) > 1:
             paths = sorted(paths, key=lambda p: os.fspath(p))

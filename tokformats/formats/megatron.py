@@ -324,16 +324,23 @@ class Reader(TokenReader):
         summary["sequences"] = len(self.sequence_lengths)
         return summary
 
-    def verify(self) -> None:
-        """Check what opening does not: every sequence pointer equals the running byte offset."""
+    def _problems(self) -> list[Any]:
+        """What opening does not check: every sequence pointer equals the running byte offset."""
+        from ..checks import Problem
+
         expected = self.sequence_offsets[:-1] * self._dtype.itemsize
         bad = np.flatnonzero(self.sequence_pointers != expected)
-        if bad.size:
-            k = int(bad[0])
-            raise HeaderError(
-                f"{self.idx_path}: sequence_pointers[{k}] is {int(self.sequence_pointers[k]):,}, but the sequences "
-                f"before it end at byte {int(expected[k]):,}; {bad.size:,} pointers disagree."
+        if not bad.size:
+            return []
+        k = int(bad[0])
+        return [
+            Problem(
+                str(self.idx_path),
+                f"sequence_pointers[{k}]",
+                f"is {int(self.sequence_pointers[k]):,}, but the sequences before it end at byte {int(expected[k]):,}; "
+                f"{bad.size:,} pointers disagree",
             )
+        ]
 
 
 def _write_index(

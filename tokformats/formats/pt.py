@@ -36,7 +36,7 @@ from ..arrays import ConcatenatedArray, TokenArray, map_file
 from ..atomic import AtomicFiles
 from ..documents import add_delimiter, split_offsets
 from ..dtypes import check_id, check_tokens, parse_dtype
-from ..errors import DTypeError, FormatError, NoFilesError, OutputExistsError
+from ..errors import DTypeError, FormatError, NoFilesError, OutputExistsError, option
 from ..protocol import PathLike, TokenReader, TokenWriter
 
 if TYPE_CHECKING:
@@ -62,6 +62,8 @@ __all__ = [
 TOKENS_PER_SHARD = 2_500_000
 SHARD_PATTERN = re.compile(r"^shard_(\d+)\.pt$")
 MANIFEST = "manifest.json"
+#: The Genesis manifest version whose fields the writer records (``shards`` with a SHA-256 per file).
+MANIFEST_VERSION = 3
 CHECKPOINTS = "checkpoints.json"
 TOKENIZER = "tokenizer.json"
 #: dtypes the writers store (torch has tensor types for each).
@@ -69,6 +71,17 @@ WRITABLE = ("int64", "int32", "uint16", "uint32", "int16", "uint8", "uint64", "f
 
 save = torchfile.save
 load = torchfile.load
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes, read in 1 MiB pieces."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def utc_now() -> str:
@@ -270,6 +283,34 @@ class FolderReader(Reader):
             return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         return split_offsets(self.tokens, eos=self.eos, bos=self.bos)
 
+    def _problems(self) -> list[Any]:
+        """The manifest against the files: counts, each listed shard's size and SHA-256 (Genesis v3)."""
+        from ..checks import Problem
+
+        found = []
+        where = str(self._path / MANIFEST)
+        manifest = self.manifest or {}
+        shards, tokens = manifest.get("total_shards"), manifest.get("total_tokens")
+        if shards is not None and shards != len(self._shards):
+            found.append(Problem(where, "total_shards", f"is {shards}, the folder has {len(self._shards)}"))
+        if tokens is not None and tokens != self.num_tokens:
+            found.append(Problem(where, "total_tokens", f"is {tokens:,}, the shards hold {self.num_tokens:,}"))
+        files = dict(self._shards)
+        for entry in manifest.get("shards", []):
+            if not isinstance(entry, dict) or "shard_id" not in entry:
+                continue
+            shard = files.get(entry["shard_id"])
+            if shard is None:
+                found.append(Problem(where, f"shards[{entry['shard_id']}]", "names a shard file that is missing"))
+                continue
+            size = shard.stat().st_size
+            if "size_bytes" in entry and size != entry["size_bytes"]:
+                message = f"is {size:,}, the manifest says {entry['size_bytes']:,}"
+                found.append(Problem(str(shard), "size_bytes", message))
+            elif "hash" in entry and file_sha256(shard) != entry["hash"]:
+                found.append(Problem(str(shard), "hash", "its SHA-256 differs from the manifest's"))
+        return found
+
     @property
     def metadata(self) -> dict[str, Any]:
         return {
@@ -425,8 +466,8 @@ class FolderWriter(Writer):
         elif existing or (self.path / MANIFEST).exists():
             if not overwrite:
                 raise OutputExistsError(
-                    f"{self.path} already holds shards; pass resume=True to continue it "
-                    "or overwrite=True to replace it."
+                    f"{self.path} already holds shards; pass {option('resume')} to continue it "
+                    f"or {option('overwrite')} to replace it."
                 )
             self._files.remove_on_commit(
                 [p for _, p in existing] + [self.path / n for n in (MANIFEST, CHECKPOINTS, TOKENIZER)]
@@ -437,6 +478,8 @@ class FolderWriter(Writer):
         self._buffer = np.empty(tokens_per_shard, dtype=chosen)
         self._filled = 0
         self._new_shards: list[Path] = []
+        #: Genesis v3 manifest entries of the shards written here (kept ones come from the old manifest).
+        self._shard_entries: list[dict[str, Any]] = []
         self._new_tokens = 0
         self._new_bytes = 0
         self._append(leftover)
@@ -458,8 +501,19 @@ class FolderWriter(Writer):
         final = self.path / f"shard_{index}.pt"
         handle = self._files.create(final)
         torchfile.write_tensor(handle, tokens, prefix=f"shard_{index}")
-        self._new_bytes += handle.tell()
+        size = handle.tell()
+        self._new_bytes += size
         self._files.finish(handle)
+        self._shard_entries.append(
+            {
+                "shard_id": index,
+                "source": self.source,
+                "hash": file_sha256(Path(handle.name)),
+                "size_tokens": len(tokens),
+                "size_bytes": size,
+                "created_at": utc_now(),
+            }
+        )
         self._new_shards.append(final)
         self._new_tokens += len(tokens)
         self._next_index += 1
@@ -497,7 +551,11 @@ class FolderWriter(Writer):
                 "last_shard_id": last_shard,
             },
         }
+        kept = [s for s in manifest.get("shards", []) if isinstance(s, dict)]
         self._manifest = {
+            "version": MANIFEST_VERSION,
+            "tokens_per_shard": self.tokens_per_shard,
+            "shard_size_mb": round(self.tokens_per_shard * self.dtype.itemsize / 1e6, 3),
             "total_shards": int(manifest.get("total_shards", 0)) + len(self._new_shards),
             "total_tokens": int(manifest.get("total_tokens", 0)) + self._new_tokens,
             "total_size_bytes": int(manifest.get("total_size_bytes", 0)) + self._new_bytes,
@@ -505,6 +563,7 @@ class FolderWriter(Writer):
             "sources": manifest["sources"],
             "created_at": manifest.get("created_at", now),
             "updated_at": now,
+            "shards": kept + self._shard_entries,
         }
         if self.tokenizer is not None:
             from ..tokenizer import load_tokenizer

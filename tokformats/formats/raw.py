@@ -26,7 +26,7 @@ import numpy as np
 from ..arrays import map_file
 from ..documents import add_delimiter, split_offsets
 from ..dtypes import check_id, parse_dtype, resolve_dtype
-from ..errors import DataWarning, DTypeError, NoFilesError, SizeMismatchError
+from ..errors import DataWarning, DTypeError, NoFilesError, SizeMismatchError, option
 from ..protocol import PathLike, TokenReader, TokenWriter
 
 if TYPE_CHECKING:
@@ -68,14 +68,14 @@ def implausible(sample: bytes, dtype: np.dtype) -> str | None:
         if huge > 0.5:
             return (
                 f"read as {dtype.name}, {huge:.0%} of the first ids are negative or above 2**20 (no tokenizer is that "
-                "large); the file is probably uint16: pass dtype='uint16'"
+                f"large); the file is probably uint16: pass {option('dtype', repr('uint16'))}"
             )
     elif dtype.itemsize == 2:
         halves = np.frombuffer(sample[:usable], dtype=dtype)
         if not halves[1::2].any() and halves[0::2].any():
             return (
                 f"read as {dtype.name}, every second id is 0; the file is probably uint32 (or int32): "
-                "pass dtype='uint32'"
+                f"pass {option('dtype', repr('uint32'))}"
             )
     return None
 
@@ -89,7 +89,8 @@ def describe_headerless(path: Path) -> str:
     except OSError as exc:
         return f"It cannot be read ({exc})."
     lines = [
-        "A headerless token stream records no dtype: pass format='raw' and dtype= "
+        f"A headerless token stream records no dtype: pass {option('format', repr('raw'))} and "
+        f"{option('dtype', 'DTYPE')} "
         f"(the file has {size:,} bytes). Its bytes read as:"
     ]
     for name in CANDIDATE_DTYPES:
@@ -125,7 +126,7 @@ class Reader(TokenReader):
         if not self._path.is_file():
             raise NoFilesError(f"{self._path} does not exist or is not a file.")
         if dtype is None:
-            raise DTypeError(f"{self._path}: dtype is required for format='raw'. " + describe_headerless(self._path))
+            raise DTypeError(f"{self._path}: a dtype is required for raw streams. " + describe_headerless(self._path))
         if eos is not None and bos is not None:
             raise ValueError(f"{self._path}: pass eos= or bos=, not both.")
         self._dtype = parse_dtype(dtype)

@@ -1,0 +1,175 @@
+"""``Reader.verify``/``Reader.problems`` and ``Reader.stats``: what ``tokformats verify`` and ``stats`` report.
+
+Opening a dataset checks what is O(1) or O(index); these functions read every token once (vectorised, chunk by
+chunk, memory bounded) and report every problem they find rather than stopping at the first.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+from .arrays import iter_chunks
+from .errors import FormatError
+
+if TYPE_CHECKING:
+    from .protocol import TokenReader
+
+__all__ = ["Problem", "VerificationError", "problems", "stats"]
+
+#: Problems listed per check before the rest are only counted.
+_LIMIT = 20
+
+
+class Problem(NamedTuple):
+    """One thing wrong with a dataset: where (file, document) and what (field, message)."""
+
+    file: str
+    field: str
+    message: str
+    document: int | None = None
+
+    def __str__(self) -> str:
+        where = f" document {self.document:,}" if self.document is not None else ""
+        return f"{self.file}:{where} {self.field}: {self.message}"
+
+
+class VerificationError(FormatError):
+    """``verify()`` found problems; :attr:`problems` lists them all."""
+
+    def __init__(self, found: list[Problem]) -> None:
+        self.problems = found
+        more = f" (and {len(found) - 1:,} more)" if len(found) > 1 else ""
+        super().__init__(f"{found[0]}{more}")
+
+
+def _document_of(reader: TokenReader, position: int) -> int:
+    return int(np.searchsorted(reader.offsets, position, side="right")) - 1
+
+
+def problems(reader: TokenReader, vocab_size: int | None = None) -> list[Problem]:
+    """Every problem found in ``reader``: the format's own checks, then ids, values and delimiters."""
+    found: list[Problem] = list(reader._problems())
+    path = str(reader.path)
+    offsets = reader.offsets
+    if len(offsets) and (offsets[0] != 0 or offsets[-1] != reader.num_tokens or (np.diff(offsets) < 0).any()):
+        found.append(Problem(path, "offsets", "document boundaries do not tile the token stream"))
+        return found
+    found += _value_problems(reader, vocab_size)
+    found += _delimiter_problems(reader)
+    return found
+
+
+def _value_problems(reader: TokenReader, vocab_size: int | None) -> list[Problem]:
+    path, dtype = str(reader.path), reader.dtype
+    found: list[Problem] = []
+    position = 0
+    for chunk in iter_chunks(reader.tokens):
+        values = np.asarray(chunk)
+        if dtype.kind == "f":
+            bad = np.flatnonzero(~np.isfinite(values))
+            what = "is not finite"
+        else:
+            bad = np.flatnonzero(values < 0) if dtype.kind == "i" else np.zeros(0, dtype=np.int64)
+            what = "is negative"
+            if vocab_size is not None:
+                bad = np.flatnonzero((values < 0) | (values >= vocab_size))
+                what = f"is not below vocab_size {vocab_size:,}"
+        for k in bad[: _LIMIT - len(found)].tolist():
+            token = position + k
+            found.append(
+                Problem(
+                    path,
+                    "ids" if dtype.kind != "f" else "values",
+                    f"token {token:,} ({values[k]!r}) {what}",
+                    _document_of(reader, token),
+                )
+            )
+        if len(bad) and len(found) >= _LIMIT:
+            found.append(Problem(path, "ids", "more values are out of range; only the first are listed"))
+            break
+        position += len(values)
+    return found
+
+
+def _delimiter_problems(reader: TokenReader) -> list[Problem]:
+    """A stream split at a delimiter should end (``eos``) or start (``bos``) with it: else its last (first)
+    document is a fragment, the sign of a truncated file or a shard opened without its predecessor."""
+    path, count = str(reader.path), len(reader)
+    if not count or reader.num_tokens == 0:
+        return []
+    eos, bos = getattr(reader, "eos", None), getattr(reader, "bos", None)
+    if eos is not None and reader[count - 1][-1] != eos:
+        return [Problem(path, "eos", f"the stream does not end with {eos}: the last document is cut", count - 1)]
+    if bos is not None and reader[0][0] != bos:
+        return [Problem(path, "bos", f"the stream does not start with {bos}: the first document is a fragment", 0)]
+    return []
+
+
+_PERCENTILES = (0, 1, 5, 25, 50, 75, 95, 99, 100)
+
+
+def stats(reader: TokenReader, *, top: int = 20) -> dict[str, Any]:
+    """Documents, tokens, length percentiles and a log2 length histogram, the most frequent ids, and one row per
+    file; JSON-serialisable."""
+    lengths = np.asarray(reader.lengths)
+    result: dict[str, Any] = {
+        "format": reader.format,
+        "path": str(reader.path),
+        "documents": len(reader),
+        "tokens": reader.num_tokens,
+        "dtype": reader.dtype.name,
+    }
+    if len(lengths):
+        values = np.percentile(lengths, _PERCENTILES, method="lower")
+        result["length"] = {
+            "mean": round(float(lengths.mean()), 2),
+            **{f"p{p}": int(v) for p, v in zip(_PERCENTILES, values)},
+        }
+        edges = [0, *(1 << k for k in range(int(max(lengths.max(), 1)).bit_length() + 1))]
+        counts, _ = np.histogram(lengths, bins=edges)
+        result["histogram"] = [
+            {"from": int(lo), "to": int(hi) - 1, "documents": int(c)}
+            for lo, hi, c in zip(edges[:-1], edges[1:], counts)
+            if c
+        ]
+    if reader.dtype.kind in "iu" and reader.num_tokens:
+        result["top_ids"] = _top_ids(reader, top)
+    result["files"] = _file_rows(reader)
+    return result
+
+
+def _top_ids(reader: TokenReader, top: int) -> list[dict[str, int]]:
+    counts: np.ndarray | None = None
+    for chunk in iter_chunks(reader.tokens):
+        values = np.asarray(chunk).astype(np.int64, copy=False)
+        if len(values) == 0:
+            continue
+        if values.min() < 0 or values.max() >= 1 << 24:  # not a vocabulary: count what is there
+            ids, found = np.unique(values, return_counts=True)
+            partial = dict(zip(ids.tolist(), found.tolist()))
+            ranked = sorted(partial.items(), key=lambda item: -item[1])[:top]
+            return [{"id": int(i), "count": int(c)} for i, c in ranked]
+        chunk_counts = np.bincount(values)
+        if counts is None:
+            counts = chunk_counts
+        else:
+            if len(chunk_counts) > len(counts):
+                counts, chunk_counts = chunk_counts, counts
+            counts[: len(chunk_counts)] += chunk_counts
+    if counts is None:
+        return []
+    order = np.argsort(-counts, kind="stable")[:top]
+    return [{"id": int(i), "count": int(counts[i])} for i in order if counts[i]]
+
+
+def _file_rows(reader: TokenReader) -> list[dict[str, Any]]:
+    rows = []
+    for file in reader.files:
+        try:
+            size = file.stat().st_size
+        except OSError:
+            size = None
+        rows.append({"file": str(file), "bytes": size})
+    return rows
