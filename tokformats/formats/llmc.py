@@ -189,8 +189,9 @@ class Reader(TokenReader):
     def __init__(self, path: PathLike | list[PathLike], *, bos: int | str | None = "auto") -> None:
         super().__init__(path, bos=bos)
         if isinstance(path, (str, os.PathLike)) and Path(path).is_dir():
-            path = folder_shards(Path(path))
-        paths = expand_paths(path)
+            paths = folder_shards(Path(path))
+        else:
+            paths = expand_paths(path)
         if len(paths) > 1:
             paths = sorted(paths, key=lambda p: os.fspath(p))
         self._paths = paths
