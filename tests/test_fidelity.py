@@ -35,7 +35,7 @@ def test_convert_into_llmc_keeps_documents_or_refuses(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("merged*")), "a refusal writes nothing"
     summary = tokformats.convert(source, tmp_path / "kept", "llmc", bos=50256)
     assert summary["documents"] == 3 and summary["tokens"] == 8 and summary["delimiters_added"] == 3
-    with tokformats.open(tmp_path / "kept_train_000000.bin") as reader:  # default options
+    with tokformats.open(tmp_path / "kept_000000.bin") as reader:  # default options
         assert [d.tolist() for d in reader] == [[50256, 5, 6], [50256], [50256, 7, 8, 9]]
 
 
@@ -94,10 +94,10 @@ def test_info_warns_when_the_delimiter_never_occurs(tmp_path: Path, capsys: pyte
         writer.write_batch(np.arange(1, 101), [100])  # no delimiter anywhere: one document
     from tokformats.inspect import describe
 
-    with tokformats.open(tmp_path / "one_train_000000.bin") as reader:
+    with tokformats.open(tmp_path / "one_000000.bin") as reader:
         info = describe(reader)
     assert info["documents"] == 1 and any("never occurs" in w for w in info["warnings"])
-    assert main(["info", str(tmp_path / "one_train_000000.bin")]) == 0
+    assert main(["info", str(tmp_path / "one_000000.bin")]) == 0
     assert "warning: the delimiter" in capsys.readouterr().err
 
 

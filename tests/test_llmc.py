@@ -29,7 +29,7 @@ class TestLLMCConformance(TokenFormatTests):
         return {"bos": BOS}
 
     def source(self, target: Path) -> Any:
-        return f"{target}_train_*.bin"
+        return f"{target}_[0-9]*.bin"
 
     def read_options(self, dtype: str) -> dict[str, Any]:
         return {"bos": BOS}
@@ -65,7 +65,7 @@ def test_golden_shard_rewrites_byte_for_byte(fixtures: Path, tmp_path: Path, nam
     expected = np.load(fixtures / "llmc" / f"{name}.expected.npy")
     with tokformats.create(tmp_path / "out", "llmc", dtype=expected.dtype) as writer:
         writer.write(expected)
-    assert writer.written == [tmp_path / "out_train_000000.bin"]
+    assert writer.written == [tmp_path / "out_000000.bin"]
     assert writer.written[0].read_bytes() == (fixtures / "llmc" / f"{name}.bin").read_bytes()
 
 
@@ -104,7 +104,7 @@ def test_default_delimiter_of_another_tokenizer_is_the_first_token(fixtures: Pat
     with tempfile.TemporaryDirectory() as scratch:
         with tokformats.create(Path(scratch) / "x", format="llmc", vocab_size=50257) as writer:
             writer.write_batch([7, 8, 50256, 9, 50256, 4], [6])
-        with tokformats.open(Path(scratch) / "x_train_000000.bin") as reader:
+        with tokformats.open(Path(scratch) / "x_000000.bin") as reader:
             assert (reader.bos, reader.bos_rule, len(reader)) == (50256, "family", 3)
 
 
@@ -119,7 +119,7 @@ def test_glob_sorted_and_list(fixtures: Path) -> None:
 
 def test_glob_matching_nothing(tmp_path: Path) -> None:
     with pytest.raises(NoFilesError, match="matches no file"):
-        tokformats.open(str(tmp_path / "x_train_*.bin"))
+        tokformats.open(str(tmp_path / "x_[0-9]*.bin"))
 
 
 def shard_bytes(tokens: list[int], magic: int = 20240520, version: int = 1, ntok: int | None = None) -> bytes:
@@ -177,7 +177,7 @@ def test_overwrite_removes_stale_shards(tmp_path: Path) -> None:
     assert len(w.written) == 3
     with tokformats.create(tmp_path / "c", "llmc", vocab_size=100, shard_size=2, overwrite=True) as w:
         w.write([7])
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["c_train_000000.bin"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c_000000.bin"]
 
 
 def test_family_from_vocab_size_and_dtype(tmp_path: Path) -> None:
@@ -192,7 +192,7 @@ def test_family_from_vocab_size_and_dtype(tmp_path: Path) -> None:
 def test_batches_follow_the_c_loader(tmp_path: Path) -> None:
     with tokformats.create(tmp_path / "b", "llmc", vocab_size=1000, shard_size=50) as w:
         w.write(np.arange(100) % 1000)
-    with tokformats.open(str(tmp_path / "b_train_*.bin")) as r:
+    with tokformats.open(str(tmp_path / "b_[0-9]*.bin")) as r:
         batches = list(r.batches(2, 4, rank=1, world_size=2))
         # each 50-token shard gives (50 - 1) // (2 * 8) = 3 windows per process
         assert len(batches) == 6

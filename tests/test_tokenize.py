@@ -54,7 +54,7 @@ def decoded(tokenizer: Tokenizer, documents: Any, strip: slice = slice(None, -1)
 FORMATS = {
     "megatron": ({}, lambda path: path),
     "raw": ({"format": "raw", "dtype": "uint16", "eos": 0}, lambda path: path),
-    "llmc": ({"bos": 0}, lambda path: f"{path}_train_*.bin"),
+    "llmc": ({"bos": 0}, lambda path: f"{path}_[0-9]*.bin"),
     "pt": ({"eos": 0}, lambda path: path),
     "timemoe": ({}, lambda path: path),
 }

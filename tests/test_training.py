@@ -205,7 +205,7 @@ def test_samples_pickle_and_reopen(tmp_path: Path) -> None:
     with tokformats.create(tmp_path / "c", format="llmc", vocab_size=1000, bos=0) as writer:
         writer.write_batch(np.arange(1, 501) % 900 + 1, [100] * 5)
     for cache in (None, tmp_path / "cache"):
-        samples = training.GPTSamples(tokformats.open(tmp_path / "c_train_000000.bin"), 16, cache_dir=cache)
+        samples = training.GPTSamples(tokformats.open(tmp_path / "c_000000.bin"), 16, cache_dir=cache)
         copy = pickle.loads(pickle.dumps(samples))
         assert copy.fingerprint == samples.fingerprint
         np.testing.assert_array_equal(copy[3], samples[3])

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import shutil
 import sys
 import threading
@@ -39,7 +40,7 @@ import numpy as np
 from . import api
 from .documents import add_delimiter, document_runs, offsets_from_lengths
 from .dtypes import dtype_for_vocab
-from .errors import FormatError, OutputExistsError, option
+from .errors import ConfigError, FormatError, OutputExistsError, option
 from .protocol import TokenWriter
 from .registry import descriptor as format_descriptor
 from .sources import Input, Record, SourceError, iter_records, resolve_inputs
@@ -56,19 +57,28 @@ _SPOOL_CHUNK = 1 << 24  # tokens per write_batch call when writing the outputs
 
 
 def parse_split(split: Any) -> dict[str, float] | None:
-    """``{"train": 0.8, ...}``, ``"8:1:1"`` (train, val, test) or None; fractions normalised to sum to 1."""
+    """``{"train": 0.8, ...}``, ``"8:1:1"`` or ``"0.9,0.1"`` (train, val[, test]) or None; fractions normalised
+    to sum to 1."""
     if split is None:
         return None
+    example = option("split", repr("8:1:1"))
     if isinstance(split, str):
-        parts = [float(p) for p in split.split(":")]
-        names = ["train", "val", "test"][: len(parts)]
+        try:
+            parts = [float(p) for p in re.split(r"[:,]", split.strip())]
+        except ValueError:
+            raise ConfigError(f"split {split!r} is not ratios separated by ':' or ',', e.g. {example}.") from None
         if len(parts) > 3:
-            raise ValueError(f"--split takes up to three ratios (train:val:test), not {split!r}")
-        split = dict(zip(names, parts))
-    weights = {str(k): float(v) for k, v in dict(split).items()}
+            raise ConfigError(
+                f"split {split!r} has {len(parts)} ratios; give up to three (train, val, test): {example}."
+            )
+        split = dict(zip(["train", "val", "test"], parts))
+    try:
+        weights = {str(k): float(v) for k, v in dict(split).items()}
+    except (TypeError, ValueError):
+        raise ConfigError(f"split must map split names to ratios, e.g. {example}; found {split!r}.") from None
     total = sum(weights.values())
-    if not weights or total <= 0 or any(v < 0 for v in weights.values()):
-        raise ValueError(f"split ratios must be non-negative and not all zero, found {weights}")
+    if not weights or total <= 0 or any(v < 0 or v != v for v in weights.values()):
+        raise ConfigError(f"split ratios must be non-negative and not all zero, found {weights}.")
     return {k: v / total for k, v in weights.items()}
 
 
@@ -219,13 +229,15 @@ class Progress:
         self.enabled, self.total, self.counters = enabled, total_bytes, counters
         self.started = self.last = time.perf_counter()
         self.done_before = 0
+        #: Input bytes whose documents are encoded (set by the encoding loop; None: count what was read).
+        self.encoded: int | None = None
 
     def update(self, stats: Stats, *, final: bool = False) -> None:
         now = time.perf_counter()
         if not self.enabled or (not final and now - self.last < 0.5):
             return
         self.last = now
-        read = self.done_before + sum(c.count for c in self.counters)
+        read = self.done_before + (self.encoded if self.encoded is not None else sum(c.count for c in self.counters))
         elapsed = max(now - self.started, 1e-9)
         rate = read / elapsed
         line = f"tokenize: {stats.documents:,} documents, {stats.tokens:,} tokens, {rate / 1e6:.1f} MB/s"
@@ -242,8 +254,11 @@ class Progress:
 # -- encoding one partition -----------------------------------------------------------------------------
 
 
-def _batches(records: Iterator[Record], size: int, out: queue.Queue[Any], stop: threading.Event) -> None:
-    """The reader thread: groups records into batches of ``size`` documents; passes errors on."""
+def _batches(
+    records: Iterator[Record], size: int, out: queue.Queue[Any], stop: threading.Event, counters: list[Any]
+) -> None:
+    """The reader thread: groups records into batches of ``size`` documents, each with the input bytes read up to
+    its end (so progress counts what was encoded, not what was read ahead); passes errors on."""
     try:
         batch: list[Record] = []
         for record in records:
@@ -251,10 +266,10 @@ def _batches(records: Iterator[Record], size: int, out: queue.Queue[Any], stop: 
                 return
             batch.append(record)
             if len(batch) >= size:
-                out.put(batch)
+                out.put((batch, sum(c.count for c in counters)))
                 batch = []
         if batch:
-            out.put(batch)
+            out.put((batch, sum(c.count for c in counters)))
         out.put(None)
     except BaseException as exc:  # delivered to the main thread, which raises it
         out.put(exc)
@@ -300,9 +315,12 @@ def _encode_partition(
                 f"{option('overwrite')} to start over."
             )
         if state.get("plan") != asdict(plan):
+            before, now = state.get("plan") or {}, asdict(plan)
+            changed = [k for k in now if before.get(k) != now[k]]
+            detail = "; ".join(f"{k} was {before.get(k)!r:.80}, now {now[k]!r:.80}" for k in changed[:3])
             raise FormatError(
-                f"{checkpoint} was written by a run with other settings; it cannot be resumed with these. "
-                "Delete the folder to start over."
+                f"{checkpoint} was written by a run with other settings ({detail}); it cannot be resumed with these. "
+                f"Run with the same settings to resume, or pass {option('overwrite')} to start over."
             )
     else:
         folder.mkdir(parents=True, exist_ok=True)
@@ -348,17 +366,18 @@ def _encode_partition(
     records = iter_records(inputs, tuple(plan.keys), plan.unit, start=local_start, counter=counters)
     batches: queue.Queue[Any] = queue.Queue(maxsize=4)  # memory: a few batches, never the corpus
     stop = threading.Event()
-    reader = threading.Thread(target=_batches, args=(records, batch_size, batches, stop), daemon=True)
+    reader = threading.Thread(target=_batches, args=(records, batch_size, batches, stop, counters), daemon=True)
     reader.start()
     fractions = list(plan.split.values()) if plan.split else [1.0]
     last_save = time.perf_counter()
     try:
         while True:
-            batch = batches.get()
-            if batch is None:
+            item = batches.get()
+            if item is None:
                 break
-            if isinstance(batch, BaseException):
-                raise batch
+            if isinstance(item, BaseException):
+                raise item
+            batch, read_through = item
             good = []
             for record in batch:
                 if record.texts is not None:
@@ -396,6 +415,7 @@ def _encode_partition(
             last = batch[-1]
             position = (last.input + first_input, last.index)
             if progress is not None:
+                progress.encoded = read_through
                 progress.update(stats)
             if time.perf_counter() - last_save >= checkpoint_every:
                 save()
@@ -532,6 +552,8 @@ def tokenize(
     )
     targets = output_paths(output, format, keys, plan.splits)
     work = Path(f"{output}.tokenize")
+    if overwrite and not resume and work.exists():
+        shutil.rmtree(work)  # a failed run's spools: overwrite starts over
     if not overwrite and not (resume and work.exists()):
         for target in targets.values():
             for path in writer_class.existing_outputs(target):

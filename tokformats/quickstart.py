@@ -50,7 +50,7 @@ class FormatTrip:
 def _trips() -> list[FormatTrip]:
     return [
         FormatTrip("raw", read={"format": "raw", "dtype": "uint16", "eos": EOT}),
-        FormatTrip("llmc", "prepend", read={"bos": EOT}, source=lambda path: f"{path}_train_*.bin"),
+        FormatTrip("llmc", "prepend", read={"bos": EOT}, source=lambda path: f"{path}_[0-9]*.bin"),
         FormatTrip("megatron"),
         FormatTrip("pt", write={"tokens_per_shard": 50_000}, read={"eos": EOT}),
         FormatTrip("timemoe"),

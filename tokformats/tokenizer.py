@@ -171,27 +171,21 @@ def _names_a_file(item: Any) -> bool:
     if not isinstance(item, str) or "\n" in item or len(item) > 4096:
         return False
     try:
-        return Path(item).is_file()
+        return Path(item).exists()
     except OSError:
         return False
 
 
-def read_documents(paths: Iterable[Any], unit: str = "line") -> Iterator[str]:
-    """Documents of UTF-8 text files: one per ``line`` (empty lines skipped) or one per ``file``."""
-    if unit not in ("line", "file"):
-        raise ValueError(f"unit must be 'line' or 'file', not {unit!r}")
-    for item in paths:
-        path = Path(os.fspath(item))
-        if not path.is_file():
-            raise NoFilesError(f"{path} does not exist.")
-        if unit == "file":
-            yield path.read_text(encoding="utf-8")
-            continue
-        with open(path, encoding="utf-8") as handle:
-            for line in handle:
-                text = line.rstrip("\n")
-                if text:
-                    yield text
+def read_documents(paths: Iterable[Any], unit: str = "line", text_key: str = "text") -> Iterator[str]:
+    """The non-empty documents of every input ``tokenize`` reads (``.txt`` per ``unit``, ``.json``/``.jsonl``/
+    Parquet by ``text_key``, ``.gz``/``.zst``, globs, folders); a bad record raises, naming file and line."""
+    from .sources import SourceError, iter_records, resolve_inputs
+
+    for record in iter_records(resolve_inputs([Path(os.fspath(p)) for p in paths]), (text_key,), unit):
+        if record.error is not None:
+            raise SourceError(record.error)
+        if record.texts and record.texts[0]:
+            yield record.texts[0]
 
 
 def train_tokenizer(
@@ -207,12 +201,12 @@ def train_tokenizer(
     """Train a byte-level BPE tokenizer with ``tokenizers``: no unknown tokens, specials at ids 0..k-1.
 
     Args:
-        inputs: text file paths (``Path`` objects, or strings when every one names an existing file;
-            documents per ``unit``) or an iterable of document strings.
+        inputs: files, globs or folders of any kind ``tokenize`` reads (``Path`` objects, or strings when every one
+            names an existing file), documents per ``unit``; or an iterable of document strings.
         vocab_size: target size including the 256 byte tokens and the special tokens.
         min_frequency: pairs seen fewer times are not merged.
         special_tokens: reserved first, in this order (default: the 9 of :data:`SPECIAL_TOKENS`).
-        unit: ``"line"`` or ``"file"``: what one document is in a text file.
+        unit: ``"line"``, ``"file"`` or ``"paragraph"``: what one document is in a ``.txt`` file.
         sample_docs: learn merges from the first N documents only (NeuroShard Genesis's mode).
         progress: show ``tokenizers``' progress bar (default: when stderr is a terminal).
 

@@ -1,4 +1,5 @@
-"""llm.c token shards (``{name}_{split}_{index:06d}.bin``), as written by llm.c's ``write_datafile``.
+"""llm.c token shards (``{name}_{split}_{index:06d}.bin``, or ``{name}_{index:06d}.bin``), as written by llm.c's
+``write_datafile``.
 
 Layout (little-endian; llm.c uses the host's order, which is little-endian everywhere it runs)::
 
@@ -84,9 +85,13 @@ OTHER_MAGICS = {
 DELIMITER_PROBE = 1 << 20
 
 
-def shard_name(prefix: PathLike, split: str, index: int) -> Path:
-    """``{prefix}_{split}_{index:06d}.bin``, llm.c's shard naming."""
-    return Path(f"{os.fspath(prefix)}_{split}_{index:06d}.bin")
+def shard_name(prefix: PathLike, split: str | None, index: int) -> Path:
+    """``{prefix}_{split}_{index:06d}.bin`` (llm.c's naming), or ``{prefix}_{index:06d}.bin`` without a split."""
+    return Path(f"{os.fspath(prefix)}{f'_{split}' if split else ''}_{index:06d}.bin")
+
+
+#: What ``shard_name`` writes for shard ``index`` after the prefix (and split).
+_INDEX_GLOB = "[0-9]" * 6
 
 
 def read_header(path: Path) -> tuple[Family, int]:
@@ -126,7 +131,7 @@ def read_header(path: Path) -> tuple[Family, int]:
     return family, ntok
 
 
-_SHARD_NAME = re.compile(r"^(?P<name>.+)_(?P<split>[^_]+)_(?P<index>\d+)\.bin$")
+_SHARD_NAME = re.compile(r"^(?P<stem>.+)_(?P<index>\d+)\.bin$")
 
 
 def folder_shards(folder: Path) -> list[Path]:
@@ -141,7 +146,7 @@ def folder_shards(folder: Path) -> list[Path]:
     groups: dict[str, list[Path]] = {}
     for shard in shards:
         match = _SHARD_NAME.match(shard.name)
-        key = f"{match.group('name')}_{match.group('split')}" if match else "(other names)"
+        key = match.group("stem") if match else "(other names)"
         groups.setdefault(key, []).append(shard)
     if len(groups) > 1:
         listing = "; ".join(
@@ -305,7 +310,8 @@ class Writer(TokenWriter):
         path: the shard prefix, e.g. ``"out/fineweb"``.
         vocab_size: picks the family: GPT-2 (uint16) up to 65,536 ids, else Llama-3 (uint32).
         dtype: ``uint16`` or ``uint32`` instead of ``vocab_size``.
-        split: the split name in the file names.
+        split: a split name for the file names (``OUTPUT_{split}_000000.bin``, as llm.c's scripts name train and
+            val shards); by default none (``OUTPUT_000000.bin``).
         shard_size: tokens per shard (llm.c's default 10**8); capped so that no shard reaches 2 GiB.
         bos: when given, written before every document (llm.c's delimiter convention).
         overwrite: replace existing shards of the same prefix and split (stale higher-numbered ones are removed).
@@ -316,7 +322,7 @@ class Writer(TokenWriter):
 
     @classmethod
     def output_path(cls, output: PathLike, key: str, split: str | None, several_keys: bool) -> Path:
-        """The shard prefix: the split goes into the shard names (``OUTPUT_{split}_{index:06d}.bin``)."""
+        """The shard prefix: a split goes into the shard names (``OUTPUT_{split}_{index:06d}.bin``)."""
         return super().output_path(output, key, None, several_keys)
 
     @classmethod
@@ -326,7 +332,7 @@ class Writer(TokenWriter):
     @classmethod
     def existing_outputs(cls, path: PathLike) -> list[Path]:
         prefix = Path(path)
-        return sorted(prefix.parent.glob(f"{prefix.name}_*_000000.bin")) if prefix.parent.is_dir() else []
+        return sorted(prefix.parent.glob(f"{prefix.name}_*000000.bin")) if prefix.parent.is_dir() else []
 
     def __init__(
         self,
@@ -334,7 +340,7 @@ class Writer(TokenWriter):
         *,
         vocab_size: int | None = None,
         dtype: npt.DTypeLike | None = None,
-        split: str = "train",
+        split: str | None = None,
         shard_size: int = 10**8,
         bos: int | None = None,
         overwrite: bool = False,
@@ -356,7 +362,12 @@ class Writer(TokenWriter):
         self._files.check_destination(shard_name(self.path, split, 0))
         if overwrite:
             self._files.remove_on_commit(
-                Path(p) for p in sorted(Path(self.path).parent.glob(f"{Path(self.path).name}_{split}_*.bin"))
+                Path(p)
+                for p in sorted(
+                    Path(self.path).parent.glob(
+                        shard_name(Path(self.path).name, split, 0).name.replace("000000", _INDEX_GLOB)
+                    )
+                )
             )
 
     def _open_shard(self) -> None:
