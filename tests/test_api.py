@@ -113,7 +113,7 @@ def test_cli_errors_are_one_line_with_status_2(tmp_path: Path, capsys: pytest.Ca
     path = tmp_path / "t.bin"
     np.arange(10, dtype="<u2").tofile(path)
     assert main(["info", str(path)]) == 2
-    assert "pass format='raw' and dtype=" in capsys.readouterr().err
+    assert "pass --format raw and --dtype DTYPE" in capsys.readouterr().err
     assert main(["info", str(path), "--format", "raw", "--dtype", "uint16", "--eos", "3", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["documents"] == 2
 

@@ -1,22 +1,31 @@
-"""The ``tokformats`` command line: info, head, convert, merge, train-tokenizer, formats, quickstart."""
+"""The ``tokformats`` command line.
+
+Every subcommand prints a one-line error and exits 2 on bad input (never a traceback); messages name command-line
+flags (``--overwrite``), not Python keywords; ``--json`` prints what scripts need.
+"""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
+import os
+import random
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from . import __version__, api
-from .errors import FormatError, OutputExistsError, UnknownFormatError
+from .errors import FormatError, OutputExistsError, UnknownFormatError, command_line_flags
 from .inspect import describe
 from .quickstart import format_table
 from .registry import formats
 
-__all__ = ["main"]
+__all__ = ["main", "build_parser"]
+
+
+# -- shared pieces -----------------------------------------------------------------------------------------
 
 
 def _int_or_none(text: str) -> int | None:
@@ -36,6 +45,42 @@ def _reader_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
+def _open(args: argparse.Namespace) -> Any:
+    path = args.path[0] if len(args.path) == 1 else args.path
+    return api.open(path, **_reader_options(args))
+
+
+def _open_corpus(args: argparse.Namespace) -> Any:
+    from .protocol import TokenReader
+
+    reader = _open(args)
+    if not isinstance(reader, TokenReader):
+        reader.close()
+        raise UnknownFormatError(f"{reader.path} is a {reader.format} file, not a corpus of documents.")
+    return reader
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, default=str))
+
+
+def _decoder(args: argparse.Namespace) -> Callable[[Any], str] | None:
+    if not (getattr(args, "tokenizer", None) or getattr(args, "vocab", None)):
+        return None
+    from .tokenizer import text_decoder
+
+    return text_decoder(tokenizer=args.tokenizer, vocab=args.vocab)
+
+
+def _truncate(text: str, limit: int) -> str:
+    if limit <= 0 or len(text) <= limit:
+        return text
+    return f"{text[:limit]} ... [{len(text) - limit:,} more characters; --max-chars 0 prints all]"
+
+
+# -- subcommands -------------------------------------------------------------------------------------------
+
+
 def _print_info(info: dict[str, Any]) -> None:
     metadata = info.pop("metadata")
     files = info.pop("files")
@@ -46,7 +91,8 @@ def _print_info(info: dict[str, Any]) -> None:
         text = f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else value
         text = json.dumps(text) if isinstance(text, dict) else text
         print(f"{key:<{width}}{text}")
-    print(f"{'files':<{width}}{len(files)}" + (f" ({files[0]} ...)" if len(files) > 1 else f" ({files[0]})"))
+    shown = f" ({files[0]} ...)" if len(files) > 1 else f" ({files[0]})" if files else ""
+    print(f"{'files':<{width}}{len(files)}{shown}")
     for key, value in metadata.items():
         text = json.dumps(value) if isinstance(value, (list, dict)) else value
         if isinstance(text, str) and len(text) > 200:
@@ -55,15 +101,129 @@ def _print_info(info: dict[str, Any]) -> None:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    options = _reader_options(args)
-    path = args.path[0] if len(args.path) == 1 else args.path
-    with api.open(path, **options) as reader:
+    with _open(args) as reader:
         info = describe(reader, scan=not args.no_scan)
     if args.json:
-        print(json.dumps(info, indent=2))
+        _print_json(info)
     else:
         _print_info(info)
     return 0
+
+
+def _vocab_size(args: argparse.Namespace) -> int | None:
+    if args.vocab_size is not None:
+        return int(args.vocab_size)
+    if args.tokenizer:
+        from .tokenizer import load_tokenizer
+
+        return int(load_tokenizer(args.tokenizer).get_vocab_size(with_added_tokens=True))
+    return None
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    vocab_size = _vocab_size(args)
+    report = []
+    for path in args.path:
+        with api.open(path, **_reader_options(args)) as reader:
+            found = reader.problems(vocab_size) if hasattr(reader, "problems") else []
+        report.append({"path": path, "ok": not found, "problems": [p._asdict() for p in found]})
+    if args.json:
+        _print_json(report)
+    else:
+        for entry in report:
+            if entry["ok"]:
+                print(f"{entry['path']}: ok")
+            for problem in entry["problems"]:
+                where = f" document {problem['document']:,}" if problem["document"] is not None else ""
+                print(f"{problem['file']}:{where} {problem['field']}: {problem['message']}")
+    return 0 if all(entry["ok"] for entry in report) else 1
+
+
+def _histogram_lines(histogram: list[dict[str, int]], width: int = 40) -> list[str]:
+    top = max((row["documents"] for row in histogram), default=1)
+    lines = []
+    for row in histogram:
+        bar = "#" * max(1, round(width * row["documents"] / top))
+        lines.append(f"  {row['from']:>10,} - {row['to']:<10,} {row['documents']:>12,}  {bar}")
+    return lines
+
+
+def _cmd_stats(args: argparse.Namespace) -> int:
+    decode = _decoder(args)
+    with _open_corpus(args) as reader:
+        result = reader.stats(top=args.top)
+    if decode is not None:
+        for row in result.get("top_ids", []):
+            row["text"] = decode([row["id"]])
+    if args.plot:
+        _plot(result, args.plot)
+    if args.json:
+        _print_json(result)
+        return 0
+    print(f"{result['format']} {result['path']}: {result['documents']:,} documents, {result['tokens']:,} tokens")
+    if "length" in result:
+        length = result["length"]
+        print("document length: " + ", ".join(f"{k} {v:,}" for k, v in length.items()))
+        print("length histogram (tokens per document, documents):")
+        print("\n".join(_histogram_lines(result["histogram"])))
+    if result.get("top_ids"):
+        print(f"most frequent ids (top {len(result['top_ids'])}):")
+        for row in result["top_ids"]:
+            text = f"  {row['text']!r}" if "text" in row else ""
+            print(f"  {row['id']:>10} {row['count']:>14,}{text}")
+    print("files:")
+    for row in result["files"]:
+        print(f"  {row['file']}  {row['bytes']:,} bytes" if row["bytes"] is not None else f"  {row['file']}")
+    return 0
+
+
+def _plot(result: dict[str, Any], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise FormatError("--plot needs matplotlib: pip install matplotlib") from None
+    figure, axis = plt.subplots(figsize=(8, 4))
+    rows = result.get("histogram", [])
+    axis.bar([f"{r['from']:,}" for r in rows], [r["documents"] for r in rows])
+    axis.set_xlabel("tokens per document (from)")
+    axis.set_ylabel("documents")
+    axis.set_title(f"{result['path']}: {result['documents']:,} documents")
+    axis.tick_params(axis="x", rotation=45)
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def _print_documents(args: argparse.Namespace, pick: Callable[[int], list[int]]) -> int:
+    decode = _decoder(args)
+    with _open_corpus(args) as reader:
+        for k in pick(len(reader)):
+            document = reader[k]
+            print(f"--- document {k:,} ({len(document):,} tokens) ---")
+            if decode is not None:
+                print(_truncate(decode(document), args.max_chars))
+            else:
+                print(
+                    _truncate(
+                        " ".join(str(i) for i in document[: max(args.max_chars, 0) or None].tolist()), args.max_chars
+                    )
+                )
+    return 0
+
+
+def _cmd_head(args: argparse.Namespace) -> int:
+    return _print_documents(args, lambda n: list(range(min(args.n, n))))
+
+
+def _cmd_tail(args: argparse.Namespace) -> int:
+    return _print_documents(args, lambda n: list(range(max(n - args.n, 0), n)))
+
+
+def _cmd_sample(args: argparse.Namespace) -> int:
+    return _print_documents(args, lambda n: sorted(random.Random(args.seed).sample(range(n), min(args.n, n))))
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
@@ -79,12 +239,23 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         args.to,
         source_format=args.format,
         source_options=source_options,
+        eos=args.to_eos,
+        bos=args.to_bos,
+        keep_boundaries=not args.drop_boundaries,
         **writer_options,
     )
-    files = summary["files"] or []
+    files = [str(f) for f in summary["files"] or []]
+    if args.json:
+        _print_json({**summary, "files": files})
+        return 0
     print(f"wrote {summary['documents']:,} documents, {summary['tokens']:,} tokens to {len(files)} file(s):")
     for f in files:
         print(f"  {f}")
+    if summary["delimiters_added"]:
+        print(f"added the delimiter to {summary['delimiters_added']:,} documents that lacked it")
+    if summary["read_with"]:
+        flags = " ".join(f"--{k} {v}" for k, v in summary["read_with"].items())
+        print(f"read it back with: tokformats info {args.destination} {flags}")
     return 0
 
 
@@ -92,9 +263,20 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     from .formats.megatron import merge
 
     with merge(args.prefixes, args.output, overwrite=args.overwrite) as merged:
+        summary = {
+            "path": str(merged.path),
+            "inputs": len(args.prefixes),
+            "documents": len(merged),
+            "tokens": merged.num_tokens,
+            "dtype": merged.dtype.name,
+            "files": [str(f) for f in merged.files],
+        }
+    if args.json:
+        _print_json(summary)
+    else:
         print(
-            f"merged {len(args.prefixes)} datasets into {merged.path}: {len(merged):,} documents, "
-            f"{merged.num_tokens:,} tokens, {merged.dtype.name}"
+            f"merged {summary['inputs']} datasets into {summary['path']}: {summary['documents']:,} documents, "
+            f"{summary['tokens']:,} tokens, {summary['dtype']}"
         )
     return 0
 
@@ -103,6 +285,9 @@ def _cmd_train_tokenizer(args: argparse.Namespace) -> int:
     from .formats.llmc_vocab import Vocab
     from .tokenizer import padded_vocab_size, train_tokenizer
 
+    output = Path(args.output)
+    if output.exists() and not args.overwrite:
+        raise OutputExistsError(f"{output} already exists; pass --overwrite to replace it.")
     tokenizer = train_tokenizer(
         [Path(p) for p in args.inputs],
         args.vocab_size,
@@ -111,9 +296,6 @@ def _cmd_train_tokenizer(args: argparse.Namespace) -> int:
         sample_docs=args.sample_docs,
         progress=False if args.quiet else None,
     )
-    output = Path(args.output)
-    if output.exists() and not args.overwrite:
-        raise OutputExistsError(f"{output} already exists; pass --overwrite to replace it.")
     output.parent.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(output))
     size = tokenizer.get_vocab_size(with_added_tokens=True)
@@ -124,32 +306,26 @@ def _cmd_train_tokenizer(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_head(args: argparse.Namespace) -> int:
-    from .protocol import TokenReader
-    from .tokenizer import text_decoder
-
-    decode = text_decoder(tokenizer=args.tokenizer, vocab=args.vocab)
-    path = args.path[0] if len(args.path) == 1 else args.path
-    with api.open(path, **_reader_options(args)) as reader:
-        if not isinstance(reader, TokenReader):
-            raise UnknownFormatError(f"{reader.path} is a {reader.format} file, not a corpus of documents.")
-        count = min(args.n, len(reader))
-        for k in range(count):
-            document = reader[k]
-            print(f"--- document {k} ({len(document):,} tokens) ---")
-            print(decode(document))
-    return 0
+def _number(text: str) -> Any:
+    """A ``-w NAME=VALUE`` value as int, float or bool when it reads as one, else the string."""
+    for kind in (int, float):
+        with contextlib.suppress(ValueError):
+            return kind(text)
+    return {"true": True, "false": False}.get(text.lower(), text)
 
 
 def _cmd_tokenize(args: argparse.Namespace) -> int:
     from .pipeline import tokenize
 
+    bad = [option for option in args.writer_option if "=" not in option]
+    if bad:
+        raise FormatError(f"--writer-option takes NAME=VALUE, found {bad[0]!r}.")
+    writer_options = dict(option.split("=", 1) for option in args.writer_option)
     executor = None
     if args.workers and args.workers > 1:
         from concurrent.futures import ProcessPoolExecutor
 
         executor = ProcessPoolExecutor(args.workers)
-    writer_options = dict(option.split("=", 1) for option in args.writer_option)
     try:
         summary = tokenize(
             args.inputs,
@@ -163,16 +339,26 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
             seed=args.seed,
             unit=args.unit,
             batch_size=args.batch_size,
-            progress=False if args.quiet else None,
+            progress=args.progress,
             resume=args.resume,
             on_error=args.on_error,
             executor=executor,
             overwrite=args.overwrite,
             **{k: _number(v) for k, v in writer_options.items()},
         )
+    except KeyboardInterrupt:
+        print(
+            f"\ntokformats: interrupted; the work so far is kept in {args.output}.tokenize/: run the same command "
+            "with --resume to continue it.",
+            file=sys.stderr,
+        )
+        return 130
     finally:
         if executor is not None:
             executor.shutdown()
+    if args.json:
+        _print_json(summary)
+        return 0
     seconds = summary["seconds"]
     rate = f", {summary['bytes'] / seconds / 1e6:.1f} MB/s" if summary["bytes"] and seconds else ""
     print(f"tokenized {summary['documents']:,} documents into {summary['tokens']:,} tokens in {seconds:.1f} s{rate}")
@@ -181,14 +367,6 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
     for name, output in summary["outputs"].items():
         print(f"  {name}: {output['documents']:,} documents, {output['tokens']:,} tokens -> {output['path']}")
     return 0
-
-
-def _number(text: str) -> Any:
-    """A ``-w NAME=VALUE`` value as int, float or bool when it reads as one, else the string."""
-    for kind in (int, float):
-        with contextlib.suppress(ValueError):
-            return kind(text)
-    return {"true": True, "false": False}.get(text.lower(), text)
 
 
 def _cmd_formats(args: argparse.Namespace) -> int:
@@ -202,7 +380,10 @@ def _cmd_formats(args: argparse.Namespace) -> int:
         }
         for d in formats.values()
     ]
-    print(format_table(rows))
+    if args.json:
+        _print_json(rows)
+    else:
+        print(format_table(rows))
     return 0
 
 
@@ -215,70 +396,174 @@ def _cmd_quickstart(args: argparse.Namespace) -> int:
     return 0
 
 
-def _reader_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--format", "-f", help="the format (detected from content when omitted)")
-    parser.add_argument("--dtype", help="token dtype of a headerless stream, e.g. uint16")
+# -- the parser --------------------------------------------------------------------------------------------
+
+
+def _reader_arguments(parser: argparse.ArgumentParser, what: str = "the dataset") -> None:
+    parser.add_argument("--format", "-f", help=f"the format of {what} (detected from its content when omitted)")
+    parser.add_argument("--dtype", help=f"token dtype of {what} when it is a headerless raw stream, e.g. uint16")
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--eos", type=int, help="split documents after this id")
-    group.add_argument("--bos", help="split documents before this id ('none': one document)")
+    group.add_argument("--eos", type=int, metavar="ID", help=f"split {what}'s documents after this id")
+    group.add_argument(
+        "--bos", metavar="ID", help=f"split {what}'s documents before this id ('none': the stream is one document)"
+    )
+
+
+def _decoder_arguments(parser: argparse.ArgumentParser, required: bool = False) -> None:
+    decoder = parser.add_mutually_exclusive_group(required=required)
+    decoder.add_argument("--tokenizer", "-t", help="decode ids with this tokenizer.json (or its folder)")
+    decoder.add_argument("--vocab", help="decode ids with this llm.c vocabulary (gpt2_tokenizer.bin format)")
+
+
+def _command(
+    commands: Any, name: str, help: str, example: str, run: Callable[[argparse.Namespace], int]
+) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = commands.add_parser(
+        name,
+        help=help,
+        description=help[0].upper() + help[1:] + ".",
+        epilog=f"example:\n  {example}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.set_defaults(run=run)
+    return parser
+
+
+def _add_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the result as JSON for scripts")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``tokformats`` command."""
     parser = argparse.ArgumentParser(prog="tokformats", description="Read, write and convert tokenized training data.")
     parser.add_argument("--version", action="version", version=f"tokformats {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    corpus_formats = sorted(n for n, d in formats.items() if d.writable and n != "llmc-vocab")
 
-    info = commands.add_parser("info", help="describe a dataset: format, files, documents, tokens, dtype, ids, header")
+    info = _command(
+        commands,
+        "info",
+        "describe a dataset: format, files, documents, tokens, dtype, ids, header",
+        "tokformats info data/fineweb_train_*.bin",
+        _cmd_info,
+    )
     info.add_argument("path", nargs="+", help="a file, prefix, folder, glob or several files")
     _reader_arguments(info)
-    info.add_argument("--json", action="store_true", help="print JSON for scripts")
+    _add_json(info)
     info.add_argument("--no-scan", action="store_true", help="skip the min/max id scan over all tokens")
-    info.set_defaults(run=_cmd_info)
 
-    convert = commands.add_parser("convert", help="copy a corpus into another format")
-    convert.add_argument("source")
-    convert.add_argument("destination")
-    corpus_formats = sorted(n for n, d in formats.items() if d.writable and n != "llmc-vocab")
-    convert.add_argument("--to", required=True, choices=corpus_formats)
-    _reader_arguments(convert)
-    convert.add_argument("--vocab-size", type=int)
-    convert.add_argument("--to-dtype", help="dtype of the output")
-    convert.add_argument("--overwrite", action="store_true")
-    convert.set_defaults(run=_cmd_convert)
+    verify = _command(
+        commands,
+        "verify",
+        "check datasets by reading every token: structure, index, ids, delimiters, recorded checksums",
+        "tokformats verify data/owt_text_document --vocab-size 50257",
+        _cmd_verify,
+    )
+    verify.add_argument("path", nargs="+", help="datasets to check (exit 0: all sound; 1: problems found)")
+    _reader_arguments(verify)
+    verify.add_argument("--vocab-size", type=int, help="every id must be below this")
+    verify.add_argument("--tokenizer", "-t", help="take --vocab-size from this tokenizer.json")
+    _add_json(verify)
 
-    merging = commands.add_parser("merge", help="merge Megatron datasets (byte-identical to Megatron's add_index)")
+    stats = _command(
+        commands,
+        "stats",
+        "document and token counts, length percentiles and histogram, most frequent ids, files",
+        "tokformats stats data/owt_text_document --tokenizer tokenizer.json --plot lengths.png",
+        _cmd_stats,
+    )
+    stats.add_argument("path", nargs="+", help="a file, prefix, folder, glob or several files")
+    _reader_arguments(stats)
+    _decoder_arguments(stats)
+    stats.add_argument("--top", type=int, default=20, help="how many of the most frequent ids (default 20)")
+    stats.add_argument("--plot", metavar="FILE.png", help="also draw the length histogram (needs matplotlib)")
+    _add_json(stats)
+
+    for name, what, example, run in (
+        ("head", "the first documents", "tokformats head data/owt_text_document -n 3 -t tokenizer.json", _cmd_head),
+        ("tail", "the last documents", "tokformats tail data/fineweb_train_000001.bin -n 2 --vocab tok.bin", _cmd_tail),
+        (
+            "sample",
+            "random documents",
+            "tokformats sample data/owt_text_document -n 5 --seed 1 -t tok.json",
+            _cmd_sample,
+        ),
+    ):
+        command = _command(commands, name, f"print {what} of a corpus (as text with a decoder, else ids)", example, run)
+        command.add_argument("path", nargs="+", help="a file, prefix, folder, glob or several files")
+        command.add_argument("-n", type=int, default=3, help="how many documents (default 3)")
+        if name == "sample":
+            command.add_argument("--seed", type=int, default=0, help="which documents: the same seed, the same ones")
+        command.add_argument(
+            "--max-chars", type=int, default=2000, help="cut each document after this many characters (0: all)"
+        )
+        _decoder_arguments(command)
+        _reader_arguments(command)
+
+    convert = _command(
+        commands,
+        "convert",
+        "copy a corpus into another format, keeping every token and document boundary",
+        "tokformats convert data/owt_text_document out/owt --to llmc --to-bos 50256",
+        _cmd_convert,
+    )
+    convert.add_argument("source", help="the corpus to read (a file, prefix, folder or glob)")
+    convert.add_argument("destination", help="where to write (a file, prefix or folder, as the format names it)")
+    convert.add_argument("--to", required=True, choices=corpus_formats, help="the destination's format")
+    _reader_arguments(convert, "the source")
+    convert.add_argument("--vocab-size", type=int, help="ids must be below it; also picks the destination's dtype")
+    convert.add_argument("--to-dtype", help="the destination's token dtype (default: the source's, or the format's)")
+    marks = convert.add_mutually_exclusive_group()
+    marks.add_argument("--to-eos", type=int, metavar="ID", help="end each destination document with this id")
+    marks.add_argument("--to-bos", type=int, metavar="ID", help="start each destination document with this id")
+    marks.add_argument(
+        "--drop-boundaries", action="store_true", help="copy the bare token stream (documents read back merged)"
+    )
+    convert.add_argument("--overwrite", action="store_true", help="replace an existing destination")
+    _add_json(convert)
+
+    merging = _command(
+        commands,
+        "merge",
+        "merge Megatron datasets (byte-identical to Megatron's add_index)",
+        "tokformats merge data/a data/b -o data/ab",
+        _cmd_merge,
+    )
     merging.add_argument("prefixes", nargs="+", help="dataset prefixes, in order")
     merging.add_argument("--output", "-o", required=True, help="the merged dataset's prefix")
-    merging.add_argument("--overwrite", action="store_true")
-    merging.set_defaults(run=_cmd_merge)
+    merging.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --output")
+    _add_json(merging)
 
-    train = commands.add_parser("train-tokenizer", help="train a byte-level BPE tokenizer on text files")
-    train.add_argument("inputs", nargs="+", help="UTF-8 text files")
-    train.add_argument("--vocab-size", type=int, required=True)
-    train.add_argument("--min-frequency", type=int, default=2)
-    train.add_argument("--unit", choices=["line", "file"], default="line", help="one document per line or per file")
+    train = _command(
+        commands,
+        "train-tokenizer",
+        "train a byte-level BPE tokenizer on any input tokenize reads",
+        "tokformats train-tokenizer corpus.jsonl.gz --vocab-size 32000 -o tokenizer.json --llmc-vocab tok.bin",
+        _cmd_train_tokenizer,
+    )
+    train.add_argument("inputs", nargs="+", help=".txt/.json/.jsonl/.parquet files (.gz/.zst), globs or folders")
+    train.add_argument("--vocab-size", type=int, required=True, help="vocabulary size, specials included")
+    train.add_argument("--min-frequency", type=int, default=2, help="merge only pairs seen this often (default 2)")
+    train.add_argument(
+        "--unit", choices=["line", "file", "paragraph"], default="line", help="a .txt document is a ... (default line)"
+    )
     train.add_argument("--sample-docs", type=int, help="learn merges from the first N documents only")
     train.add_argument("--output", "-o", required=True, help="where to write tokenizer.json")
     train.add_argument("--llmc-vocab", help="also write llm.c's vocabulary (gpt2_tokenizer.bin format) here")
-    train.add_argument("--overwrite", action="store_true")
+    train.add_argument("--overwrite", action="store_true", help="replace existing outputs")
     train.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    train.set_defaults(run=_cmd_train_tokenizer)
 
-    head = commands.add_parser("head", help="print the first documents of a corpus as text")
-    head.add_argument("path", nargs="+", help="a file, prefix, folder, glob or several files")
-    head.add_argument("-n", type=int, default=3, help="how many documents (default 3)")
-    decoder = head.add_mutually_exclusive_group(required=True)
-    decoder.add_argument("--tokenizer", "-t", help="a tokenizer.json (or its folder)")
-    decoder.add_argument("--vocab", help="an llm.c vocabulary file")
-    _reader_arguments(head)
-    head.set_defaults(run=_cmd_head)
-
-    tok = commands.add_parser("tokenize", help="tokenize text files into any format")
+    tok = _command(
+        commands,
+        "tokenize",
+        "tokenize text files into any format, resumably",
+        "tokformats tokenize crawl/*.jsonl.gz -t tokenizer.json -o out/crawl --format megatron --split 98:1:1",
+        _cmd_tokenize,
+    )
     tok.add_argument("inputs", nargs="+", help=".txt/.json/.jsonl/.parquet files (.gz/.zst), globs or folders")
     tok.add_argument("--tokenizer", "-t", required=True, help="tokenizer.json or its folder")
-    tok.add_argument("--output", "-o", required=True, help="output path prefix")
-    tok.add_argument("--format", "-f", default="megatron", choices=corpus_formats)
+    tok.add_argument("--output", "-o", required=True, help="output path prefix (names: see the README)")
+    tok.add_argument("--format", "-f", default="megatron", choices=corpus_formats, help="output format (megatron)")
     tok.add_argument("--text-key", action="append", help="JSON/Parquet key(s) holding the text (default: text)")
     tok.add_argument(
         "--eos",
@@ -286,16 +571,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="add the end-of-text id after each document, before it, or not (default: the format's convention: "
         "prepend for llmc, append for the others)",
     )
-    tok.add_argument("--eos-id", type=int, help="end-of-text id (default: the tokenizer's <|endoftext|>)")
-    tok.add_argument("--split", help="e.g. 8:1:1 for train:val:test, by document")
-    tok.add_argument("--seed", type=int, default=0)
-    tok.add_argument("--unit", choices=["line", "file", "paragraph"], default="line", help="a .txt document is a ...")
-    tok.add_argument("--batch-size", type=int, default=1000)
+    tok.add_argument("--eos-id", type=int, metavar="ID", help="end-of-text id (default: the tokenizer's <|endoftext|>)")
+    tok.add_argument("--split", help="split by document, e.g. 8:1:1 (train:val:test) or 0.9,0.1")
+    tok.add_argument("--seed", type=int, default=0, help="seed of the split assignment (default 0)")
+    tok.add_argument(
+        "--unit", choices=["line", "file", "paragraph"], default="line", help="a .txt document is a ... (default line)"
+    )
+    tok.add_argument("--batch-size", type=int, default=1000, help="documents per encoder call (default 1000)")
     tok.add_argument("--workers", type=int, default=0, help="encode partitions of the inputs in N processes")
-    tok.add_argument("--on-error", choices=["raise", "skip"], default="raise")
+    tok.add_argument(
+        "--on-error", choices=["raise", "skip"], default="raise", help="on a bad record: stop (raise) or skip it"
+    )
     tok.add_argument("--resume", action="store_true", help="continue an interrupted run")
-    tok.add_argument("--overwrite", action="store_true")
-    tok.add_argument("--quiet", "-q", action="store_true", help="no progress line")
+    tok.add_argument("--overwrite", action="store_true", help="replace existing outputs and a failed run's work")
+    tok.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a progress line on stderr (default: when stderr is a terminal; logs under Slurm are not)",
+    )
+    tok.add_argument("--quiet", "-q", dest="progress", action="store_false", help="the same as --no-progress")
     tok.add_argument(
         "--writer-option",
         "-w",
@@ -304,27 +599,66 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME=VALUE",
         help="passed to the format's writer, e.g. -w shard_size=100000000",
     )
-    tok.set_defaults(run=_cmd_tokenize)
+    _add_json(tok)
 
-    listing = commands.add_parser("formats", help="list the formats")
-    listing.set_defaults(run=_cmd_formats)
+    listing = _command(commands, "formats", "list the formats", "tokformats formats --json", _cmd_formats)
+    _add_json(listing)
 
-    quick = commands.add_parser(
-        "quickstart", help="tokenize built-in sample text into every format, read it back, check it decodes"
+    quick = _command(
+        commands,
+        "quickstart",
+        "tokenize built-in sample text into every format, read it back, check it decodes",
+        "tokformats quickstart -o /tmp/tokformats-demo",
+        _cmd_quickstart,
     )
     quick.add_argument("--output", "-o", help="keep the files in this folder (default: a temporary one)")
-    quick.set_defaults(run=_cmd_quickstart)
     return parser
 
 
+#: Python option names whose flag is not ``--`` + the name with dashes, per subcommand.
+_RENAMED = {"convert": {"eos": "--to-eos", "bos": "--to-bos", "keep_boundaries": "--drop-boundaries"}}
+
+
+def _flags(parser: argparse.ArgumentParser, command: str) -> dict[str, str]:
+    """Python option name -> this subcommand's flag, for messages (see :func:`tokformats.errors.option`)."""
+    sub = next(
+        action.choices[command]
+        for action in parser._actions
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices
+    )
+    flags = {}
+    for action in sub._actions:
+        longs = [s for s in action.option_strings if s.startswith("--")]
+        if longs and action.dest not in flags:
+            flags[action.dest] = longs[0]
+    return {**flags, **_RENAMED.get(command, {})}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (2 for a dataset error, with its message on stderr)."""
-    args = build_parser().parse_args(argv)
+    """Run the command line; returns the exit status: 0 success, 1 problems found (verify), 2 bad input or
+    arguments (one line on stderr), 130 interrupted."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
-        status: int = args.run(args)
-    except FormatError as exc:
-        print(f"tokformats: error: {exc}", file=sys.stderr)
-        return 2
+        with command_line_flags(_flags(parser, args.command)):
+            status: int = args.run(args)
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:
+        print("\ntokformats: interrupted.", file=sys.stderr)
+        return 130
+    except (FormatError, OSError, ValueError) as exc:  # bad input, a missing file, a full disk: one line
+        if os.environ.get("TOKFORMATS_DEBUG"):
+            raise
+        print(f"tokformats: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a bug: say so, without burying the message under a traceback
+        if os.environ.get("TOKFORMATS_DEBUG"):
+            raise
+        print(
+            f"tokformats: internal error ({type(exc).__name__}: {exc}); please report it. "
+            "TOKFORMATS_DEBUG=1 shows the traceback.",
+            file=sys.stderr,
+        )
+        return 3
     return status
