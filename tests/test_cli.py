@@ -203,7 +203,7 @@ def test_help_has_text_for_every_flag_and_an_example() -> None:
 def test_stale_work_folder_overwrite_and_mismatch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     text = tmp_path / "in.jsonl"
     text.write_text("".join(json.dumps({"text": f"line {k}"}) + "\n" for k in range(50)) + "{not json\n")
-    with pytest.raises(tokformats.FormatError, match="in.jsonl"):  # a failed run leaves its work folder
+    with pytest.raises(tokformats.FormatError, match=r"in\.jsonl"):  # a failed run leaves its work folder
         tokformats.tokenize(text, TOKENIZER, tmp_path / "o", eos="prepend", batch_size=5, checkpoint_every=0)
     assert (tmp_path / "o.tokenize").exists()
     text.write_text("".join(json.dumps({"text": f"line {k}"}) + "\n" for k in range(50)))
