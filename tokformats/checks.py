@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from .arrays import iter_chunks
+from .arrays import ConcatenatedArray, iter_chunks
 from .errors import FormatError
 
 if TYPE_CHECKING:
@@ -165,11 +165,20 @@ def _top_ids(reader: TokenReader, top: int) -> list[dict[str, int]]:
 
 
 def _file_rows(reader: TokenReader) -> list[dict[str, Any]]:
+    """One row per file; with tokens and documents starting in it where the stream is those files end to end."""
+    tokens = reader.tokens
+    starts = tokens.starts if isinstance(tokens, ConcatenatedArray) else None
     rows = []
-    for file in reader.files:
+    files = reader.files
+    for k, file in enumerate(files):
         try:
             size = file.stat().st_size
         except OSError:
             size = None
-        rows.append({"file": str(file), "bytes": size})
+        row: dict[str, Any] = {"file": str(file), "bytes": size}
+        if starts is not None and len(starts) == len(files) + 1:
+            row["tokens"] = int(starts[k + 1] - starts[k])
+            first, stop = np.searchsorted(reader.offsets[:-1], starts[k : k + 2], side="left")
+            row["documents_starting"] = int(stop - first)
+        rows.append(row)
     return rows

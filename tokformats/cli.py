@@ -173,7 +173,10 @@ def _cmd_stats(args: argparse.Namespace) -> int:
             print(f"  {row['id']:>10} {row['count']:>14,}{text}")
     print("files:")
     for row in result["files"]:
-        print(f"  {row['file']}  {row['bytes']:,} bytes" if row["bytes"] is not None else f"  {row['file']}")
+        facts = [f"{row['bytes']:,} bytes"] if row["bytes"] is not None else []
+        if "tokens" in row:
+            facts += [f"{row['tokens']:,} tokens", f"{row['documents_starting']:,} documents start here"]
+        print(f"  {row['file']}  " + ", ".join(facts))
     return 0
 
 
