@@ -141,12 +141,15 @@ class TokenFormatTests:
         for dtype in self.dtypes:
             if np.dtype(dtype).kind == "f":
                 info = np.finfo(dtype)
-                flat = np.array([info.min, info.max, info.tiny, -0.0, np.inf], dtype=np.float64)
+                flat = np.array([info.min, info.max, info.tiny, -0.0, 1.0], dtype=np.float64)
                 lengths = np.array([2, 3])
                 target = self.target(tmp_path, f"limits{dtype}")
                 self.write(target, flat, lengths, dtype)
                 with self.open_written(target, dtype) as reader:
                     self.check_round_trip(reader, flat.astype(dtype), lengths)
+                for bad in (np.inf, -np.inf, np.nan):  # never stored silently (issue 15, item 7)
+                    with pytest.raises(TokenRangeError, match="not a finite number"):
+                        self.write(self.target(tmp_path, f"bad{dtype}"), np.array([1.0, bad]), np.array([2]), dtype)
                 continue
             info = np.iinfo(dtype)
             low = max(info.min, self.low_id)

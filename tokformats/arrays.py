@@ -36,6 +36,8 @@ def map_file(
     is a plain empty array, because ``np.memmap`` cannot map zero bytes.
     """
     dt = np.dtype(dtype)
+    if dt.kind not in "iuf" or dt.fields is not None:  # never map bytes as Python objects: that crashes
+        raise TypeError(f"refusing to map {path} as {dt}: only integer and floating dtypes are mapped")
     if count is None:
         count = (os.path.getsize(path) - offset) // dt.itemsize
     if count == 0:

@@ -40,11 +40,16 @@ def little_endian(dtype: npt.DTypeLike) -> np.dtype:
 
 
 def parse_dtype(dtype: npt.DTypeLike, *, what: str = "dtype") -> np.dtype:
-    """Turn a user's dtype spelling (``"uint16"``, ``"<u2"``, ``np.int32``) into a little-endian dtype."""
+    """Turn a user's (or a file's) dtype spelling (``"uint16"``, ``"<u2"``, ``np.int32``) into a little-endian
+    dtype, refusing anything but plain integers and floats: bytes mapped as Python objects would crash the
+    process, and strings, structures or dates are not tokens or values."""
     try:
-        return little_endian(np.dtype(dtype))
-    except TypeError as exc:
-        raise DTypeError(f"{what} {dtype!r} is not a NumPy dtype name ({exc}).") from None
+        parsed = np.dtype(dtype)
+    except Exception as exc:  # NumPy raises TypeError, ValueError or even SyntaxError for odd strings
+        raise DTypeError(f"{what} {dtype!r} is not a NumPy dtype name ({type(exc).__name__}: {exc}).") from None
+    if parsed.kind not in "iuf" or parsed.fields is not None or parsed.subdtype is not None:
+        raise DTypeError(f"{what} {dtype!r} is not an integer or floating dtype; only those hold tokens or values.")
+    return little_endian(parsed)
 
 
 def dtype_for_vocab(vocab_size: int) -> np.dtype:
@@ -102,21 +107,24 @@ def resolve_dtype(
 
 
 def as_token_array(values: Any, *, what: str = "tokens") -> np.ndarray:
-    """``values`` as a 1-D numeric ndarray (no copy when it already is one)."""
-    array = np.asarray(values)
+    """``values`` as a 1-D numeric ndarray (no copy when it already is one); booleans are not ids."""
+    try:
+        array = np.asarray(values)
+    except (TypeError, ValueError, OverflowError) as exc:  # ragged lists, huge Python ints
+        raise TokenRangeError(f"{what} must be a flat sequence of numbers ({exc}).") from None
     if array.ndim != 1:
         if array.size == 0:
             return np.zeros(0, dtype=np.int64)
         raise TokenRangeError(f"{what} must be one-dimensional, found shape {array.shape}.")
-    if array.dtype.kind not in "iufb":
+    if array.dtype.kind not in "iuf":
         if array.size == 0:
             return np.zeros(0, dtype=np.int64)
-        raise TokenRangeError(f"{what} must be numbers, found dtype {array.dtype}.")
+        raise TokenRangeError(f"{what} must be integers or floats, found dtype {array.dtype}.")
     return array
 
 
 def _fits_by_type(source: np.dtype, target: np.dtype) -> bool:
-    return source.kind in "iub" and np.can_cast(source, target, casting="safe")
+    return source.kind in "iu" and np.can_cast(source, target, casting="safe")
 
 
 def check_tokens(
@@ -130,22 +138,30 @@ def check_tokens(
 ) -> np.ndarray:
     """Return ``flat`` cast to ``target`` after checking that every value fits; raise otherwise.
 
-    Integer targets refuse values below 0 (for unsigned) or above the dtype's maximum, values of
-    ``vocab_size`` or more, and non-integral floats. The error names the document (its index counts
-    from ``first_document`` through ``lengths``), the position and the value.
+    Integer targets refuse values below the dtype's minimum (below 0 when ``vocab_size`` is given: ids are never
+    negative) or above its maximum, values of ``vocab_size`` or more, and non-integral or non-finite floats. Float
+    targets refuse NaN and infinities, integers they would round (16,777,217 in float32), and, with ``vocab_size``,
+    anything that is not an id below it. The error names the document (its index counts from ``first_document``
+    through ``lengths``), the position and the value.
     """
-    if target.kind == "f":
-        return flat.astype(target, copy=False)
     if flat.size == 0:
         return flat.astype(target, copy=False)
+    if target.kind == "f":
+        return _check_float_target(flat, target, vocab_size, lengths, first_document, where)
     info = np.iinfo(target)
     high = info.max if vocab_size is None else min(info.max, vocab_size - 1)
-    low = info.min
-    if _fits_by_type(flat.dtype, target) and (vocab_size is None or high >= np.iinfo(flat.dtype).max):
+    low = info.min if vocab_size is None else max(info.min, 0)
+    source_max = np.iinfo(flat.dtype).max if flat.dtype.kind in "iu" else None
+    source_nonnegative = flat.dtype.kind == "u"
+    if _fits_by_type(flat.dtype, target) and (
+        vocab_size is None or (source_nonnegative and source_max is not None and high >= source_max)
+    ):
         return flat.astype(target, copy=False)  # nothing can be out of range: skip the scan
     bad: np.ndarray | None = None
     if flat.dtype.kind == "f":
-        bad_mask = (flat != np.floor(flat)) | ~np.isfinite(flat) | (flat < low) | (flat > high)
+        # Compare against the first integer above the range, which is exact as a float where the largest
+        # value (2**63 - 1) is not: 2.0**63 must not pass as int64's maximum.
+        bad_mask = (flat != np.floor(flat)) | ~np.isfinite(flat) | (flat < float(low)) | (flat >= float(high + 1))
         if bad_mask.any():
             bad = bad_mask
     else:
@@ -155,23 +171,55 @@ def check_tokens(
         if lo < low or hi > high:
             bad = (flat < low) | (flat > high)
     if bad is not None:
-        position = int(np.argmax(bad))
-        value = flat[position].item()
-        document = first_document
-        if lengths is not None and len(lengths):
-            ends = np.cumsum(lengths, dtype=np.int64)
-            document += int(np.searchsorted(ends, position, side="right"))
         limit = (
-            f"below vocab_size {vocab_size:,}"
-            if vocab_size is not None and high < info.max
+            f"an id below vocab_size {vocab_size:,}"
+            if vocab_size is not None
             else f"in {target.name} ({low:,}..{info.max:,})"
         )
-        within = position - _start_of(document - first_document, lengths)
-        raise TokenRangeError(
-            f"{where}document {document} holds the value {value} (its token {within}), which is not {limit}; "
-            "values are never wrapped. Pick a wider dtype or check the tokenizer."
-        )
+        _refuse(flat, bad, limit, lengths, first_document, where)
     return flat.astype(target, copy=False)
+
+
+def _refuse(
+    flat: np.ndarray, bad: np.ndarray, limit: str, lengths: np.ndarray | None, first_document: int, where: str
+) -> None:
+    position = int(np.argmax(bad))
+    value = flat[position].item()
+    document = first_document
+    if lengths is not None and len(lengths):
+        ends = np.cumsum(lengths, dtype=np.int64)
+        document += int(np.searchsorted(ends, position, side="right"))
+    within = position - _start_of(document - first_document, lengths)
+    raise TokenRangeError(
+        f"{where}document {document} holds the value {value} (its token {within}), which is not {limit}; "
+        "values are never wrapped or rounded. Pick a wider dtype or check the data."
+    )
+
+
+def _check_float_target(
+    flat: np.ndarray,
+    target: np.dtype,
+    vocab_size: int | None,
+    lengths: np.ndarray | None,
+    first_document: int,
+    where: str,
+) -> np.ndarray:
+    cast = flat.astype(target, copy=False)
+    if flat.dtype.kind == "f":
+        bad = ~np.isfinite(flat)
+        if vocab_size is not None:
+            bad |= (flat != np.floor(flat)) | (flat < 0) | (flat >= vocab_size)
+        if bad.any():
+            limit = f"an id below vocab_size {vocab_size:,}" if vocab_size is not None else "a finite number"
+            _refuse(flat, bad, limit, lengths, first_document, where)
+        return cast
+    bad = cast.astype(flat.dtype) != flat  # integers the float cannot hold exactly
+    if vocab_size is not None:
+        bad |= (flat < 0) | (flat >= vocab_size)
+    if bad.any():
+        limit = f"an id below vocab_size {vocab_size:,}" if vocab_size is not None else f"exact in {target.name}"
+        _refuse(flat, bad, limit, lengths, first_document, where)
+    return cast
 
 
 def _start_of(document: int, lengths: np.ndarray | None) -> int:

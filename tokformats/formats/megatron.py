@@ -132,9 +132,7 @@ class Sequences(Sequence[np.ndarray]):
                 f"offset {offset} and length {length} fall outside sequence {index}, which has {size} tokens"
             )
         reader = self._reader
-        start = reader.sequence_pointers.item(index) // reader.dtype.itemsize + offset
-        if not 0 <= start <= start + length <= reader.num_tokens:
-            raise HeaderError(f"{reader.idx_path}: sequence_pointers[{index}] points outside {reader.bin_path}.")
+        start = reader._span(index, index + 1, f"sequence {index}")[0] + offset
         return reader._view[start : start + length]
 
     @property
@@ -279,20 +277,34 @@ class Reader(TokenReader):
     def __len__(self) -> int:
         return len(self.document_indices) - 1
 
+    def _span(self, first: int, stop: int, what: str) -> tuple[int, int]:
+        """Token range of sequences ``first..stop-1`` by their pointers, in O(sequences + 2): each pointer must
+        follow from its predecessor's pointer and length, including the neighbours just outside the range, so a
+        lying pointer (or length) is caught by whichever access touches it instead of serving other tokens."""
+        pointers, lengths, itemsize = self.sequence_pointers, self.sequence_lengths, self._dtype.itemsize
+        count = len(lengths)
+        for k in range(max(first, 1), min(stop + 1, count)):
+            if pointers.item(k) != pointers.item(k - 1) + lengths.item(k - 1) * itemsize:
+                raise HeaderError(
+                    f"{self.idx_path}: sequence_pointers[{k}] is {pointers.item(k):,}, but sequence {k - 1} ends at "
+                    f"byte {pointers.item(k - 1) + lengths.item(k - 1) * itemsize:,}; the index is corrupt ({what})."
+                )
+        start = pointers.item(first) // itemsize
+        end = pointers.item(stop - 1) // itemsize + lengths.item(stop - 1)
+        if pointers.item(first) % itemsize or not 0 <= start <= end <= self._num_tokens:
+            raise HeaderError(
+                f"{self.idx_path}: {what} spans tokens {start:,}..{end:,} by its sequence_pointers, outside the "
+                f"{self._num_tokens:,} tokens of {self.bin_path}."
+            )
+        return start, end
+
     def _item(self, index: int) -> np.ndarray:
-        # Like Megatron's reader, locate data through sequence_pointers: O(1) per document, no cumsum
-        # over the whole index first. Pointers are bounds-checked here; verify() checks them all.
+        # Like Megatron's reader, locate data through sequence_pointers: O(1) per document, no cumsum over the
+        # whole index first; unlike it, check the pointers touched (verify() checks them all).
         first, stop = self.document_indices.item(index), self.document_indices.item(index + 1)
         if first == stop:
             return self._view[0:0]
-        itemsize = self._dtype.itemsize
-        start = self.sequence_pointers.item(first) // itemsize
-        end = self.sequence_pointers.item(stop - 1) // itemsize + self.sequence_lengths.item(stop - 1)
-        if not 0 <= start <= end <= self._num_tokens:
-            raise HeaderError(
-                f"{self.idx_path}: document {index} spans tokens {start:,}..{end:,} by its sequence_pointers, "
-                f"outside the {self._num_tokens:,} tokens of {self.bin_path}."
-            )
+        start, end = self._span(first, stop, f"document {index}")
         return self._view[start:end]
 
     def sample_units(self) -> tuple[np.ndarray, np.ndarray]:

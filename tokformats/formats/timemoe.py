@@ -189,8 +189,8 @@ def _scale_columns(folder: Path, meta: dict[str, Any], base: int, total: int) ->
     except (KeyError, TypeError, ValueError, OverflowError, AttributeError):
         offsets, lengths, means, stds, extras = _columns_checked(where, scales)
     if count:
-        ends = offsets + lengths
-        bad = (offsets < 0) | (lengths < 0) | (ends > total)
+        # lengths > total - offsets, not offsets + lengths > total: the sum overflows int64 for lying offsets.
+        bad = (offsets < 0) | (lengths < 0) | (offsets > total) | (lengths > total - offsets)
         if bad.any():
             i = int(np.argmax(bad))
             raise SizeMismatchError(
