@@ -137,3 +137,88 @@ def test_timemoe_offsets_past_the_data_are_refused(tmp_path: Path, offset: int) 
     (folder / "meta.json").write_text(json.dumps(meta))
     with pytest.raises((SizeMismatchError, HeaderError, DTypeError)):
         tokformats.open(folder)
+
+
+# -- item 4: no allocation beyond what the file can hold; nothing blocks -------------------------------------------
+
+
+def pt_with_pickle(path: Path, pickle_bytes: bytes) -> Path:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as archive:
+        archive.writestr("archive/data.pkl", pickle_bytes)
+        archive.writestr("archive/version", "3\n")
+    return path
+
+
+def test_a_huge_memo_index_is_refused_before_unpickling(tmp_path: Path) -> None:
+    import struct
+
+    evil = b"\x80\x02K\x01r" + struct.pack("<I", 2**28) + b"."  # LONG_BINPUT 2**28: CPython sizes its memo by it
+    path = pt_with_pickle(tmp_path / "memo.pt", evil)
+    assert path.stat().st_size < 400
+    with pytest.raises(FormatError, match="memo entry 268435456"):
+        tokformats.open(path)
+
+
+def test_build_on_an_allowed_global_is_refused(tmp_path: Path) -> None:
+    from tokformats import UnsafePickleError, torchfile
+
+    defaults = torchfile._rebuild_v2.__defaults__
+    evil = b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\n}X\x0c\x00\x00\x00__defaults__(K\x07tsb."
+    with pytest.raises(UnsafePickleError, match="BUILD"):
+        tokformats.open(pt_with_pickle(tmp_path / "build.pt", evil))
+    assert torchfile._rebuild_v2.__defaults__ == defaults
+
+
+def test_an_overlapping_view_claiming_2_40_elements_is_refused(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch", reason="torch writes the expanded tensor")
+    torch.save(torch.zeros(1, dtype=torch.int64).expand(2**40), tmp_path / "wide.pt")
+    with pytest.raises(SizeMismatchError, match="overlapping views"):
+        tokformats.open(tmp_path / "wide.pt")
+
+
+def test_a_lying_record_size_is_refused_before_reading(tmp_path: Path) -> None:
+    from tokformats import pt
+
+    pt.save(np.arange(100), tmp_path / "x.pt")
+    data = bytearray((tmp_path / "x.pt").read_bytes())
+    central = data.rfind(b"PK\x01\x02")  # the last central directory entry; its uncompressed size field
+    data[central + 24 : central + 28] = (2**31).to_bytes(4, "little")
+    (tmp_path / "x.pt").write_bytes(bytes(data))
+    with pytest.raises(FormatError):
+        tokformats.open(tmp_path / "x.pt")
+
+
+def test_npy_headers_cannot_ask_for_more_than_the_file_holds(tmp_path: Path) -> None:
+    import gzip
+
+    header = np.lib.format
+    with open(tmp_path / "big.npy", "wb") as handle:
+        header.write_array_header_1_0(handle, {"descr": "<f4", "fortran_order": False, "shape": (100000, 100000)})
+        handle.write(b"\x00" * 64)
+    with pytest.raises(SizeMismatchError, match="more than the file can hold"):
+        tokformats.open(tmp_path / "big.npy")
+    with gzip.open(tmp_path / "bomb.npy.gz", "wb") as handle:  # declares 4 GB; compressed, a few KB
+        header.write_array_header_1_0(handle, {"descr": "<f8", "fortran_order": False, "shape": (2**29,)})
+        handle.write(b"\x00" * 4096)
+    with pytest.raises(SizeMismatchError):
+        tokformats.open(tmp_path / "bomb.npy.gz")
+    np.save(tmp_path / "ok.npy", np.arange(12.0).reshape(3, 4))
+    assert len(tokformats.open(tmp_path / "ok.npy")) == 3
+
+
+def test_fifos_and_devices_are_refused_without_blocking(tmp_path: Path) -> None:
+    import os
+
+    os.mkfifo(tmp_path / "pipe")
+    code = (
+        "import tokformats\n"
+        f"for path, fmt in (({str(tmp_path / 'pipe')!r}, None), ('/dev/zero', 'llmc-vocab'), ('/dev/zero', 'raw')):\n"
+        "    try:\n"
+        "        tokformats.open(path, format=fmt, **({'dtype': 'uint16'} if fmt == 'raw' else {}))\n"
+        "    except tokformats.FormatError as e:\n"
+        "        print('refused')\n"
+    )
+    done = run_isolated(code)
+    assert done.stdout.split() == ["refused"] * 3, done.stderr[-2000:]

@@ -89,7 +89,12 @@ def descriptor(name: str) -> FormatDescriptor:
 
 
 def read_head(path: Path, size: int) -> bytes:
-    """The first ``size`` bytes of ``path`` (fewer if it is shorter; empty if it cannot be read): for detection."""
+    """The first ``size`` bytes of ``path`` (fewer if it is shorter; empty if it cannot be read or is not a regular
+    file: opening a FIFO would block): for detection."""
+    from .limits import is_regular
+
+    if not is_regular(path):
+        return b""
     try:
         with open(path, "rb") as handle:
             return handle.read(size)
@@ -152,6 +157,10 @@ def detect(path: Any) -> str:
     """
     paths = expand_paths(path)
     first = paths[0]
+    if first.exists() and not first.is_dir():
+        from .limits import require_regular
+
+        require_regular(first)  # a FIFO or device: refused before any format opens it
     for candidate in _candidates(first):
         if candidate.detect(first):
             return candidate.name

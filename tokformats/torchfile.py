@@ -161,12 +161,55 @@ class SafeUnpickler(pickle.Unpickler):
         return _StorageRef(key, storage_type, numel)
 
 
+#: Opcodes a pickle of tensors never needs. BUILD sets state on an object: on our allowed stand-ins it could
+#: rewrite their attributes (even a function's ``__defaults__``) for the rest of the process.
+_REFUSED_OPCODES = {"BUILD", "INST", "OBJ", "EXT1", "EXT2", "EXT4"}
+_MEMO_PUTS = {"PUT", "BINPUT", "LONG_BINPUT"}
+_MEMO_GETS = {"GET", "BINGET", "LONG_BINGET"}
+
+
+def _prescan(data: BinaryIO, where: str) -> None:
+    """Walk the pickle's opcodes before the unpickler runs: refuse opcodes tensors never need and memo indices
+    that the pickle's own length cannot justify (CPython's unpickler sizes its memo by the largest index, so one
+    ``LONG_BINPUT 2**28`` in a 223-byte file asks for gigabytes)."""
+    import pickletools
+
+    start = data.tell()
+    memo = 0
+    try:
+        for opcode, arg, position in pickletools.genops(data):
+            name = opcode.name
+            if name in _REFUSED_OPCODES:
+                raise UnsafePickleError(
+                    f"{where}: the pickle uses {name} at byte {position}, which a torch.save of "
+                    "tensors never writes; refused before anything ran."
+                )
+            if name in _MEMO_PUTS:
+                if not isinstance(arg, int) or arg > memo:
+                    raise FormatError(
+                        f"{where}: the pickle stores memo entry {arg} at byte {position} after only "
+                        f"{memo} entries; a pickler numbers them in order."
+                    )
+                memo = max(memo, arg + 1)
+            elif name == "MEMOIZE":
+                memo += 1
+            elif name in _MEMO_GETS and (not isinstance(arg, int) or arg >= memo):
+                raise FormatError(f"{where}: the pickle reads memo entry {arg} at byte {position}, never stored.")
+    except FormatError:
+        raise
+    except (ValueError, EOFError) as exc:  # pickletools' words for truncated or unknown opcodes
+        raise FormatError(f"{where}: the pickle cannot be read ({exc}).") from None
+    finally:
+        data.seek(start)
+
+
 def _unpickle(data: BinaryIO, where: str) -> Any:
+    _prescan(data, where)
     try:
         return SafeUnpickler(data, where=where).load()
     except (UnsafePickleError, FormatError):
         raise
-    except Exception as exc:  # a truncated or corrupt pickle: EOFError, UnpicklingError, ...
+    except Exception as exc:  # a truncated or corrupt pickle: EOFError, UnpicklingError, RecursionError, ...
         raise FormatError(f"{where}: the pickle cannot be read ({type(exc).__name__}: {exc}).") from None
 
 
@@ -230,6 +273,11 @@ def _parse_zip(path: Path) -> tuple[str, dict[str, _Record], bytes, str]:
                     f"{path}: record {info.filename} is compressed (method {info.compress_type}); torch stores "
                     "records uncompressed and torch.load(mmap=True) would return garbage for it."
                 )
+            if info.compress_size != info.file_size:
+                raise SizeMismatchError(
+                    f"{path}: record {info.filename} says {info.file_size:,} bytes but stores {info.compress_size:,}; "
+                    "torch stores records uncompressed, so the two are equal."
+                )
             handle.seek(info.header_offset)
             local = handle.read(30)
             if len(local) < 30 or local[:4] != ZIP_MAGIC:
@@ -267,6 +315,14 @@ def _view(path: Path, tensor: TensorRef, storage: np.ndarray) -> np.ndarray:
         raise FormatError(f"{path}: negative storage offset or size in {tensor}.")
     if 0 in tensor.size:
         return storage[0:0].reshape(tensor.size)
+    numel = 1
+    for n in tensor.size:
+        numel *= n
+    if numel > count:  # only an overlapping view (stride 0) shows more elements than its storage holds
+        raise SizeMismatchError(
+            f"{path}: the tensor claims {numel:,} elements (size {tensor.size}, stride {tensor.stride}) over a "
+            f"storage of {count:,}; overlapping views are not token data."
+        )
     last = tensor.offset + sum((n - 1) * s for n, s in zip(tensor.size, tensor.stride))
     if min(tensor.stride, default=0) < 0 or last >= count or tensor.offset >= count:
         raise SizeMismatchError(
@@ -289,6 +345,13 @@ def _materialise(path: Path, value: Any, resolve: Any) -> Any:
     if type(value) in (list, tuple):  # not our stand-ins, which are NamedTuples
         return type(value)(_materialise(path, v, resolve) for v in value)
     return value
+
+
+def _materialise_checked(path: Path, value: Any, resolve: Any) -> Any:
+    try:
+        return _materialise(path, value, resolve)
+    except RecursionError:
+        raise FormatError(f"{path}: the saved object nests containers too deeply to be token data.") from None
 
 
 def load(path: str | os.PathLike[str]) -> Any:
@@ -320,7 +383,7 @@ def load(path: str | os.PathLike[str]) -> Any:
             cache[key] = _storage_array(file, tensor.storage, records[name], byteorder, tensor.dtype)
         return cache[key]
 
-    return _materialise(file, obj, resolve)
+    return _materialise_checked(file, obj, resolve)
 
 
 def _load_legacy(path: Path) -> Any:
@@ -377,7 +440,7 @@ def _load_legacy(path: Path) -> Any:
             raise FormatError(f"{path}: the object refers to storage {key!r}, which the file does not hold.")
         return _storage_array(path, tensor.storage, records[key], order, tensor.dtype)
 
-    return _materialise(path, obj, resolve)
+    return _materialise_checked(path, obj, resolve)
 
 
 # -- writing -------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import HeaderError, NoFilesError, SizeMismatchError, TokenRangeError
+from ..limits import read_file
 from ..protocol import PathLike
 from ..protocol import Reader as BaseReader
 from ..protocol import Writer as BaseWriter
@@ -131,7 +132,7 @@ class Vocab(BaseReader[bytes]):
     @staticmethod
     def _parse(path: Path) -> tuple[list[bytes], int, int]:
         try:
-            data = path.read_bytes()
+            data = read_file(path)
         except FileNotFoundError:
             raise NoFilesError(f"{path} does not exist.") from None
         if len(data) < HEADER_BYTES:

@@ -10,8 +10,9 @@ Convert one into a Time-MoE folder with ``tokformats convert series.jsonl out/ds
 from __future__ import annotations
 
 import gzip
-import io
 import json
+import zipfile
+import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,7 @@ import numpy as np
 from ..documents import offsets_from_lengths
 from ..dtypes import parse_dtype
 from ..errors import FormatError, NoFilesError, UnsafePickleError
+from ..limits import MAX_DEFLATE_RATIO, read_npy, require_regular
 from ..protocol import PathLike, TokenReader
 from ..registry import read_head
 
@@ -61,8 +63,14 @@ class SequenceFile(TokenReader):
         self._path = Path(path)
         if not self._path.is_file():
             raise NoFilesError(f"{self._path} does not exist.")
-        items = _load_items(self._path, allow_pickle)
-        arrays = [_sequence(self._path, i, item) for i, item in enumerate(items)]
+        try:
+            items = _load_items(self._path, allow_pickle)
+            arrays = [_sequence(self._path, i, item) for i, item in enumerate(items)]
+        except FormatError:
+            raise
+        except (UnicodeDecodeError, EOFError, RecursionError, zlib.error, gzip.BadGzipFile, TypeError) as exc:
+            # What damaged bytes make the decoders raise: the file's fault, so the library's error.
+            raise FormatError(f"{self._path}: the file is damaged ({type(exc).__name__}: {exc}).") from None
         target = (
             parse_dtype(dtype)
             if dtype is not None
@@ -119,13 +127,17 @@ def _load_items(path: Path, allow_pickle: bool) -> list[Any]:
         if not isinstance(data, list):
             raise FormatError(f"{path} must hold a JSON list of sequences, found {type(data).__name__}.")
         return data
-    if name.endswith(".npy.gz") or name.endswith(".npy"):
-        opener = gzip.open if name.endswith(".gz") else open
-        with opener(path, "rb") as handle:
-            return _array_items(path, _np_load(path, io.BytesIO(handle.read()), allow_pickle))
+    if name.endswith(".npy.gz"):
+        size = require_regular(path)
+        with gzip.open(path, "rb") as handle:
+            budget = size * MAX_DEFLATE_RATIO
+            return _array_items(path, read_npy(handle, str(path), budget=budget, allow_pickle=allow_pickle))
+    if name.endswith(".npy"):
+        size = require_regular(path)
+        with open(path, "rb") as handle:
+            return _array_items(path, read_npy(handle, str(path), budget=size, allow_pickle=allow_pickle))
     if name.endswith(".npz"):
-        with np.load(path, allow_pickle=allow_pickle) as archive:
-            arrays = [_np_checked(path, archive, key, allow_pickle) for key in archive.files]
+        arrays = _npz_arrays(path, allow_pickle)
         if len(arrays) == 1 and arrays[0].ndim == 2:
             return list(arrays[0])
         return arrays
@@ -158,25 +170,25 @@ def _load_items(path: Path, allow_pickle: bool) -> list[Any]:
     raise FormatError(f"{path}: unknown sequence file type; use .json, .jsonl, .npy, .npz, .npy.gz.")
 
 
-def _np_load(path: Path, source: Any, allow_pickle: bool) -> np.ndarray:
+def _npz_arrays(path: Path, allow_pickle: bool) -> list[np.ndarray]:
+    """Every array of an ``.npz``, each header checked against what its zip entry can hold before reading."""
+    require_regular(path)
+    arrays = []
     try:
-        return np.asarray(np.load(source, allow_pickle=allow_pickle))
-    except ValueError as exc:
-        if "allow_pickle" in str(exc):
-            raise UnsafePickleError(
-                f"{path} holds an object array, which loads through pickle; pass allow_pickle=True only for files "
-                "you trust."
-            ) from None
-        raise FormatError(f"{path}: not a readable .npy file ({exc}).") from None
-
-
-def _np_checked(path: Path, archive: Any, key: str, allow_pickle: bool) -> np.ndarray:
-    try:
-        return np.asarray(archive[key])
-    except ValueError as exc:
-        if "allow_pickle" in str(exc):
-            raise UnsafePickleError(f"{path}: array {key!r} loads through pickle; pass allow_pickle=True.") from None
-        raise
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                if not info.filename.endswith(".npy"):
+                    continue
+                if info.compress_type == zipfile.ZIP_STORED:
+                    budget = info.compress_size
+                else:
+                    budget = min(info.file_size, info.compress_size * MAX_DEFLATE_RATIO)
+                with archive.open(info) as handle:
+                    where = f"{path}[{info.filename}]"
+                    arrays.append(read_npy(handle, where, budget=budget, allow_pickle=allow_pickle))
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, zlib.error, NotImplementedError) as exc:
+        raise FormatError(f"{path}: not a readable .npz archive ({type(exc).__name__}: {exc}).") from None
+    return arrays
 
 
 def _array_items(path: Path, array: np.ndarray) -> list[Any]:

@@ -1,0 +1,117 @@
+"""Reading files without trusting them: regular files only, and no allocation larger than the file can hold.
+
+A FIFO blocks an ``open`` forever and ``/dev/zero`` never ends; a header can declare any shape; a compressed stream
+can expand a thousandfold. Every reader that reads (rather than maps) data goes through these helpers.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from .errors import FormatError, SizeMismatchError
+
+__all__ = ["require_regular", "is_regular", "read_file", "read_exactly", "MAX_DEFLATE_RATIO", "read_npy"]
+
+class Readable(Protocol):
+    """Anything with ``read(n)`` and ``readline()``: a file, a gzip stream, a zip entry."""
+
+    def read(self, size: int = ..., /) -> bytes: ...
+
+    def readline(self, size: int = ..., /) -> bytes: ...
+
+
+#: DEFLATE (gzip, zip) cannot expand data more than about 1,032 times: a header promising more is a lie or a bomb.
+MAX_DEFLATE_RATIO = 1032
+_BLOCK = 1 << 20
+
+
+def is_regular(path: Path) -> bool:
+    """Whether ``path`` is a regular file (following links); False for folders, FIFOs, devices, sockets."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def require_regular(path: Path) -> int:
+    """The size of regular file ``path``; :class:`FormatError` for a FIFO, device or socket (which would block or
+    never end), ``FileNotFoundError`` when it does not exist."""
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        kind = (
+            "a FIFO"
+            if stat.S_ISFIFO(mode)
+            else "a device"
+            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a socket"
+            if stat.S_ISSOCK(mode)
+            else "a folder"
+            if stat.S_ISDIR(mode)
+            else "not a regular file"
+        )
+        raise FormatError(f"{path} is {kind}; tokformats reads datasets from regular files.")
+    return os.stat(path).st_size
+
+
+def read_file(path: Path) -> bytes:
+    """All bytes of regular file ``path`` (at most its size at the time of the call)."""
+    size = require_regular(path)
+    with open(path, "rb") as handle:
+        return handle.read(size)
+
+
+def read_exactly(handle: Readable, count: int, where: str) -> bytes:
+    """``count`` bytes from a (possibly decompressing) stream, read in bounded blocks; a stream that ends early
+    raises :class:`SizeMismatchError`."""
+    pieces = []
+    left = count
+    while left:
+        block = handle.read(min(left, _BLOCK))
+        if not block:
+            raise SizeMismatchError(f"{where}: the data ends {left:,} bytes before the {count:,} its header declares.")
+        pieces.append(block)
+        left -= len(block)
+    return b"".join(pieces)
+
+
+def read_npy(handle: Readable, where: str, *, budget: int, allow_pickle: bool = False) -> np.ndarray:
+    """An array from a ``.npy`` stream, checking its header before allocating: the declared bytes must fit
+    ``budget`` (what the file can hold). Object arrays load through pickle and need ``allow_pickle``."""
+    from numpy.lib import format as npy
+
+    from .errors import UnsafePickleError
+
+    try:
+        version = npy.read_magic(handle)
+        if version == (1, 0):
+            shape, fortran, dtype = npy.read_array_header_1_0(handle)
+        elif version == (2, 0):
+            shape, fortran, dtype = npy.read_array_header_2_0(handle)
+        else:
+            raise ValueError(f"format version {version} is not supported")
+    except (ValueError, OSError, EOFError, SyntaxError) as exc:
+        raise FormatError(f"{where}: not a readable .npy header ({exc}).") from None
+    if dtype.hasobject:
+        if not allow_pickle:
+            raise UnsafePickleError(
+                f"{where} holds an object array, which loads through pickle; pass allow_pickle=True only for files "
+                "you trust."
+            )
+        import pickle
+
+        return np.asarray(pickle.load(handle))
+    count = int(np.prod(shape, dtype=object))  # Python ints: a lying shape must not overflow
+    declared = count * dtype.itemsize
+    if declared > budget:
+        raise SizeMismatchError(
+            f"{where}: the header declares shape {shape} of {dtype} ({declared:,} bytes), more than the file can "
+            f"hold ({budget:,} bytes)."
+        )
+    data = read_exactly(handle, declared, where)
+    array = np.frombuffer(data, dtype=dtype, count=count)
+    return array.reshape(shape, order="F" if fortran else "C")
