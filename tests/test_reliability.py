@@ -222,3 +222,38 @@ def test_fifos_and_devices_are_refused_without_blocking(tmp_path: Path) -> None:
     )
     done = run_isolated(code)
     assert done.stdout.split() == ["refused"] * 3, done.stderr[-2000:]
+
+
+# -- item 9: environmental errors keep their type and name the output ----------------------------------------------
+
+
+@pytest.fixture()
+def small_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
+    import os
+
+    folder = tmp_path / "small"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode(errors='replace').strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], capture_output=True)
+
+
+@pytest.mark.parametrize("fmt", ["megatron", "llmc", "raw", "pt", "timemoe"])
+def test_a_full_disk_names_the_output_and_keeps_the_old_dataset(small_disk: Path, fmt: str) -> None:
+    target = small_disk / "c"
+    options = {"raw": {"dtype": "uint16"}, "timemoe": {"dtype": "float32"}}.get(fmt, {"vocab_size": 50000})
+    with tokformats.create(target, fmt, **options) as writer:
+        writer.write_batch(np.arange(100) % 50000, [100])
+    before = {p.name: p.read_bytes() for p in sorted(small_disk.rglob("*")) if p.is_file()}
+    with pytest.raises(OSError, match="No space left") as caught:
+        with tokformats.create(target, fmt, overwrite=True, **options) as writer:
+            writer.write_batch(np.arange(400_000) % 50000, [400_000])
+    assert caught.value.errno == 28 and str(caught.value.filename).startswith(str(target))
+    after = {p.name: p.read_bytes() for p in sorted(small_disk.rglob("*")) if p.is_file()}
+    assert after == before, "the previous dataset is untouched and no temporary is left"

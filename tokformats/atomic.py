@@ -21,7 +21,17 @@ from typing import BinaryIO
 
 from .errors import OutputExistsError, option
 
-__all__ = ["AtomicFiles"]
+__all__ = ["AtomicFiles", "naming_output"]
+
+
+def naming_output(error: OSError, output: str | os.PathLike[str]) -> OSError:
+    """The same kind of ``OSError`` (ENOSPC, EROFS, EACCES, ...), naming the output the user asked for rather than
+    the hidden temporary (or nothing, as a failed ``write`` does)."""
+    if error.filename is not None and not str(error.filename).endswith((".tmp", ".spool")):
+        return error
+    renamed = type(error)(error.errno, error.strerror or str(error), os.fspath(output))
+    renamed.__cause__ = error
+    return renamed
 
 
 def _cleanup(handles: list[BinaryIO], temporaries: list[Path], made_dirs: list[Path], scratch: list[Path]) -> None:
@@ -101,9 +111,12 @@ class AtomicFiles:
         if path in self._final_set:
             raise ValueError(f"{path} was already created in this commit")
         self._final_set.add(path)
-        self.make_parent(path)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
-        handle = open(tmp, "w+b")  # noqa: SIM115 - closed by commit() or abort()
+        try:
+            self.make_parent(path)
+            handle = open(tmp, "w+b")  # noqa: SIM115 - closed by commit() or abort()
+        except OSError as error:
+            raise naming_output(error, path) from None
         self._finals.append(path)
         self._temporaries.append(tmp)
         self._handles.append(handle)
@@ -152,7 +165,10 @@ class AtomicFiles:
             if stale not in finals:
                 stale.unlink(missing_ok=True)
         for tmp, final in zip(self._temporaries, finals):
-            os.replace(tmp, final)
+            try:
+                os.replace(tmp, final)
+            except OSError as error:
+                raise naming_output(error, final) from None
         for folder in {final.parent for final in finals}:
             _fsync_dir(folder)
         for scratch in self._scratch:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, overload
 import numpy as np
 
 from .arrays import TokenArray
-from .atomic import AtomicFiles
+from .atomic import AtomicFiles, naming_output
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -329,6 +329,9 @@ class Writer(ABC, Generic[Item]):
         try:
             self._finish()
             paths = self._files.commit()
+        except OSError as error:
+            self.abort()
+            raise naming_output(error, self.path) from None
         except BaseException:
             self.abort()
             raise
@@ -422,7 +425,10 @@ class TokenWriter(Writer[Any]):
         """Append one document (a sequence of ids)."""
         self._check_open()
         flat = self._validated(as_token_array(item, what="a document"), None)
-        self._write_tokens(flat, np.array([len(flat)], dtype=np.int64))
+        try:
+            self._write_tokens(flat, np.array([len(flat)], dtype=np.int64))
+        except OSError as error:
+            raise naming_output(error, self.path) from None
         self.num_documents += 1
         self.num_tokens += len(flat)
 
@@ -435,7 +441,10 @@ class TokenWriter(Writer[Any]):
         flat = as_token_array(flat_ids, what="flat_ids")
         sizes = check_lengths(lengths, len(flat), where=f"{self.path}: ")
         flat = self._validated(flat, sizes)
-        self._write_tokens(flat, sizes)
+        try:
+            self._write_tokens(flat, sizes)
+        except OSError as error:  # a full disk names the output, not the hidden temporary
+            raise naming_output(error, self.path) from None
         self.num_documents += len(sizes)
         self.num_tokens += len(flat)
 

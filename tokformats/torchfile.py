@@ -245,7 +245,16 @@ def _zip_records(path: Path) -> tuple[str, dict[str, _Record], bytes, str]:
         return _parse_zip(path)
     except FormatError:
         raise
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, ValueError, struct.error) as exc:
+    except (
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        EOFError,
+        OSError,
+        ValueError,
+        struct.error,
+        RuntimeError,  # "File is encrypted" from a flipped flag bit
+        NotImplementedError,  # "That compression method is not supported"
+    ) as exc:
         # zipfile's own complaints about a damaged archive: bad CRC, names that do not match, bad offsets, ...
         raise FormatError(f"{path}: not a readable zip archive ({type(exc).__name__}: {exc}).") from None
 
@@ -372,16 +381,16 @@ def load(path: str | os.PathLike[str]) -> Any:
     _, records, pickle_bytes, byteorder = _zip_records(file)
     prefix = next(iter(records)).split("/", 1)[0]
     obj = _unpickle(io.BytesIO(pickle_bytes), f"{file}/data.pkl")
-    cache: dict[str, np.ndarray] = {}
+    cache: dict[tuple[str, np.dtype], np.ndarray] = {}
 
     def resolve(tensor: TensorRef) -> np.ndarray:
         key = tensor.storage.key
-        if key not in cache:
+        if (key, tensor.dtype) not in cache:  # one untyped storage may be viewed as several dtypes
             name = f"{prefix}/data/{key}"
             if name not in records:
                 raise FormatError(f"{file}: data.pkl refers to storage {key!r}, but the archive has no {name} record.")
-            cache[key] = _storage_array(file, tensor.storage, records[name], byteorder, tensor.dtype)
-        return cache[key]
+            cache[(key, tensor.dtype)] = _storage_array(file, tensor.storage, records[name], byteorder, tensor.dtype)
+        return cache[(key, tensor.dtype)]
 
     return _materialise_checked(file, obj, resolve)
 
