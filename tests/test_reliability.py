@@ -257,3 +257,32 @@ def test_a_full_disk_names_the_output_and_keeps_the_old_dataset(small_disk: Path
     assert caught.value.errno == 28 and str(caught.value.filename).startswith(str(target))
     after = {p.name: p.read_bytes() for p in sorted(small_disk.rglob("*")) if p.is_file()}
     assert after == before, "the previous dataset is untouched and no temporary is left"
+
+
+# -- item 5: what open validated is what is read -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["megatron", "llmc", "raw", "timemoe"])
+def test_files_replaced_after_open_are_never_mixed_in(tmp_path: Path, fmt: str) -> None:
+    import os
+
+    options = {"raw": {"dtype": "uint16"}, "timemoe": {"dtype": "float32"}}.get(fmt, {"vocab_size": 50000})
+    read = {"raw": {"format": "raw", "dtype": "uint16", "eos": 0}}.get(fmt, {})
+
+    def write(folder: Path, lengths: list[int], start: int) -> Path:
+        with tokformats.create(folder / "d", fmt, **options) as writer:
+            writer.write_batch(np.arange(start, start + sum(lengths)) % 40000 + 1, lengths)
+        return folder
+
+    old, new = write(tmp_path / "old", [6, 6, 6], 1), write(tmp_path / "new", [2, 3], 500)
+    target = next(iter(sorted(p for p in old.iterdir())))
+    reader = tokformats.open(target if fmt in ("raw", "llmc") else old / "d", **read)
+    documents = [d.tolist() for d in reader]
+    for source in sorted(new.rglob("*")):  # replace every file, as a rewrite with a new inode would
+        if source.is_file():
+            destination = old / source.relative_to(new)
+            os.replace(source, destination)
+    assert [d.tolist() for d in reader] == documents  # the maps made at open still hold the old data
+    reader.close()
+    with pytest.raises(FormatError, match="changed on disk since"):
+        [d.tolist() for d in reader]

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, overload
 
 import numpy as np
 
-from .arrays import TokenArray
+from .arrays import TokenArray, map_file
 from .atomic import AtomicFiles, naming_output
 
 if TYPE_CHECKING:
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 from .documents import document_runs, offsets_from_lengths
 from .dtypes import as_token_array, check_lengths, check_tokens
+from .errors import FormatError, SizeMismatchError
 
 __all__ = ["Reader", "TokenReader", "Writer", "TokenWriter", "PathLike"]
 
@@ -210,6 +211,31 @@ class TokenReader(Reader[np.ndarray]):
     def _item(self, index: int) -> np.ndarray:
         offsets = self.offsets
         return self._view[offsets.item(index) : offsets.item(index + 1)]
+
+    # -- files pinned at open -------------------------------------------------------------------
+    def _pin(self, *paths: Path) -> None:
+        """Remember what ``paths`` are now (device, inode, size, modification time): the files this open
+        validated. :meth:`_map` refuses to map one that has changed since, so a dataset replaced on disk after
+        ``open`` is never read with the old index (or half old, half new)."""
+        pins = self.__dict__.setdefault("_pins", {})
+        for path in paths:
+            info = os.stat(path)
+            pins[Path(path)] = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+
+    def _map(self, path: Path, dtype: np.dtype, offset: int = 0, count: int | None = None) -> np.ndarray:
+        """A read-only map of a pinned file, after checking it is still the file that was opened."""
+        pinned = self.__dict__.get("_pins", {}).get(Path(path))
+        if pinned is not None:
+            info = os.stat(path)
+            if (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns) != pinned:
+                raise FormatError(
+                    f"{path} changed on disk since this {self.format} reader opened it (replaced, truncated or "
+                    "rewritten); open the dataset again."
+                )
+        try:
+            return map_file(path, dtype, offset, count)
+        except ValueError as error:  # "mmap length is greater than file size": shrunk under an unpinned map
+            raise SizeMismatchError(f"{path}: cannot map it as opened ({error}).") from None
 
     def span(self, start: int, stop: int) -> np.ndarray:
         """Tokens ``start:stop`` of the whole stream as a plain ndarray (a view whenever they lie in one file)."""

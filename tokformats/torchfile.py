@@ -168,7 +168,41 @@ _MEMO_PUTS = {"PUT", "BINPUT", "LONG_BINPUT"}
 _MEMO_GETS = {"GET", "BINGET", "LONG_BINGET"}
 
 
-def _prescan(data: BinaryIO, where: str) -> None:
+class _Bounded:
+    """A read-only view of a stream whose reads never ask for more than remains: ``read(n)`` of a file allocates
+    ``n`` bytes before reading, so a declared length of 2**60 becomes a short read (which the pickle readers
+    report as a truncated pickle), not a 1 EiB allocation."""
+
+    def __init__(self, stream: BinaryIO, where: str) -> None:
+        self._stream, self._where = stream, where
+        here = stream.tell()
+        self._end = stream.seek(0, os.SEEK_END)
+        stream.seek(here)
+
+    def read(self, size: int | None = -1) -> bytes:
+        left = self._end - self._stream.tell()
+        if size is None or size < 0:
+            size = left
+        return self._stream.read(min(size, left))
+
+    def readline(self, size: int | None = -1) -> bytes:
+        left = self._end - self._stream.tell()
+        return self._stream.readline(left if size is None or size < 0 else min(size, left))
+
+    def peek(self, size: int = 0) -> bytes:  # what the C unpickler asks of buffered files
+        here = self._stream.tell()
+        data = self._stream.read(max(size, 1))
+        self._stream.seek(here)
+        return data
+
+    def tell(self) -> int:
+        return self._stream.tell()
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return self._stream.seek(offset, whence)
+
+
+def _prescan(data: Any, where: str) -> None:
     """Walk the pickle's opcodes before the unpickler runs: refuse opcodes tensors never need and memo indices
     that the pickle's own length cannot justify (CPython's unpickler sizes its memo by the largest index, so one
     ``LONG_BINPUT 2**28`` in a 223-byte file asks for gigabytes)."""
@@ -203,7 +237,8 @@ def _prescan(data: BinaryIO, where: str) -> None:
         data.seek(start)
 
 
-def _unpickle(data: BinaryIO, where: str) -> Any:
+def _unpickle(stream: BinaryIO, where: str) -> Any:
+    data: Any = _Bounded(stream, where)
     _prescan(data, where)
     try:
         return SafeUnpickler(data, where=where).load()

@@ -208,6 +208,8 @@ class Reader(TokenReader):
             )
         self.family: Family = headers[0][0]
         self._counts = [ntok for _, ntok in headers]
+        self._pin(*paths)
+        self.shards  # noqa: B018 - map now: what was validated is what is read
         if bos == "auto":
             self.bos, self.bos_rule = self._find_delimiter()
         elif bos is None or isinstance(bos, (int, np.integer)):
@@ -248,7 +250,7 @@ class Reader(TokenReader):
     @cached_property
     def shards(self) -> list[np.ndarray]:
         """Each shard's tokens as its own read-only memory map."""
-        return [map_file(p, self.family.dtype, HEADER_BYTES, n) for p, n in zip(self._paths, self._counts)]
+        return [self._map(p, self.family.dtype, HEADER_BYTES, n) for p, n in zip(self._paths, self._counts)]
 
     @cached_property
     def tokens(self) -> TokenArray:

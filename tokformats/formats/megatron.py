@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
-from ..arrays import GrowableArray, map_file
+from ..arrays import GrowableArray
 from ..atomic import AtomicFiles
 from ..documents import offsets_from_lengths
 from ..dtypes import as_token_array, little_endian, resolve_dtype
@@ -159,7 +159,9 @@ class Reader(TokenReader):
         for needed in (self.idx_path, self.bin_path):
             if not needed.is_file():
                 raise NoFilesError(f"{needed} does not exist; a Megatron dataset needs both PREFIX.bin and PREFIX.idx.")
+        self._pin(self.idx_path, self.bin_path)
         self._read_index(multimodal)
+        self.tokens  # noqa: B018 - map the .bin now: what was validated is what is read
 
     def _read_index(self, multimodal: bool | None) -> None:
         path = self.idx_path
@@ -200,7 +202,7 @@ class Reader(TokenReader):
             raise HeaderError(f"{path}: header field 'M' is 0; document_indices always holds at least the leading 0.")
         self.dtype_code = code
         self._dtype = DTYPE_CODES[code]
-        index = map_file(path, np.uint8)
+        index = self._map(path, np.dtype(np.uint8))
         start = HEADER.size
         self.sequence_lengths: np.ndarray = index[start : start + 4 * count].view("<i4")
         start += 4 * count
@@ -254,7 +256,7 @@ class Reader(TokenReader):
     @cached_property
     def tokens(self) -> np.ndarray:
         """Every sequence's tokens back to back (the ``.bin``), memory-mapped."""
-        return map_file(self.bin_path, self._dtype)
+        return self._map(self.bin_path, self._dtype)
 
     @property
     def dtype(self) -> np.dtype:

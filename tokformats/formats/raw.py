@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..arrays import map_file
 from ..documents import add_delimiter, split_offsets
 from ..dtypes import check_id, parse_dtype, resolve_dtype
 from ..errors import DataWarning, DTypeError, NoFilesError, SizeMismatchError, option
@@ -138,6 +137,8 @@ class Reader(TokenReader):
             )
         self.eos = eos
         self.bos = bos
+        self._pin(self._path)
+        self.tokens  # noqa: B018 - map now: what was validated is what is read
         with open(self._path, "rb") as handle:
             problem = implausible(handle.read(1 << 16), self._dtype)
         if problem:
@@ -151,7 +152,7 @@ class Reader(TokenReader):
     @cached_property
     def tokens(self) -> np.ndarray:
         """The whole stream as a read-only ``np.memmap`` (an empty array for an empty file)."""
-        return map_file(self._path, self._dtype)
+        return self._map(self._path, self._dtype)
 
     @property
     def dtype(self) -> np.dtype:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..arrays import ConcatenatedArray, TokenArray, map_file
+from ..arrays import ConcatenatedArray, TokenArray
 from ..documents import offsets_from_lengths
 from ..dtypes import as_token_array, dtype_for_vocab, parse_dtype
 from ..errors import ConfigError, DTypeError, FormatError, HeaderError, NoFilesError, SizeMismatchError
@@ -308,6 +308,8 @@ class Reader(TokenReader):
         self._shard_list = shards
         self.scales = _concatenate_scales(columns)
         self._total = base
+        self._pin(*(p for p, _ in shards))
+        self.tokens  # noqa: B018 - map now: what was validated is what is read
 
     @property
     def path(self) -> Path:
@@ -320,7 +322,7 @@ class Reader(TokenReader):
     @cached_property
     def tokens(self) -> TokenArray:
         """Every shard's stored values, in numeric shard order (folders in sorted order)."""
-        parts = [map_file(p, self._dtype, 0, n) for p, n in self._shard_list] or [np.zeros(0, self._dtype)]
+        parts = [self._map(p, self._dtype, 0, n) for p, n in self._shard_list] or [np.zeros(0, self._dtype)]
         return parts[0] if len(parts) == 1 else ConcatenatedArray(parts)
 
     @property
