@@ -202,7 +202,8 @@ class Reader(TokenReader):
             raise HeaderError(f"{path}: header field 'M' is 0; document_indices always holds at least the leading 0.")
         self.dtype_code = code
         self._dtype = DTYPE_CODES[code]
-        index = self._map(path, np.dtype(np.uint8))
+        # A plain ndarray view of the map: slicing an np.memmap runs Python code on every access.
+        index = self._map(path, np.dtype(np.uint8)).view(np.ndarray)
         start = HEADER.size
         self.sequence_lengths: np.ndarray = index[start : start + 4 * count].view("<i4")
         start += 4 * count
@@ -243,6 +244,7 @@ class Reader(TokenReader):
                 f"last {int(pointers[-1]):,}, expected {(total - int(lengths[-1])) * itemsize:,})."
             )
         self._num_tokens = total
+        self._sequences = count
 
     # -- the protocol ----------------------------------------------------------------------
     @property
@@ -281,19 +283,37 @@ class Reader(TokenReader):
 
     def _span(self, first: int, stop: int, what: str) -> tuple[int, int]:
         """Token range of sequences ``first..stop-1`` by their pointers, in O(sequences + 2): each pointer must
-        follow from its predecessor's pointer and length, including the neighbours just outside the range, so a
-        lying pointer (or length) is caught by whichever access touches it instead of serving other tokens."""
-        pointers, lengths, itemsize = self.sequence_pointers, self.sequence_lengths, self._dtype.itemsize
-        count = len(lengths)
-        for k in range(max(first, 1), min(stop + 1, count)):
-            if pointers.item(k) != pointers.item(k - 1) + lengths.item(k - 1) * itemsize:
+        follow from its predecessor's pointer and length, including the neighbours just outside the range, and the
+        range must lie in the ``.bin``, so a lying pointer (or length) is caught by whichever access touches it
+        instead of serving other tokens. (Several pointers lying in step can only be found by :meth:`problems`.)"""
+        itemsize = self._dtype.itemsize
+        if stop == first + 1:  # one sequence, the common case: five scalar reads
+            pointers, lengths = self.sequence_pointers, self.sequence_lengths
+            pointer, length = pointers.item(first), lengths.item(first)
+            before = pointers.item(first - 1) + lengths.item(first - 1) * itemsize if first else 0
+            after = pointers.item(stop) if stop < self._sequences else self._num_tokens * itemsize
+            start = pointer // itemsize
+            if (
+                before == pointer
+                and after == pointer + length * itemsize
+                and pointer % itemsize == 0
+                and 0 <= start <= start + length <= self._num_tokens
+            ):
+                return start, start + length
+            # else: fall through, to name the pointer that lies
+        low = first - 1 if first else 0
+        high = stop + 1 if stop < self._sequences else stop
+        pointers = self.sequence_pointers[low:high].tolist()  # two slices beat a dozen .item() calls
+        lengths = self.sequence_lengths[low:high].tolist()
+        for j in range(len(pointers) - 1):
+            if pointers[j + 1] != pointers[j] + lengths[j] * itemsize:
                 raise HeaderError(
-                    f"{self.idx_path}: sequence_pointers[{k}] is {pointers.item(k):,}, but sequence {k - 1} ends at "
-                    f"byte {pointers.item(k - 1) + lengths.item(k - 1) * itemsize:,}; the index is corrupt ({what})."
+                    f"{self.idx_path}: sequence_pointers[{low + j + 1}] is {pointers[j + 1]:,}, but sequence "
+                    f"{low + j} ends at byte {pointers[j] + lengths[j] * itemsize:,}; the index is corrupt ({what})."
                 )
-        start = pointers.item(first) // itemsize
-        end = pointers.item(stop - 1) // itemsize + lengths.item(stop - 1)
-        if pointers.item(first) % itemsize or not 0 <= start <= end <= self._num_tokens:
+        start = pointers[first - low] // itemsize
+        end = pointers[stop - 1 - low] // itemsize + lengths[stop - 1 - low]
+        if pointers[first - low] % itemsize or not 0 <= start <= end <= self._num_tokens:
             raise HeaderError(
                 f"{self.idx_path}: {what} spans tokens {start:,}..{end:,} by its sequence_pointers, outside the "
                 f"{self._num_tokens:,} tokens of {self.bin_path}."
