@@ -4,7 +4,9 @@ A writer asks for a temporary file per output; everything is written there, in t
 folder (so the final rename never crosses a file system). :meth:`AtomicFiles.commit` flushes,
 fsyncs and renames every temporary into place, in the order they were created (a format whose
 reader keys on one file, such as Megatron's ``.idx``, creates that one last), then fsyncs the
-folders. :meth:`AtomicFiles.abort` removes the temporaries and any folder made for them; it also
+folders. A commit of several files goes through a journal (:mod:`tokformats.journal`), so that a
+kill between two renames is completed by the next write or open there, never left half old, half
+new. :meth:`AtomicFiles.abort` removes the temporaries and any folder made for them; it also
 runs if the writer is garbage-collected without being closed. Readers therefore never see a
 half-written dataset under its final name.
 """
@@ -13,13 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import uuid
 import weakref
 from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
 from .errors import OutputExistsError, option
+from .journal import finish_journal, recover, remove_dead_temporaries, temporary_name, write_journal
 
 __all__ = ["AtomicFiles", "naming_output"]
 
@@ -82,8 +84,10 @@ class AtomicFiles:
         )
 
     def check_destination(self, final: str | os.PathLike[str]) -> None:
-        """Refuse ``final`` if it exists and overwriting was not allowed."""
+        """Refuse ``final`` if it exists and overwriting was not allowed (after completing any commit a killed
+        writer left unfinished there)."""
         path = Path(final)
+        recover(path.parent)
         if path.exists() and not self.overwrite:
             raise OutputExistsError(
                 f"{path} already exists; pass {option('overwrite')} to replace it (nothing was written)."
@@ -111,8 +115,9 @@ class AtomicFiles:
         if path in self._final_set:
             raise ValueError(f"{path} was already created in this commit")
         self._final_set.add(path)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+        tmp = temporary_name(path)
         try:
+            remove_dead_temporaries(path)  # a killed writer's leftovers, never a live one's
             self.make_parent(path)
             handle = open(tmp, "w+b")  # noqa: SIM115 - closed by commit() or abort()
         except OSError as error:
@@ -146,7 +151,7 @@ class AtomicFiles:
         """A path for a scratch file beside ``near`` that is deleted at commit and at abort (a spool)."""
         path = Path(near)
         self.make_parent(path)
-        scratch = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.spool")
+        scratch = temporary_name(path, "spool")
         self._scratch.append(scratch)
         return scratch
 
@@ -161,16 +166,21 @@ class AtomicFiles:
         for final in self._finals:
             self.check_destination(final)  # something may have appeared while we were writing
         finals = list(self._finals)
-        for stale in self._stale:
-            if stale not in finals:
-                stale.unlink(missing_ok=True)
-        for tmp, final in zip(self._temporaries, finals):
-            try:
-                os.replace(tmp, final)
-            except OSError as error:
-                raise naming_output(error, final) from None
-        for folder in {final.parent for final in finals}:
-            _fsync_dir(folder)
+        renames = list(zip(self._temporaries, finals))
+        stale = [p for p in self._stale if p not in finals and p.exists()]
+        try:
+            if len(renames) + len(stale) > 1 and finals:
+                journal = write_journal(finals[0].parent, renames, stale)
+                finish_journal(journal, renames, stale)
+            else:
+                for tmp, final in renames:
+                    os.replace(tmp, final)
+                for path in stale:
+                    path.unlink(missing_ok=True)
+                for folder in {final.parent for final in finals}:
+                    _fsync_dir(folder)
+        except OSError as error:
+            raise naming_output(error, finals[0] if finals else "the output") from None
         for scratch in self._scratch:
             scratch.unlink(missing_ok=True)
         self._scratch.clear()

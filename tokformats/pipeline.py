@@ -154,14 +154,41 @@ def assign_splits(seed: int, inputs: np.ndarray, positions: np.ndarray, fraction
 # -- spools and checkpoints ---------------------------------------------------------------------------
 
 
+_TAIL = 4096  # bytes before a spool's checkpointed end whose hash the checkpoint records
+
+
+def _tail_hash(path: Path, size: int) -> str:
+    import hashlib
+
+    with open(path, "rb") as handle:
+        handle.seek(max(size - _TAIL, 0))
+        return hashlib.sha256(handle.read(min(size, _TAIL))).hexdigest()[:32]
+
+
 class Spool:
     """An append-only pair of files: ids (in ``dtype``) and document lengths (int64)."""
 
-    def __init__(self, folder: Path, name: str, dtype: np.dtype, tokens: int = 0, documents: int = 0) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        name: str,
+        dtype: np.dtype,
+        tokens: int = 0,
+        documents: int = 0,
+        tails: dict[str, str] | None = None,
+    ) -> None:
         self.tokens_path = folder / f"{name}.tokens"
         self.lengths_path = folder / f"{name}.lengths"
         self.dtype = dtype
         for path, size in ((self.tokens_path, tokens * dtype.itemsize), (self.lengths_path, documents * 8)):
+            found = path.stat().st_size if path.exists() else None
+            if size and (found is None or found < size or (tails and _tail_hash(path, size) != tails.get(path.suffix))):
+                # Never extend a lost or damaged spool with zeros: that would publish zeros as documents.
+                state = "is missing" if found is None else f"has {found:,} bytes" if found < size else "differs"
+                raise FormatError(
+                    f"{path} {state}, but the checkpoint records {size:,} bytes of it; the unfinished run cannot "
+                    f"be resumed. Pass {option('overwrite')} to start over."
+                )
             with open(path, "ab") as handle:
                 handle.truncate(size)  # drop whatever was written after the last checkpoint
         self._tokens = open(self.tokens_path, "ab")  # noqa: SIM115 - closed by close()
@@ -178,6 +205,13 @@ class Spool:
         for handle in (self._tokens, self._lengths):
             handle.flush()
             os.fsync(handle.fileno())
+
+    def tails(self) -> dict[str, str]:
+        """Hashes of each file's last bytes up to the counts (recorded in checkpoints, checked on resume)."""
+        return {
+            ".tokens": _tail_hash(self.tokens_path, self.num_tokens * self.dtype.itemsize),
+            ".lengths": _tail_hash(self.lengths_path, self.num_documents * 8),
+        }
 
     def close(self) -> None:
         self._tokens.close()
@@ -197,6 +231,20 @@ def copy_spool(writer: TokenWriter, folder: Path, name: str, dtype: np.dtype) ->
         for first, stop in document_runs(offsets, _SPOOL_CHUNK):
             flat = np.fromfile(handle, dtype=dtype, count=offsets.item(stop) - offsets.item(first))
             writer.write_batch(flat, lengths[first:stop])
+
+
+def _discard(work: Path) -> None:
+    """Remove a finished run's work folder: renamed away in one step first, so that a kill during the removal
+    never leaves a half-deleted folder that a resume could take for an unfinished run."""
+    from .journal import dead_temporaries, temporary_name
+
+    trash = temporary_name(work, "tmp")
+    try:
+        os.replace(work, trash)
+    except OSError:
+        trash = work
+    for folder in [trash, *dead_temporaries(work)]:  # and what earlier runs killed while removing left
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _write_json_atomically(path: Path, data: dict[str, Any]) -> None:
@@ -347,7 +395,7 @@ def _encode_partition(
                 "plan": asdict(plan),
                 "position": list(position),
                 "spools": {
-                    _stream_name(*s): {"tokens": sp.num_tokens, "documents": sp.num_documents}
+                    _stream_name(*s): {"tokens": sp.num_tokens, "documents": sp.num_documents, "tails": sp.tails()}
                     for s, sp in spools.items()
                 },
                 "stats": {
@@ -627,7 +675,7 @@ def tokenize(
             "tokens": writer.num_tokens,
             "files": [str(p) for p in writer.written],
         }
-    shutil.rmtree(work, ignore_errors=True)
+    _discard(work)
     seconds = time.perf_counter() - started
     return {
         "documents": total.documents,

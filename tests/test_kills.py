@@ -1,0 +1,151 @@
+"""kill -9 at chosen moments (after every rename of a commit) and at random ones, for every writer: the dataset a
+reader then opens is the old one or the new one, whole, never a mix; a rerun gives what an uninterrupted run gives
+and leaves no temporary behind (issue 15, item 2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tokformats
+
+#: Each writer: create options, and how to open what it wrote (relative to the target).
+WRITERS: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
+    "megatron": ({"vocab_size": 50000}, {}, "{target}"),
+    "llmc": ({"vocab_size": 50000, "shard_size": 40, "bos": 0}, {}, "{target}_[0-9]*.bin"),
+    "pt": ({"tokens_per_shard": 40, "eos": 0}, {"eos": 0}, "{target}"),
+    "timemoe": ({"dtype": "float32", "max_shard_elements": 40}, {}, "{target}"),
+    "raw": ({"dtype": "uint16", "eos": 0}, {"format": "raw", "dtype": "uint16", "eos": 0}, "{target}"),
+}
+
+CHILD = """
+import json, os, signal, sys
+import numpy as np
+import tokformats
+fmt, target, options, kill_after, start = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+real, count = os.replace, [0]
+def replace(a, b):
+    if count[0] == kill_after:
+        os.kill(os.getpid(), signal.SIGKILL)
+    count[0] += 1
+    return real(a, b)
+os.replace = replace
+lengths = [7, 11, 5, 13, 9, 6, 10, 8, 12, 4] * 3
+flat = (np.arange(sum(lengths)) + start) % 40000 + 1
+with tokformats.create(target, fmt, overwrite=True, **options) as writer:
+    writer.write_batch(flat, lengths)
+print("finished")
+"""
+
+
+def documents(target: Path, fmt: str) -> list[list[float]] | None:
+    create, read, pattern = WRITERS[fmt]
+    path = pattern.format(target=target)
+    try:
+        with tokformats.open(path, **read) as reader:
+            return [np.asarray(d).tolist() for d in reader]
+    except (tokformats.NoFilesError, tokformats.UnknownFormatError):
+        return None
+
+
+def write(target: Path, fmt: str, start: int, kill_after: int = -1) -> subprocess.CompletedProcess[str]:
+    create = WRITERS[fmt][0]
+    args = [sys.executable, "-c", CHILD, fmt, str(target), json.dumps(create), str(kill_after), str(start)]
+    return subprocess.run(args, capture_output=True, text=True, timeout=120)
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.rglob(".*") if p.is_file())
+
+
+@pytest.mark.parametrize("fmt", sorted(WRITERS))
+def test_kill_after_every_rename_leaves_old_or_new_whole(tmp_path: Path, fmt: str) -> None:
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    assert write(reference / "d", fmt, start=1).returncode == 0
+    assert write(reference / "d", fmt, start=500).returncode == 0
+    new = documents(reference / "d", fmt)
+    old_folder = tmp_path / "old"
+    old_folder.mkdir()
+    assert write(old_folder / "d", fmt, start=1).returncode == 0
+    old = documents(old_folder / "d", fmt)
+    assert old != new and old is not None and new is not None
+    outcomes = set()
+    for kill_after in range(0, 12):
+        folder = tmp_path / f"k{kill_after}"
+        folder.mkdir()
+        assert write(folder / "d", fmt, start=1).returncode == 0
+        done = write(folder / "d", fmt, start=500, kill_after=kill_after)
+        seen = documents(folder / "d", fmt)  # opening completes an interrupted commit
+        assert seen in (old, new), (kill_after, done.returncode)
+        outcomes.add("old" if seen == old else "new")
+        if done.returncode == 0:  # fewer renames than kill_after: the write finished
+            assert seen == new
+            break
+        assert done.returncode == -signal.SIGKILL
+        rerun = write(folder / "d", fmt, start=500)
+        assert rerun.returncode == 0, rerun.stderr[-2000:]
+        assert documents(folder / "d", fmt) == new
+        assert leftovers(folder) == [], leftovers(folder)
+        for a, b in zip(
+            sorted(p for p in folder.rglob("*") if p.is_file()), sorted(p for p in reference.rglob("*") if p.is_file())
+        ):
+            if fmt not in ("pt", "timemoe"):  # their manifests hold times; their data files must match
+                assert a.read_bytes() == b.read_bytes(), a
+            elif a.suffix in (".bin",) or a.name.startswith("shard_"):
+                assert a.read_bytes() == b.read_bytes(), a
+    assert outcomes == {"old", "new"}  # both sides of the commit point were hit
+
+
+@pytest.mark.parametrize("fmt", sorted(WRITERS))
+def test_kill_at_random_moments(tmp_path: Path, fmt: str) -> None:
+    rng = random.Random(fmt)
+    folder = tmp_path / "d"
+    folder.mkdir()
+    assert write(folder / "d", fmt, start=1).returncode == 0
+    old = documents(folder / "d", fmt)
+    for _ in range(4):
+        process = subprocess.Popen(
+            [sys.executable, "-c", CHILD, fmt, str(folder / "d"), json.dumps(WRITERS[fmt][0]), "-1", "500"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        time.sleep(rng.uniform(0.05, 0.6))
+        process.send_signal(signal.SIGKILL)
+        process.communicate(timeout=60)
+        seen = documents(folder / "d", fmt)
+        assert seen == old or seen == documents_of_new(tmp_path, fmt)
+        old = seen
+
+
+_NEW: dict[str, Any] = {}
+
+
+def documents_of_new(tmp_path: Path, fmt: str) -> Any:
+    if fmt not in _NEW:
+        folder = tmp_path / "new-reference"
+        folder.mkdir(exist_ok=True)
+        assert write(folder / "d", fmt, start=500).returncode == 0
+        _NEW[fmt] = documents(folder / "d", fmt)
+    return _NEW[fmt]
+
+
+def test_an_unfinishable_journal_is_refused(tmp_path: Path) -> None:
+    with tokformats.create(tmp_path / "d", "megatron", vocab_size=100) as writer:
+        writer.write([1, 2, 3])
+    journal = tmp_path / ".tokformats-commit-1-000000000000.json"
+    journal.write_text(json.dumps({"renames": [[str(tmp_path / ".gone.tmp"), str(tmp_path / "x.bin")]], "remove": []}))
+    with pytest.raises(tokformats.FormatError, match="interrupted commit"):
+        tokformats.open(tmp_path / "d")
+    os.unlink(journal)
+    assert len(tokformats.open(tmp_path / "d")) == 1

@@ -1,0 +1,167 @@
+"""Multi-file commits that are all or nothing, across ``kill -9``.
+
+Renaming several files is several steps; a process killed between them would leave a dataset half old, half new
+(an old ``.idx`` over a new ``.bin``, two of five shards). So a commit of more than one file first writes a
+*journal* beside the outputs, ``.tokformats-commit-<id>.json``: the renames to do and the stale files to remove,
+written only once every temporary is complete and on disk. Then it renames, removes, and deletes the journal.
+Whoever next writes to or opens that folder (:func:`recover`) finds an unfinished journal and completes it: rolling
+forward is always right, because the new files were whole before the journal existed.
+
+Temporaries carry their writer's process id (``.NAME.<pid>.<id>.tmp``), so the next write to a destination can
+remove those whose process is gone (a killed writer's leftovers) without touching a live writer's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import re
+import uuid
+from pathlib import Path
+
+from .errors import FormatError
+
+__all__ = [
+    "JOURNAL_PREFIX",
+    "write_journal",
+    "finish_journal",
+    "recover",
+    "temporary_name",
+    "dead_temporaries",
+    "remove_dead_temporaries",
+]
+
+JOURNAL_PREFIX = ".tokformats-commit-"
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[0-9a-f]{12}\.(?:tmp|spool)$")
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # some platforms cannot open folders; renames are still atomic there
+        return
+    try:
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def temporary_name(final: Path, kind: str = "tmp") -> Path:
+    """A hidden name beside ``final`` for its temporary, tagged with this process's id."""
+    return final.with_name(f".{final.name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.{kind}")
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def dead_temporaries(final: Path) -> list[Path]:
+    """Temporaries of ``final`` whose writing process no longer exists (left by a kill), and no journal needs."""
+    folder = final.parent
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in folder.glob(f".{glob.escape(final.name)}.*"):
+        match = _TEMPORARY.match(path.name)
+        dead = match is not None and match.group("name") == final.name and not _alive(int(match.group("pid")))
+        if dead and not _named_by_a_journal(folder, path):
+            found.append(path)
+    return found
+
+
+def remove_dead_temporaries(final: Path) -> None:
+    """Delete the files among :func:`dead_temporaries` (folders are their owners' to remove)."""
+    for path in dead_temporaries(final):
+        if path.is_file():
+            path.unlink(missing_ok=True)
+
+
+def _named_by_a_journal(folder: Path, path: Path) -> bool:
+    for journal in folder.glob(f"{JOURNAL_PREFIX}*.json"):
+        with contextlib.suppress(OSError, ValueError):
+            if str(path) in {tmp for tmp, _ in json.loads(journal.read_text())["renames"]}:
+                return True
+    return False
+
+
+def write_journal(folder: Path, renames: list[tuple[Path, Path]], remove: list[Path]) -> Path:
+    """Make the commit durable: the journal (written whole, then renamed into place) lists what to do."""
+    journal = folder / f"{JOURNAL_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}.json"
+    staging = journal.with_suffix(".tmp")
+    text = json.dumps({"renames": [[str(t), str(f)] for t, f in renames], "remove": [str(p) for p in remove]})
+    with open(staging, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(staging, journal)
+    _fsync_dir(folder)
+    return journal
+
+
+def _apply(renames: list[tuple[Path, Path]], remove: list[Path]) -> None:
+    for tmp, final in renames:
+        try:
+            os.replace(tmp, final)
+        except FileNotFoundError:
+            if not final.exists():  # neither: not a completed rename by someone else, but a lost file
+                raise
+    finals = {final for _, final in renames}
+    for stale in remove:
+        if stale not in finals:
+            stale.unlink(missing_ok=True)
+    for folder in {final.parent for _, final in renames} | {p.parent for p in remove}:
+        _fsync_dir(folder)
+
+
+def finish_journal(journal: Path, renames: list[tuple[Path, Path]], remove: list[Path]) -> None:
+    """Carry out a journal just written, then delete it."""
+    _apply(renames, remove)
+    journal.unlink(missing_ok=True)
+    _fsync_dir(journal.parent)
+
+
+def recover(folder: Path) -> list[Path]:
+    """Complete every unfinished commit in ``folder`` (a killed writer's); returns the journals completed.
+
+    Raises :class:`FormatError` naming the journal when it cannot be completed (a read-only file system, a lost
+    temporary): the dataset there is then neither old nor new, and must not be read.
+    """
+    done: list[Path] = []
+    if not folder.is_dir():
+        return done
+    for staging in folder.glob(f"{JOURNAL_PREFIX}*.tmp"):  # a journal its writer never finished writing
+        pid = staging.name[len(JOURNAL_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            with contextlib.suppress(OSError):
+                staging.unlink()
+    for journal in sorted(folder.glob(f"{JOURNAL_PREFIX}*.json")):
+        try:
+            entries = json.loads(journal.read_text(encoding="utf-8"))
+            renames = [(Path(t), Path(f)) for t, f in entries["renames"]]
+            remove = [Path(p) for p in entries["remove"]]
+            finish_journal(journal, renames, remove)
+        except FileNotFoundError as error:
+            if not journal.exists():  # another process completed it meanwhile
+                continue
+            raise FormatError(
+                f"{journal} records an interrupted commit that cannot be completed ({error}); the datasets it names "
+                "may be incomplete: write them again."
+            ) from None
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise FormatError(
+                f"{journal} records an interrupted commit that cannot be completed ({error}); the datasets it names "
+                "may be incomplete: fix the cause (a read-only folder?) or write them again."
+            ) from None
+        done.append(journal)
+    return done
