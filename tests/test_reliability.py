@@ -330,7 +330,8 @@ def test_finished_output_is_never_rewritten_by_a_resume(tmp_path: Path) -> None:
     # A work folder reappearing half-deleted (the old cleanup's failure) holds a "done" checkpoint, no spools.
     part = tmp_path / "o.tokenize" / "part-0000"
     part.mkdir(parents=True)
-    (part / "checkpoint.json").write_text(json.dumps({"done": True, "spools": {"text": {"tokens": 99, "documents": 3}}}))
+    checkpoint = {"done": True, "spools": {"text": {"tokens": 99, "documents": 3}}}
+    (part / "checkpoint.json").write_text(json.dumps(checkpoint))
     with pytest.raises(FormatError):
         tokformats.tokenize(texts, TOKENIZER, tmp_path / "o", progress=False, resume=True)
     assert {p.name: p.read_bytes() for p in tmp_path.glob("o_*")} == published
