@@ -28,3 +28,18 @@ def random_corpus(
         lengths[rng.integers(0, documents, size=max(1, documents // 10))] = 0
     flat = rng.integers(low, high, size=int(lengths.sum()), endpoint=True, dtype=np.int64)
     return flat, lengths
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--reliability-long",
+        action="store_true",
+        default=False,
+        help="run the reliability suite at full size (10,000 corrupted inputs per reader, 100+ kills per writer)",
+    )
+
+
+@pytest.fixture(scope="session")
+def reliability_long(request: pytest.FixtureRequest) -> bool:
+    """Whether the reliability suite runs at full size (``--reliability-long``) or CI size."""
+    return bool(request.config.getoption("--reliability-long"))

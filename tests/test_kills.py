@@ -109,19 +109,19 @@ def test_kill_after_every_rename_leaves_old_or_new_whole(tmp_path: Path, fmt: st
 
 
 @pytest.mark.parametrize("fmt", sorted(WRITERS))
-def test_kill_at_random_moments(tmp_path: Path, fmt: str) -> None:
+def test_kill_at_random_moments(tmp_path: Path, fmt: str, reliability_long: bool) -> None:
     rng = random.Random(fmt)
     folder = tmp_path / "d"
     folder.mkdir()
     assert write(folder / "d", fmt, start=1).returncode == 0
     old = documents(folder / "d", fmt)
-    for _ in range(4):
+    for _ in range(100 if reliability_long else 4):
         process = subprocess.Popen(
             [sys.executable, "-c", CHILD, fmt, str(folder / "d"), json.dumps(WRITERS[fmt][0]), "-1", "500"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
-        time.sleep(rng.uniform(0.05, 0.6))
+        time.sleep(rng.uniform(0.1, 0.5))
         process.send_signal(signal.SIGKILL)
         process.communicate(timeout=60)
         seen = documents(folder / "d", fmt)
@@ -150,3 +150,27 @@ def test_an_unfinishable_journal_is_refused(tmp_path: Path) -> None:
         tokformats.open(tmp_path / "d")
     os.unlink(journal)
     assert len(tokformats.open(tmp_path / "d")) == 1
+
+
+@pytest.mark.parametrize("fmt", ["megatron", "llmc", "pt", "timemoe"])
+def test_two_concurrent_writers_leave_one_whole_dataset(tmp_path: Path, fmt: str, reliability_long: bool) -> None:
+    first, second = documents_of(tmp_path, fmt, 1), documents_of(tmp_path, fmt, 500)
+    for round_ in range(20 if reliability_long else 3):
+        folder = tmp_path / f"race{round_}"
+        folder.mkdir()
+        args = [json.dumps(WRITERS[fmt][0]), "-1"]
+        racers = [
+            subprocess.Popen([sys.executable, "-c", CHILD, fmt, str(folder / "d"), *args, str(start)])
+            for start in (1, 500)
+        ]
+        for racer in racers:
+            assert racer.wait(timeout=120) == 0
+        assert documents(folder / "d", fmt) in (first, second)
+        assert leftovers(folder) == []
+
+
+def documents_of(tmp_path: Path, fmt: str, start: int) -> Any:
+    folder = tmp_path / f"alone{start}"
+    folder.mkdir(exist_ok=True)
+    assert write(folder / "d", fmt, start=start).returncode == 0
+    return documents(folder / "d", fmt)

@@ -16,12 +16,12 @@ from __future__ import annotations
 import contextlib
 import os
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO
 
 from .errors import OutputExistsError, option
-from .journal import finish_journal, recover, remove_dead_temporaries, temporary_name, write_journal
+from .journal import finish_journal, folder_lock, recover, remove_dead_temporaries, temporary_name, write_journal
 
 __all__ = ["AtomicFiles", "naming_output"]
 
@@ -78,6 +78,7 @@ class AtomicFiles:
         self._handles: list[BinaryIO] = []
         self._made_dirs: list[Path] = []
         self._stale: list[Path] = []
+        self._stale_sources: list[Callable[[], Iterable[Path]]] = []
         self._scratch: list[Path] = []
         self._finalizer = weakref.finalize(
             self, _cleanup, self._handles, self._temporaries, self._made_dirs, self._scratch
@@ -155,9 +156,13 @@ class AtomicFiles:
         self._scratch.append(scratch)
         return scratch
 
-    def remove_on_commit(self, paths: Iterable[Path]) -> None:
-        """Delete these existing files when committing (stale shards of an overwritten dataset)."""
-        self._stale.extend(paths)
+    def remove_on_commit(self, paths: Iterable[Path] | Callable[[], Iterable[Path]]) -> None:
+        """Delete these existing files when committing (stale shards of an overwritten dataset). A callable is
+        asked at commit time, under the folder's lock, so that a concurrent writer's files are seen too."""
+        if callable(paths):
+            self._stale_sources.append(paths)
+        else:
+            self._stale.extend(paths)
 
     def commit(self) -> list[Path]:
         """Flush, fsync and rename every temporary into place; return the final paths."""
@@ -167,16 +172,16 @@ class AtomicFiles:
             self.check_destination(final)  # something may have appeared while we were writing
         finals = list(self._finals)
         renames = list(zip(self._temporaries, finals))
-        stale = [p for p in self._stale if p not in finals and p.exists()]
         try:
-            if len(renames) + len(stale) > 1 and finals:
-                journal = write_journal(finals[0].parent, renames, stale)
-                finish_journal(journal, renames, stale)
+            if finals and (len(renames) > 1 or self._stale or self._stale_sources):
+                with folder_lock(finals[0].parent):  # one commit at a time into a folder
+                    candidates = [*self._stale, *(p for source in self._stale_sources for p in source())]
+                    stale = sorted({p for p in candidates if p not in finals and p.exists()})
+                    journal = write_journal(finals[0].parent, renames, stale)
+                    finish_journal(journal, renames, stale)
             else:
                 for tmp, final in renames:
                     os.replace(tmp, final)
-                for path in stale:
-                    path.unlink(missing_ok=True)
                 for folder in {final.parent for final in finals}:
                     _fsync_dir(folder)
         except OSError as error:

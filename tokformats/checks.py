@@ -146,7 +146,7 @@ def _top_ids(reader: TokenReader, top: int) -> list[dict[str, int]]:
         values = np.asarray(chunk).astype(np.int64, copy=False)
         if len(values) == 0:
             continue
-        if values.min() < 0 or values.max() >= 1 << 24:  # not a vocabulary: count what is there
+        if values.min() < 0 or values.max() >= 1 << 20:  # beyond any vocabulary: count what is there, not 0..max
             ids, found = np.unique(values, return_counts=True)
             partial = dict(zip(ids.tolist(), found.tolist()))
             ranked = sorted(partial.items(), key=lambda item: -item[1])[:top]

@@ -19,12 +19,14 @@ import json
 import os
 import re
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import FormatError
 
 __all__ = [
     "JOURNAL_PREFIX",
+    "folder_lock",
     "write_journal",
     "finish_journal",
     "recover",
@@ -47,6 +49,27 @@ def _fsync_dir(folder: Path) -> None:
             os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def folder_lock(folder: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``folder`` itself (``flock`` on its descriptor: no lock file is left behind),
+    so that two commits into one folder, or a commit and a recovery, never interleave their renames."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): commits are still journaled, only not serialised
+        yield
+        return
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def temporary_name(final: Path, kind: str = "tmp") -> Path:
@@ -138,8 +161,14 @@ def recover(folder: Path) -> list[Path]:
     temporary): the dataset there is then neither old nor new, and must not be read.
     """
     done: list[Path] = []
-    if not folder.is_dir():
+    if not folder.is_dir() or not any(folder.glob(f"{JOURNAL_PREFIX}*")):
         return done
+    with folder_lock(folder):
+        return _recover_locked(folder)
+
+
+def _recover_locked(folder: Path) -> list[Path]:
+    done: list[Path] = []
     for staging in folder.glob(f"{JOURNAL_PREFIX}*.tmp"):  # a journal its writer never finished writing
         pid = staging.name[len(JOURNAL_PREFIX) :].split("-", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):

@@ -6,16 +6,25 @@ can expand a thousandfold. Every reader that reads (rather than maps) data goes 
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from .errors import FormatError, SizeMismatchError
 
-__all__ = ["require_regular", "is_regular", "read_file", "read_exactly", "MAX_DEFLATE_RATIO", "read_npy"]
+__all__ = [
+    "require_regular",
+    "is_regular",
+    "read_file",
+    "read_exactly",
+    "read_json_object",
+    "MAX_DEFLATE_RATIO",
+    "read_npy",
+]
 
 class Readable(Protocol):
     """Anything with ``read(n)`` and ``readline()``: a file, a gzip stream, a zip entry."""
@@ -65,6 +74,18 @@ def read_file(path: Path) -> bytes:
         return handle.read(size)
 
 
+def read_json_object(path: Path, error: type[FormatError] = FormatError) -> dict[str, Any]:
+    """The JSON object in regular file ``path`` (a manifest, ``meta.json``, a checkpoint): anything else, or bytes
+    that are not UTF-8 JSON, raises ``error`` (a :class:`FormatError`) naming the file."""
+    try:
+        data = json.loads(read_file(path).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise error(f"{path} is not valid JSON ({type(exc).__name__}: {exc}).") from None
+    if not isinstance(data, dict):
+        raise error(f"{path} must hold a JSON object, found {type(data).__name__}.")
+    return data
+
+
 def read_exactly(handle: Readable, count: int, where: str) -> bytes:
     """``count`` bytes from a (possibly decompressing) stream, read in bounded blocks; a stream that ends early
     raises :class:`SizeMismatchError`."""
@@ -94,8 +115,8 @@ def read_npy(handle: Readable, where: str, *, budget: int, allow_pickle: bool = 
             shape, fortran, dtype = npy.read_array_header_2_0(handle)
         else:
             raise ValueError(f"format version {version} is not supported")
-    except (ValueError, OSError, EOFError, SyntaxError) as exc:
-        raise FormatError(f"{where}: not a readable .npy header ({exc}).") from None
+    except Exception as exc:  # NumPy parses the header with Python's tokenizer: any of its errors can come out
+        raise FormatError(f"{where}: not a readable .npy header ({type(exc).__name__}: {exc}).") from None
     if dtype.hasobject:
         if not allow_pickle:
             raise UnsafePickleError(

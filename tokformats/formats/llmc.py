@@ -363,14 +363,8 @@ class Writer(TokenWriter):
         self.shard_paths: list[Path] = []
         self._files.check_destination(shard_name(self.path, split, 0))
         if overwrite:
-            self._files.remove_on_commit(
-                Path(p)
-                for p in sorted(
-                    Path(self.path).parent.glob(
-                        shard_name(Path(self.path).name, split, 0).name.replace("000000", _INDEX_GLOB)
-                    )
-                )
-            )
+            pattern = shard_name(Path(self.path).name, split, 0).name.replace("000000", _INDEX_GLOB)
+            self._files.remove_on_commit(lambda: sorted(Path(self.path).parent.glob(pattern)))
 
     def _open_shard(self) -> None:
         final = shard_name(self.path, self.split, len(self.shard_paths))

@@ -37,6 +37,7 @@ from ..atomic import AtomicFiles
 from ..documents import add_delimiter, split_offsets
 from ..dtypes import check_id, check_tokens, parse_dtype
 from ..errors import DTypeError, FormatError, NoFilesError, OutputExistsError, option
+from ..limits import read_json_object
 from ..protocol import PathLike, TokenReader, TokenWriter
 
 if TYPE_CHECKING:
@@ -128,15 +129,9 @@ def read_manifest(folder: PathLike) -> dict[str, Any] | None:
 
 def _json_object(file: Path) -> dict[str, Any] | None:
     """The JSON object in ``file`` (a manifest or checkpoints), or None when the file does not exist."""
-    if not file.is_file():
+    if not file.exists():
         return None
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise FormatError(f"{file} is not valid JSON ({exc}).") from None
-    if not isinstance(data, dict):
-        raise FormatError(f"{file} must hold a JSON object, found {type(data).__name__}.")
-    return data
+    return read_json_object(file)
 
 
 def _tensor_of(path: Path, payload: Any, key: str | None) -> tuple[np.ndarray, str | None, dict[str, Any]]:
@@ -294,10 +289,13 @@ class FolderReader(Reader):
         if shards is not None and shards != len(self._shards):
             found.append(Problem(where, "total_shards", f"is {shards}, the folder has {len(self._shards)}"))
         if tokens is not None and tokens != self.num_tokens:
-            found.append(Problem(where, "total_tokens", f"is {tokens:,}, the shards hold {self.num_tokens:,}"))
+            found.append(Problem(where, "total_tokens", f"is {tokens!r}, the shards hold {self.num_tokens:,}"))
         files = dict(self._shards)
-        for entry in manifest.get("shards", []):
-            if not isinstance(entry, dict) or "shard_id" not in entry:
+        entries = manifest.get("shards", [])
+        if not isinstance(entries, list):
+            return [*found, Problem(where, "shards", f"must be a list, found {type(entries).__name__}")]
+        for entry in entries:
+            if not isinstance(entry, dict) or not isinstance(entry.get("shard_id"), int):
                 continue
             shard = files.get(entry["shard_id"])
             if shard is None:
@@ -305,7 +303,7 @@ class FolderReader(Reader):
                 continue
             size = shard.stat().st_size
             if "size_bytes" in entry and size != entry["size_bytes"]:
-                message = f"is {size:,}, the manifest says {entry['size_bytes']:,}"
+                message = f"is {size:,}, the manifest says {entry['size_bytes']!r}"
                 found.append(Problem(str(shard), "size_bytes", message))
             elif "hash" in entry and file_sha256(shard) != entry["hash"]:
                 found.append(Problem(str(shard), "hash", "its SHA-256 differs from the manifest's"))
@@ -469,8 +467,9 @@ class FolderWriter(Writer):
                     f"{self.path} already holds shards; pass {option('resume')} to continue it "
                     f"or {option('overwrite')} to replace it."
                 )
+            folder = self.path
             self._files.remove_on_commit(
-                [p for _, p in existing] + [self.path / n for n in (MANIFEST, CHECKPOINTS, TOKENIZER)]
+                lambda: [p for _, p in shard_files(folder)] + [folder / n for n in (MANIFEST, CHECKPOINTS, TOKENIZER)]
             )
             existing = []
             self._manifest, self._checkpoints = {}, {}

@@ -186,7 +186,15 @@ def _npz_arrays(path: Path, allow_pickle: bool) -> list[np.ndarray]:
                 with archive.open(info) as handle:
                     where = f"{path}[{info.filename}]"
                     arrays.append(read_npy(handle, where, budget=budget, allow_pickle=allow_pickle))
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, zlib.error, NotImplementedError) as exc:
+    except (
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        EOFError,
+        OSError,
+        zlib.error,
+        NotImplementedError,  # an unsupported compression method
+        RuntimeError,  # "File ... is encrypted": a flipped flag bit
+    ) as exc:
         raise FormatError(f"{path}: not a readable .npz archive ({type(exc).__name__}: {exc}).") from None
     return arrays
 

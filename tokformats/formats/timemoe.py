@@ -39,6 +39,7 @@ from ..arrays import ConcatenatedArray, TokenArray
 from ..documents import offsets_from_lengths
 from ..dtypes import as_token_array, dtype_for_vocab, parse_dtype
 from ..errors import ConfigError, DTypeError, FormatError, HeaderError, NoFilesError, SizeMismatchError
+from ..limits import read_json_object
 from ..protocol import PathLike, TokenReader, TokenWriter
 
 if TYPE_CHECKING:
@@ -134,13 +135,9 @@ _MISSING: Any = _Missing()
 def _read_meta(folder: Path) -> dict[str, Any]:
     path = folder / META
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
+        meta = read_json_object(path, HeaderError)
     except FileNotFoundError:
         raise NoFilesError(f"{path} does not exist.") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise HeaderError(f"{path} is not valid JSON ({exc}).") from None
-    if not isinstance(meta, dict):
-        raise HeaderError(f"{path} must hold a JSON object, found {type(meta).__name__}.")
     for key, kind in (("num_sequences", int), ("dtype", str), ("files", dict), ("scales", list)):
         if not isinstance(meta.get(key), kind):
             raise HeaderError(f"{path}: key {key!r} must be a {kind.__name__}, found {meta.get(key)!r:.80}.")
@@ -606,7 +603,8 @@ class Writer(TokenWriter):
         meta = self.path / META
         self._files.check_destination(meta)
         if overwrite and self.path.is_dir():
-            self._files.remove_on_commit([p for p in self.path.iterdir() if _SHARD_NAME.match(p.name)] + [meta])
+            folder = self.path
+            self._files.remove_on_commit(lambda: [p for p in folder.iterdir() if _SHARD_NAME.match(p.name)] + [meta])
         self._scales: list[dict[str, Any]] = []
         self._handles: list[Any] = []
         self._in_shard = 0
