@@ -18,15 +18,7 @@ import tokformats
 from tokformats import FormatError
 
 from .conftest import FIXTURES
-
-CASES = {
-    "llmc": ("llmc/corpus_train_000000.bin", ["llmc/corpus_train_000000.bin"], {}),
-    "llmc-vocab": ("llmc/bytelevel_bpe.vocab_v2.bin", ["llmc/bytelevel_bpe.vocab_v2.bin"], {}),
-    "megatron": ("megatron/sentences_uint16", ["megatron/sentences_uint16.idx", "megatron/sentences_uint16.bin"], {}),
-    "pt": ("torch/dict_tokens.pt", ["torch/dict_tokens.pt"], {}),
-    "pt-legacy": ("torch/legacy_int64.pt", ["torch/legacy_int64.pt"], {}),
-    "timemoe": ("timemoe/converted", ["timemoe/converted/meta.json", "timemoe/converted/data-1-of-1.bin"], {}),
-}
+from .fuzz_worker import GOLDEN as CASES
 
 
 def touch_everything(reader: Any) -> None:

@@ -21,7 +21,15 @@ from pathlib import Path
 from typing import BinaryIO
 
 from .errors import OutputExistsError, option
-from .journal import finish_journal, folder_lock, recover, remove_dead_temporaries, temporary_name, write_journal
+from .journal import (
+    finish_journal,
+    folder_lock,
+    fsync_folder,
+    recover,
+    remove_dead_temporaries,
+    temporary_name,
+    write_journal,
+)
 
 __all__ = ["AtomicFiles", "naming_output"]
 
@@ -50,17 +58,6 @@ def _cleanup(handles: list[BinaryIO], temporaries: list[Path], made_dirs: list[P
     made_dirs.clear()
     scratch.clear()
 
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # some platforms cannot open folders; the rename is still atomic there
-        return
-    try:
-        with contextlib.suppress(OSError):
-            os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class AtomicFiles:
@@ -183,7 +180,7 @@ class AtomicFiles:
                 for tmp, final in renames:
                     os.replace(tmp, final)
                 for folder in {final.parent for final in finals}:
-                    _fsync_dir(folder)
+                    fsync_folder(folder)
         except OSError as error:
             raise naming_output(error, finals[0] if finals else "the output") from None
         for scratch in self._scratch:

@@ -27,6 +27,7 @@ from .errors import FormatError
 __all__ = [
     "JOURNAL_PREFIX",
     "folder_lock",
+    "fsync_folder",
     "write_journal",
     "finish_journal",
     "recover",
@@ -39,7 +40,8 @@ JOURNAL_PREFIX = ".tokformats-commit-"
 _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[0-9a-f]{12}\.(?:tmp|spool)$")
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_folder(folder: Path) -> None:
+    """Make a folder's entries (renames, removals) durable; a no-op where folders cannot be opened."""
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:  # some platforms cannot open folders; renames are still atomic there
@@ -128,7 +130,7 @@ def write_journal(folder: Path, renames: list[tuple[Path, Path]], remove: list[P
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(staging, journal)
-    _fsync_dir(folder)
+    fsync_folder(folder)
     return journal
 
 
@@ -144,14 +146,14 @@ def _apply(renames: list[tuple[Path, Path]], remove: list[Path]) -> None:
         if stale not in finals:
             stale.unlink(missing_ok=True)
     for folder in {final.parent for _, final in renames} | {p.parent for p in remove}:
-        _fsync_dir(folder)
+        fsync_folder(folder)
 
 
 def finish_journal(journal: Path, renames: list[tuple[Path, Path]], remove: list[Path]) -> None:
     """Carry out a journal just written, then delete it."""
     _apply(renames, remove)
     journal.unlink(missing_ok=True)
-    _fsync_dir(journal.parent)
+    fsync_folder(journal.parent)
 
 
 def recover(folder: Path) -> list[Path]:

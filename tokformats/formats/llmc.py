@@ -157,6 +157,7 @@ def folder_shards(folder: Path) -> list[Path]:
 
 
 def _is_shard(path: Path) -> bool:
+    """Whether ``path`` starts with an llm.c token-shard magic and its version."""
     head = read_head(path, 8)
     if len(head) < 8:
         return False
@@ -169,12 +170,7 @@ def detect(path: Path) -> bool:
     """True for a file starting with an llm.c token-shard magic and its version, or a folder of such shards."""
     if path.is_dir():
         return any(_is_shard(p) for p in sorted(path.glob("*.bin"))[:8])
-    head = read_head(path, 8)
-    if len(head) < 8:
-        return False
-    magic, version = (int(v) for v in np.frombuffer(head, dtype="<i4"))
-    family = FAMILIES.get(magic)
-    return family is not None and family.version == version
+    return _is_shard(path)
 
 
 class Reader(TokenReader):
