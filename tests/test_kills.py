@@ -174,3 +174,66 @@ def documents_of(tmp_path: Path, fmt: str, start: int) -> Any:
     folder.mkdir(exist_ok=True)
     assert write(folder / "d", fmt, start=start).returncode == 0
     return documents(folder / "d", fmt)
+
+
+OPERATION = """
+import os, signal, sys
+from pathlib import Path
+import tokformats
+operation, target, source, kill_after = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
+real, count = os.replace, [0]
+def replace(a, b):
+    if count[0] == kill_after:
+        os.kill(os.getpid(), signal.SIGKILL)
+    count[0] += 1
+    return real(a, b)
+os.replace = replace
+if operation == "convert":
+    tokformats.convert(source / "m", target, "llmc", bos=0, shard_size=40, overwrite=True)
+elif operation == "merge":
+    tokformats.megatron.merge([source / "m", source / "m"], target, overwrite=True)
+else:
+    tokformats.tokenize(source / "texts.txt", source / "tokenizer.json", target, "megatron", overwrite=True,
+                        progress=False)
+"""
+OPENED = {"convert": "{target}_[0-9]*.bin", "merge": "{target}", "tokenize": "{target}_text_document"}
+
+
+@pytest.mark.parametrize("operation", ["convert", "merge", "tokenize"])
+def test_kills_during_convert_merge_and_tokenize(tmp_path: Path, operation: str) -> None:
+    from tokformats.tokenizer import train_tokenizer
+
+    source = tmp_path / "source"
+    source.mkdir()
+    texts = [f"document {k} " * (k % 7 + 1) for k in range(200)]
+    (source / "texts.txt").write_text("\n".join(texts))
+    train_tokenizer(texts, 300, progress=False).save(str(source / "tokenizer.json"))
+    with tokformats.create(source / "m", "megatron", vocab_size=300) as writer:
+        writer.write_batch(np.arange(1, 301) % 250 + 1, [30] * 10)
+
+    def run(target: Path, kill_after: int) -> int:
+        args = [sys.executable, "-c", OPERATION, operation, str(target), str(source), str(kill_after)]
+        return subprocess.run(args, capture_output=True, timeout=120).returncode
+
+    def seen(target: Path) -> Any:
+        try:
+            with tokformats.open(OPENED[operation].format(target=target)) as reader:
+                return [np.asarray(d).tolist() for d in reader]
+        except (tokformats.NoFilesError, tokformats.UnknownFormatError):
+            return None
+
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    assert run(reference / "out", -1) == 0
+    new = seen(reference / "out")
+    for kill_after in range(0, 12):
+        folder = tmp_path / f"k{kill_after}"
+        folder.mkdir()
+        status = run(folder / "out", kill_after)
+        assert seen(folder / "out") in (None, new), kill_after  # absent (killed before) or whole
+        if status == 0:
+            break
+        assert status == -signal.SIGKILL
+        assert run(folder / "out", -1) == 0  # the rerun recovers without help
+        assert seen(folder / "out") == new
+        assert leftovers(folder) == [], leftovers(folder)
