@@ -335,3 +335,51 @@ def test_finished_output_is_never_rewritten_by_a_resume(tmp_path: Path) -> None:
     with pytest.raises(FormatError):
         tokformats.tokenize(texts, TOKENIZER, tmp_path / "o", progress=False, resume=True)
     assert {p.name: p.read_bytes() for p in tmp_path.glob("o_*")} == published
+
+
+# -- crafted pickles: none runs code or changes the process ----------------------------------------------------------
+
+
+def _g(module: str, name: str) -> bytes:
+    return b"c" + module.encode() + b"\n" + name.encode() + b"\n"
+
+
+CRAFTED = {
+    "os.system via REDUCE": b"\x80\x02" + _g("os", "system") + b"X\x04\x00\x00\x00true\x85R.",
+    "builtins.eval via STACK_GLOBAL": b"\x80\x04\x8c\x08builtins\x8c\x04eval\x93\x8c\x011\x85R.",
+    "subprocess via INST": b"(X\x04\x00\x00\x00trueisubprocess\ncall\n.",
+    "OBJ of os.system": b"\x80\x02(" + _g("os", "system") + b"X\x04\x00\x00\x00trueo.",
+    "NEWOBJ of a torch global outside the allow-list": b"\x80\x02" + _g("torch", "load") + b")\x81.",
+    "BUILD on OrderedDict": b"\x80\x02" + _g("collections", "OrderedDict") + b")R}X\x01\x00\x00\x00ak\x01sb.",
+    "BUILD on a storage stand-in": b"\x80\x02" + _g("torch", "LongStorage") + b"}X\x05\x00\x00\x00dtypeK\x01sb.",
+    "EXT1 registry code": b"\x80\x02\x82\x01.",
+    "memo index far ahead": b"\x80\x02K\x01q\xff.",
+    "memo read never stored": b"\x80\x02h\x05.",
+    "huge BINBYTES8 length": b"\x80\x04\x8e" + (2**60).to_bytes(8, "little") + b".",
+    "huge SHORT_BINUNICODE then garbage": b"\x80\x04\x8c\xff" + b"a" * 10,
+    "deep nesting": b"\x80\x02" + b"]" * 100_000 + b".",
+    "deep tuple nesting": b"\x80\x02K\x01" + b"\x85" * 100_000 + b".",
+    "persistent id of a wrong shape": b"\x80\x02X\x03\x00\x00\x00bad\x85Q.",
+    "persistent id with a non-storage type": b"\x80\x02(X\x07\x00\x00\x00storageK\x01X\x010K\x00K\x01tQ.",
+    "rebuild with a non-storage": b"\x80\x02" + _g("torch._utils", "_rebuild_tensor_v2") + b"(K\x00K\x00)(tR.",
+    "rebuild_v3 with a non-dtype": b"\x80\x02" + _g("torch._utils", "_rebuild_tensor_v3") + b"(NK\x00)(K\x00NK\x05tR.",
+    "truncated": b"\x80\x02" + _g("collections", "OrderedDict"),
+    "not a pickle": b"\x00\x01\x02\x03",
+    "empty": b"",
+}
+
+
+@pytest.mark.parametrize("name", sorted(CRAFTED))
+def test_crafted_pickles_never_run_code(tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from tokformats import torchfile
+
+    ran: list[str] = []
+    monkeypatch.setattr(os, "system", lambda *a: ran.append("os.system") or 0)
+    monkeypatch.setattr(subprocess, "call", lambda *a, **k: ran.append("subprocess.call") or 0)
+    before = (torchfile._rebuild_v2.__defaults__, dict(torchfile._ALLOWED))
+    with pytest.raises(FormatError):
+        tokformats.open(pt_with_pickle(tmp_path / "x.pt", CRAFTED[name]), format="pt")
+    assert ran == []
+    assert (torchfile._rebuild_v2.__defaults__, dict(torchfile._ALLOWED)) == before
