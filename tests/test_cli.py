@@ -240,3 +240,20 @@ def test_ctrl_c_during_tokenize_says_how_to_resume(tmp_path: Path) -> None:
     _, err = process.communicate(timeout=60)
     assert process.returncode == 130, err
     assert "--resume" in err and "Traceback" not in err
+
+
+def test_progress_counts_encoded_bytes_and_can_be_forced(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tokformats.pipeline import Progress, Stats
+
+    class Read:
+        count = 900  # the reader thread is ahead: 900 of 1,000 bytes read
+
+    monitor = Progress(True, 1000, [Read()])
+    monitor.encoded = 100  # but only 100 bytes' documents are encoded
+    monitor.update(Stats(), final=True)
+    assert ", 10%," in capsys.readouterr().err
+    text = tmp_path / "in.txt"
+    text.write_text("one\ntwo\n")
+    args = ["tokenize", str(text), "-t", str(TOKENIZER), "-o", str(tmp_path / "p")]
+    assert run([*args, "--progress"], capsys)[2].count("tokenize: 2 documents") == 1  # stderr is not a terminal
+    assert "tokenize:" not in run([*args, "--overwrite", "--no-progress"], capsys)[2]
