@@ -56,6 +56,10 @@ def task(name: str, folder: Path) -> dict[str, Any]:
             builder.add_document(document, [int(lengths[k])])
         builder.finalize(str(folder / "theirs.idx"))
     elif name in ("ours-open", "megatron-open"):
+        # Both sides' modules are imported before the clock starts (megatron-core's at the top of this task;
+        # tokformats loads a format's module on first use).
+        import tokformats.formats.megatron  # noqa: F401
+
         started = time.perf_counter()
         if name == "ours-open":
             reader: Any = tokformats.open(folder / "ours", format="megatron")

@@ -221,8 +221,8 @@ def test_lying_arrays(tmp_path: Path) -> None:
     idx = Path(f"{prefix}.idx")
 
     idx.write_bytes(patch(index, pointers_at + 8 * (n - 1), "<q", 10_000))
-    with pytest.raises(HeaderError, match="sequence_pointers do not match"):
-        tokformats.open(prefix)
+    with pytest.raises(SizeMismatchError, match=r"sequences end at byte 10,000"):
+        tokformats.open(prefix)  # the first and last pointers are checked on open, in O(1)
 
     idx.write_bytes(patch(index, pointers_at + 8, "<q", 999))
     with tokformats.open(prefix) as reader:  # a middle pointer is only checked by verify()
@@ -234,21 +234,30 @@ def test_lying_arrays(tmp_path: Path) -> None:
     idx.write_bytes(patch(index, di_at + 8, "<q", 3))  # [0, 3, 3, 4] is fine; [0, 3, 2, ...] is not
     with tokformats.open(prefix) as reader:
         assert len(reader) == 3
+    # The O(index) checks run where the whole index is used (lengths, problems) and accesses check what they touch.
     idx.write_bytes(patch(patch(index, di_at + 8, "<q", 3), di_at + 16, "<q", 1))
-    with pytest.raises(HeaderError, match="document_indices decrease at entry 2"):
-        tokformats.open(prefix)
+    with tokformats.open(prefix) as reader:
+        with pytest.raises(HeaderError, match="document_indices decrease at entry 2"):
+            reader.lengths  # noqa: B018
+        with pytest.raises(HeaderError, match="must increase"):
+            reader[1]
+        assert "document_indices decrease" in reader.problems()[0].message
 
     idx.write_bytes(patch(index, di_at + 8 * (m - 1), "<q", 3))
     with pytest.raises(HeaderError, match="must start at 0 and end at N = 4"):
         tokformats.open(prefix)
 
     idx.write_bytes(patch(index, lengths_at, "<i", 4))
-    with pytest.raises(SizeMismatchError, match="add up to 7 uint16 tokens"):
-        tokformats.open(prefix)
+    with tokformats.open(prefix) as reader:
+        with pytest.raises(SizeMismatchError, match="add up to 7 uint16 tokens"):
+            reader.lengths  # noqa: B018
+        with pytest.raises(HeaderError, match=r"sequence_pointers\[1\]"):
+            reader[0]
 
     idx.write_bytes(patch(patch(index, lengths_at, "<i", -1), lengths_at + 4, "<i", 5))
-    with pytest.raises(HeaderError, match="negative"):
-        tokformats.open(prefix)
+    with tokformats.open(prefix) as reader:
+        with pytest.raises(HeaderError, match="negative"):
+            reader.lengths  # noqa: B018
 
 
 def test_fairseq_index_is_refused(tmp_path: Path) -> None:
@@ -263,7 +272,8 @@ def test_truncated_bin(tmp_path: Path) -> None:
     prefix, _ = build(tmp_path)
     data = Path(f"{prefix}.bin")
     data.write_bytes(data.read_bytes()[:-1])
-    with pytest.raises(SizeMismatchError, match=r"add up to 6 uint16 tokens \(12 bytes\), but the file has 11"):
+    expected = r"sequences end at byte 12 \(6 uint16 tokens\), but the file has 11 bytes"
+    with pytest.raises(SizeMismatchError, match=expected):
         tokformats.open(prefix)
 
 

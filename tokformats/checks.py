@@ -52,7 +52,10 @@ def problems(reader: TokenReader, vocab_size: int | None = None) -> list[Problem
     """Every problem found in ``reader``: the format's own checks, then ids, values and delimiters."""
     found: list[Problem] = list(reader._problems())
     path = str(reader.path)
-    offsets = reader.offsets
+    try:
+        offsets = reader.offsets
+    except FormatError as error:  # an index too broken to walk: the format's own checks said why
+        return found or [Problem(path, "offsets", str(error))]
     if len(offsets) and (offsets[0] != 0 or offsets[-1] != reader.num_tokens or (np.diff(offsets) < 0).any()):
         found.append(Problem(path, "offsets", "document boundaries do not tile the token stream"))
         return found

@@ -215,35 +215,32 @@ class Reader(TokenReader):
         self._validate(count)
 
     def _validate(self, count: int) -> None:
-        path, di, lengths = self.idx_path, self.document_indices, self.sequence_lengths
+        """What opening checks, in O(1): the ends of document_indices, the first and last pointers against the
+        ``.bin``'s size. The O(index) checks (every document index in order, every length non-negative and their sum,
+        every pointer) run where the whole index is used anyway (:attr:`lengths`, :meth:`problems`), and every
+        access checks what it touches (:meth:`_span`), so a lying index raises instead of serving other tokens."""
+        path, di = self.idx_path, self.document_indices
+        lengths, pointers = self.sequence_lengths, self.sequence_pointers
         if di[0] != 0 or di[-1] != count:
             raise HeaderError(
                 f"{path}: document_indices must start at 0 and end at N = {count:,}; "
                 f"found {int(di[0])} and {int(di[-1])}."
             )
-        if len(di) > 1 and not (di[1:] >= di[:-1]).all():
-            where = int(np.argmax(di[1:] < di[:-1]))
-            raise HeaderError(
-                f"{path}: document_indices decrease at entry {where + 1} ({int(di[where])} then {int(di[where + 1])})."
-            )
-        if count and lengths.min() < 0:  # a lying length could cancel another in the sum below
-            where = int(np.argmin(lengths))
-            raise HeaderError(f"{path}: sequence_lengths[{where}] is negative ({int(lengths[where])}).")
-        total = int(lengths.sum(dtype=np.int64))
         itemsize = self._dtype.itemsize
         bin_size = self.bin_path.stat().st_size
-        if bin_size != total * itemsize:
+        end = int(pointers[-1]) + int(lengths[-1]) * itemsize if count else 0
+        if count and (pointers[0] != 0 or lengths[-1] < 0):
             raise SizeMismatchError(
-                f"{self.bin_path}: the index's sequence_lengths add up to {total:,} {self._dtype.name} tokens "
-                f"({total * itemsize:,} bytes), but the file has {bin_size:,} bytes."
+                f"{path}: the first sequence must start at byte 0 and the last length be non-negative; "
+                f"sequence_pointers[0] is {int(pointers[0])} and sequence_lengths[-1] {int(lengths[-1])}."
             )
-        pointers = self.sequence_pointers
-        if count and (pointers[0] != 0 or int(pointers[-1]) != (total - int(lengths[-1])) * itemsize):
-            raise HeaderError(
-                f"{path}: sequence_pointers do not match sequence_lengths (first {int(pointers[0])}, expected 0; "
-                f"last {int(pointers[-1]):,}, expected {(total - int(lengths[-1])) * itemsize:,})."
+        if end != bin_size or bin_size % itemsize:
+            raise SizeMismatchError(
+                f"{self.bin_path}: the index's sequences end at byte {end:,} ({end // itemsize:,} "
+                f"{self._dtype.name} tokens), but the file has {bin_size:,} bytes (truncated, or not this index's "
+                "data)."
             )
-        self._num_tokens = total
+        self._num_tokens = bin_size // itemsize
         self._sequences = count
 
     # -- the protocol ----------------------------------------------------------------------
@@ -270,13 +267,29 @@ class Reader(TokenReader):
 
     @cached_property
     def sequence_offsets(self) -> np.ndarray:
-        """``N + 1`` int64 token offsets of sequences (from lengths, summed in int64)."""
-        offsets = offsets_from_lengths(self.sequence_lengths)
+        """``N + 1`` int64 token offsets of sequences (from lengths, summed in int64), checked against the ``.bin``."""
+        lengths = self.sequence_lengths
+        if len(lengths) and lengths.min() < 0:  # a lying length could cancel another in the sum
+            where = int(np.argmin(lengths))
+            raise HeaderError(f"{self.idx_path}: sequence_lengths[{where}] is negative ({int(lengths[where])}).")
+        offsets = offsets_from_lengths(lengths)
+        if offsets[-1] != self._num_tokens:
+            raise SizeMismatchError(
+                f"{self.bin_path}: the index's sequence_lengths add up to {int(offsets[-1]):,} {self._dtype.name} "
+                f"tokens, but the file holds {self._num_tokens:,}."
+            )
         offsets.flags.writeable = False
         return offsets
 
     def _offsets(self) -> np.ndarray:
-        return self.sequence_offsets[self.document_indices]
+        di = self.document_indices
+        if len(di) > 1 and not (di[1:] >= di[:-1]).all():
+            where = int(np.argmax(di[1:] < di[:-1]))
+            raise HeaderError(
+                f"{self.idx_path}: document_indices decrease at entry {where + 1} ({int(di[where])} then "
+                f"{int(di[where + 1])})."
+            )
+        return self.sequence_offsets[di]
 
     def __len__(self) -> int:
         return len(self.document_indices) - 1
@@ -326,6 +339,11 @@ class Reader(TokenReader):
         first, stop = self.document_indices.item(index), self.document_indices.item(index + 1)
         if first == stop:
             return self._view[0:0]
+        if not 0 <= first < stop <= self._sequences:
+            raise HeaderError(
+                f"{self.idx_path}: document_indices[{index}..{index + 1}] are {first} and {stop}; they must increase "
+                f"within the {self._sequences:,} sequences."
+            )
         start, end = self._span(first, stop, f"document {index}")
         return self._view[start:end]
 
@@ -362,6 +380,10 @@ class Reader(TokenReader):
         """What opening does not check: every sequence pointer equals the running byte offset."""
         from ..checks import Problem
 
+        try:
+            self._offsets()  # document indices in order, lengths non-negative and adding up to the .bin
+        except FormatError as error:
+            return [Problem(str(self.idx_path), "index", str(error))]
         expected = self.sequence_offsets[:-1] * self._dtype.itemsize
         bad = np.flatnonzero(self.sequence_pointers != expected)
         if not bad.size:
