@@ -222,6 +222,28 @@ class TokenFormatTests:
                 assert isinstance(getattr(clone, name, None), (int, type(None)))
             clone.close()
 
+    def test_close_releases_every_map(self, tmp_path: Path) -> None:
+        """After close() (and once no document view is kept), none of the dataset's files stays mapped."""
+        import gc
+        import sys
+
+        if not sys.platform.startswith("linux"):
+            pytest.skip("reads /proc/self/maps")
+        flat, lengths = random_corpus(np.random.default_rng(9), 30, low=self.low_id, high=500)
+        target = self.target(tmp_path)
+        self.write(target, flat, lengths)
+        reader = self.open_written(target, self.dtypes[0])
+        total = sum(int(np.asarray(d).sum()) for d in reader) + int(reader.lengths.sum())
+        assert total >= 0
+        files = {str(p.resolve()) for p in reader.files}
+        reader.close()
+        gc.collect()
+        with open("/proc/self/maps") as maps:
+            mapped = {line.split(maxsplit=5)[-1].strip() for line in maps if "/" in line}
+        assert not files & mapped, sorted(files & mapped)
+        assert len(reader[0]) == len(self.expected(flat[: lengths[0]]))  # usable again after close: maps anew
+        reader.close()
+
     def test_pickle_reopens_by_path(self, tmp_path: Path) -> None:
         flat, lengths = random_corpus(np.random.default_rng(2), 20, low=self.low_id, high=500)
         target = self.target(tmp_path)

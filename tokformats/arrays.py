@@ -8,6 +8,7 @@ like a NumPy array: a slice inside one part is a zero-copy view, a slice across 
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, overload
@@ -32,17 +33,26 @@ def map_file(
 ) -> np.ndarray:
     """Map ``count`` elements of ``dtype`` from ``path`` starting at byte ``offset``, read-only.
 
-    ``count=None`` maps everything from ``offset`` to the end of the file. A zero-length result
-    is a plain empty array, because ``np.memmap`` cannot map zero bytes.
+    ``count=None`` maps everything from ``offset`` to the end of the file. The result is an ``np.memmap`` built
+    directly over an ``mmap`` (``np.memmap()`` itself spends more on path handling than the map costs), unmapped
+    once no array views it. A zero-length result is a plain empty array, because zero bytes cannot be mapped.
     """
     dt = np.dtype(dtype)
     if dt.kind not in "iuf" or dt.fields is not None:  # never map bytes as Python objects: that crashes
         raise TypeError(f"refusing to map {path} as {dt}: only integer and floating dtypes are mapped")
-    if count is None:
-        count = (os.path.getsize(path) - offset) // dt.itemsize
-    if count == 0:
-        return np.empty(0, dtype=dt)
-    return np.memmap(path, dtype=dt, mode="r", offset=offset, shape=(count,))
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if count is None:
+            count = (size - offset) // dt.itemsize
+        if count == 0:
+            return np.empty(0, dtype=dt)
+        if offset < 0 or offset + count * dt.itemsize > size:
+            raise ValueError(f"mmap length is greater than file size: {offset + count * dt.itemsize} > {size}")
+        mapped = mmap.mmap(handle.fileno(), offset + count * dt.itemsize, access=mmap.ACCESS_READ)
+    array = np.frombuffer(mapped, dtype=dt, count=count, offset=offset).view(np.memmap)
+    array.filename, array.offset, array.mode = os.path.abspath(path), offset, "r"
+    setattr(array, "_mmap", mapped)  # noqa: B010 - what np.memmap keeps (not in NumPy's type stubs)
+    return array
 
 
 class ConcatenatedArray:

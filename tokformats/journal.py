@@ -2,10 +2,11 @@
 
 Renaming several files is several steps; a process killed between them would leave a dataset half old, half new
 (an old ``.idx`` over a new ``.bin``, two of five shards). So a commit of more than one file first writes a
-*journal* beside the outputs, ``.tokformats-commit-<id>.json``: the renames to do and the stale files to remove,
+*journal* beside the outputs, ``.tokformats-commit.json``: the renames to do and the stale files to remove,
 written only once every temporary is complete and on disk. Then it renames, removes, and deletes the journal.
 Whoever next writes to or opens that folder (:func:`recover`) finds an unfinished journal and completes it: rolling
-forward is always right, because the new files were whole before the journal existed.
+forward is always right, because the new files were whole before the journal existed. Commits into a folder are
+serialised (:func:`folder_lock`), so a folder holds at most one journal, and checking for it is one ``stat``.
 
 Temporaries carry their writer's process id (``.NAME.<pid>.<id>.tmp``), so the next write to a destination can
 remove those whose process is gone (a killed writer's leftovers) without touching a live writer's.
@@ -25,7 +26,7 @@ from pathlib import Path
 from .errors import FormatError
 
 __all__ = [
-    "JOURNAL_PREFIX",
+    "JOURNAL",
     "folder_lock",
     "fsync_folder",
     "write_journal",
@@ -36,7 +37,7 @@ __all__ = [
     "remove_dead_temporaries",
 ]
 
-JOURNAL_PREFIX = ".tokformats-commit-"
+JOURNAL = ".tokformats-commit.json"
 _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[0-9a-f]{12}\.(?:tmp|spool)$")
 
 
@@ -113,17 +114,17 @@ def remove_dead_temporaries(final: Path) -> None:
 
 
 def _named_by_a_journal(folder: Path, path: Path) -> bool:
-    for journal in folder.glob(f"{JOURNAL_PREFIX}*.json"):
-        with contextlib.suppress(OSError, ValueError):
-            if str(path) in {tmp for tmp, _ in json.loads(journal.read_text())["renames"]}:
-                return True
+    journal = folder / JOURNAL
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        return str(path) in {tmp for tmp, _ in json.loads(journal.read_text())["renames"]}
     return False
 
 
 def write_journal(folder: Path, renames: list[tuple[Path, Path]], remove: list[Path]) -> Path:
     """Make the commit durable: the journal (written whole, then renamed into place) lists what to do."""
-    journal = folder / f"{JOURNAL_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}.json"
-    staging = journal.with_suffix(".tmp")
+    journal = folder / JOURNAL
+    remove_dead_temporaries(journal)  # the staging file of a journal whose writer was killed writing it
+    staging = temporary_name(journal)
     text = json.dumps({"renames": [[str(t), str(f)] for t, f in renames], "remove": [str(p) for p in remove]})
     with open(staging, "w", encoding="utf-8") as handle:
         handle.write(text)
@@ -162,21 +163,16 @@ def recover(folder: Path) -> list[Path]:
     Raises :class:`FormatError` naming the journal when it cannot be completed (a read-only file system, a lost
     temporary): the dataset there is then neither old nor new, and must not be read.
     """
-    done: list[Path] = []
-    if not folder.is_dir() or not any(folder.glob(f"{JOURNAL_PREFIX}*")):
-        return done
+    journal = folder / JOURNAL
+    if not journal.exists():  # the common case: one stat
+        return []
     with folder_lock(folder):
-        return _recover_locked(folder)
+        return _recover_locked(journal)
 
 
-def _recover_locked(folder: Path) -> list[Path]:
+def _recover_locked(journal: Path) -> list[Path]:
     done: list[Path] = []
-    for staging in folder.glob(f"{JOURNAL_PREFIX}*.tmp"):  # a journal its writer never finished writing
-        pid = staging.name[len(JOURNAL_PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            with contextlib.suppress(OSError):
-                staging.unlink()
-    for journal in sorted(folder.glob(f"{JOURNAL_PREFIX}*.json")):
+    if journal.exists():
         try:
             entries = json.loads(journal.read_text(encoding="utf-8"))
             renames = [(Path(t), Path(f)) for t, f in entries["renames"]]
@@ -184,7 +180,7 @@ def _recover_locked(folder: Path) -> list[Path]:
             finish_journal(journal, renames, remove)
         except FileNotFoundError as error:
             if not journal.exists():  # another process completed it meanwhile
-                continue
+                return done
             raise FormatError(
                 f"{journal} records an interrupted commit that cannot be completed ({error}); the datasets it names "
                 "may be incomplete: write them again."

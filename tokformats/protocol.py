@@ -222,8 +222,8 @@ class TokenReader(Reader[np.ndarray]):
             info = os.stat(path)
             pins[Path(path)] = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
-    def _map(self, path: Path, dtype: np.dtype, offset: int = 0, count: int | None = None) -> np.ndarray:
-        """A read-only map of a pinned file, after checking it is still the file that was opened."""
+    def _check_pin(self, path: Path) -> None:
+        """Raise if pinned ``path`` is no longer the file that was opened."""
         pinned = self.__dict__.get("_pins", {}).get(Path(path))
         if pinned is not None:
             info = os.stat(path)
@@ -232,6 +232,10 @@ class TokenReader(Reader[np.ndarray]):
                     f"{path} changed on disk since this {self.format} reader opened it (replaced, truncated or "
                     "rewritten); open the dataset again."
                 )
+
+    def _map(self, path: Path, dtype: np.dtype, offset: int = 0, count: int | None = None) -> np.ndarray:
+        """A read-only map of a pinned file, after checking it is still the file that was opened."""
+        self._check_pin(path)
         try:
             return map_file(path, dtype, offset, count)
         except ValueError as error:  # "mmap length is greater than file size": shrunk under an unpinned map

@@ -202,17 +202,47 @@ class Reader(TokenReader):
             raise HeaderError(f"{path}: header field 'M' is 0; document_indices always holds at least the leading 0.")
         self.dtype_code = code
         self._dtype = DTYPE_CODES[code]
-        # A plain ndarray view of the map: slicing an np.memmap runs Python code on every access.
-        index = self._map(path, np.dtype(np.uint8)).view(np.ndarray)
-        start = HEADER.size
-        self.sequence_lengths: np.ndarray = index[start : start + 4 * count].view("<i4")
-        start += 4 * count
-        self.sequence_pointers: np.ndarray = index[start : start + 8 * count].view("<i8")
-        start += 8 * count
-        self.document_indices: np.ndarray = index[start : start + 8 * entries].view("<i8")
-        start += 8 * entries
-        self.sequence_modes: np.ndarray | None = index[start : start + count].view("i1") if has_modes else None
+        self._layout = (count, entries, has_modes)
         self._validate(count)
+
+    @cached_property
+    def _index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        """The ``.idx`` arrays, mapped (again after :meth:`close`): lengths, pointers, document indices, modes."""
+        count, entries, has_modes = self._layout
+        # A plain ndarray view of the map: slicing an np.memmap runs Python code on every access.
+        index = self._map(self.idx_path, np.dtype(np.uint8)).view(np.ndarray)
+        start = HEADER.size
+        lengths = index[start : start + 4 * count].view("<i4")
+        start += 4 * count
+        pointers = index[start : start + 8 * count].view("<i8")
+        start += 8 * count
+        document_indices = index[start : start + 8 * entries].view("<i8")
+        start += 8 * entries
+        modes = index[start : start + count].view("i1") if has_modes else None
+        return lengths, pointers, document_indices, modes
+
+    @property
+    def sequence_lengths(self) -> np.ndarray:
+        """Tokens per sequence (int32, as stored)."""
+        return self._index[0]
+
+    @property
+    def sequence_pointers(self) -> np.ndarray:
+        """Byte offset of each sequence in the ``.bin`` (int64, as stored)."""
+        return self._index[1]
+
+    @property
+    def document_indices(self) -> np.ndarray:
+        """``[0, end_0, ..., N]``: where each document's sequences end (int64, as stored)."""
+        return self._index[2]
+
+    @property
+    def sequence_modes(self) -> np.ndarray | None:
+        """Each sequence's mode (int8), for multimodal indexes; None otherwise."""
+        return self._index[3]
+
+    def _cached_maps(self) -> tuple[str, ...]:
+        return ("tokens", "_view", "_index")
 
     def _validate(self, count: int) -> None:
         """What opening checks, in O(1): the ends of document_indices, the first and last pointers against the
@@ -300,8 +330,8 @@ class Reader(TokenReader):
         range must lie in the ``.bin``, so a lying pointer (or length) is caught by whichever access touches it
         instead of serving other tokens. (Several pointers lying in step can only be found by :meth:`problems`.)"""
         itemsize = self._dtype.itemsize
+        lengths, pointers, _, _ = self._index
         if stop == first + 1:  # one sequence, the common case: five scalar reads
-            pointers, lengths = self.sequence_pointers, self.sequence_lengths
             pointer, length = pointers.item(first), lengths.item(first)
             before = pointers.item(first - 1) + lengths.item(first - 1) * itemsize if first else 0
             after = pointers.item(stop) if stop < self._sequences else self._num_tokens * itemsize
@@ -316,8 +346,7 @@ class Reader(TokenReader):
             # else: fall through, to name the pointer that lies
         low = first - 1 if first else 0
         high = stop + 1 if stop < self._sequences else stop
-        pointers = self.sequence_pointers[low:high].tolist()  # two slices beat a dozen .item() calls
-        lengths = self.sequence_lengths[low:high].tolist()
+        pointers, lengths = pointers[low:high].tolist(), lengths[low:high].tolist()  # beats a dozen .item() calls
         for j in range(len(pointers) - 1):
             if pointers[j + 1] != pointers[j] + lengths[j] * itemsize:
                 raise HeaderError(
@@ -336,7 +365,8 @@ class Reader(TokenReader):
     def _item(self, index: int) -> np.ndarray:
         # Like Megatron's reader, locate data through sequence_pointers: O(1) per document, no cumsum over the
         # whole index first; unlike it, check the pointers touched (verify() checks them all).
-        first, stop = self.document_indices.item(index), self.document_indices.item(index + 1)
+        document_indices = self._index[2]
+        first, stop = document_indices.item(index), document_indices.item(index + 1)
         if first == stop:
             return self._view[0:0]
         if not 0 <= first < stop <= self._sequences:

@@ -196,11 +196,21 @@ class FileReader(Reader):
     def __init__(self, path: PathLike, *, key: str | None = None, eos: int | None = None, bos: int | None = None):
         super().__init__(path, key=key, eos=eos, bos=bos)
         self._path = Path(path)
-        payload = torchfile.load(self._path)
-        array, self.key, self._extra = _tensor_of(self._path, payload, key)
-        self._array = _flat(self._path, array)
-        self.shape = tuple(array.shape)
+        self._key = key
+        self._pin(self._path)
+        self._array  # noqa: B018 - load now: what was validated is what is read
         self.eos, self.bos = eos, bos
+
+    @cached_property
+    def _array(self) -> np.ndarray:
+        """The tensor's elements, mapped (again after :meth:`close`, if the file is unchanged)."""
+        self._check_pin(self._path)
+        array, self.key, self._extra = _tensor_of(self._path, torchfile.load(self._path), self._key)
+        self.shape = tuple(array.shape)
+        return _flat(self._path, array)
+
+    def _cached_maps(self) -> tuple[str, ...]:
+        return ("_array", "_view")
 
     @property
     def path(self) -> Path:
@@ -235,17 +245,27 @@ class FolderReader(Reader):
         self._shards = shard_files(self._path)
         if not self._shards and not (self._path / MANIFEST).is_file():
             raise NoFilesError(f"{self._path} holds no shard_N.pt files and no {MANIFEST}.")
+        self._pin(*(shard for _, shard in self._shards))
+        self._arrays  # noqa: B018 - load now: what was validated is what is read
+        self.eos, self.bos = eos, bos
+        self.manifest = _json_object(self._path / MANIFEST)
+        self.checkpoints = _json_object(self._path / CHECKPOINTS)
+
+    @cached_property
+    def _arrays(self) -> list[np.ndarray]:
+        """Each shard's tokens, mapped (again after :meth:`close`, if the shards are unchanged)."""
         arrays = [np.zeros(0, dtype="<i8")] if not self._shards else []  # a manifest alone: an empty corpus
         for _, shard in self._shards:
+            self._check_pin(shard)
             array, _, _ = _tensor_of(shard, torchfile.load(shard), None)
             arrays.append(_flat(shard, array))
         dtypes = {a.dtype for a in arrays}
         if len(dtypes) > 1:
             raise DTypeError(f"{self._path}: the shards mix dtypes {sorted(d.name for d in dtypes)}.")
-        self._arrays = arrays
-        self.eos, self.bos = eos, bos
-        self.manifest = _json_object(self._path / MANIFEST)
-        self.checkpoints = _json_object(self._path / CHECKPOINTS)
+        return arrays
+
+    def _cached_maps(self) -> tuple[str, ...]:
+        return ("_arrays", "tokens", "_view")
 
     @property
     def path(self) -> Path:
