@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
+
+from tokformats.testing import random_corpus
+
+__all__ = ["FIXTURES", "random_corpus"]
 
 #: Golden files written by the owners' tools (read-only, never regenerated): ``shared/`` beside the repository.
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
@@ -19,15 +22,6 @@ def fixtures() -> Path:
     return FIXTURES
 
 
-def random_corpus(
-    rng: np.random.Generator, documents: int, *, low: int, high: int, mean_length: int = 40
-) -> tuple[np.ndarray, np.ndarray]:
-    """``documents`` documents of ids in ``[low, high]`` with geometric lengths, some empty."""
-    lengths = rng.geometric(1 / mean_length, size=documents).astype(np.int64) - 1
-    if documents:
-        lengths[rng.integers(0, documents, size=max(1, documents // 10))] = 0
-    flat = rng.integers(low, high, size=int(lengths.sum()), endpoint=True, dtype=np.int64)
-    return flat, lengths
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -162,3 +162,37 @@ def test_write_all_streams_in_bounded_pieces(tmp_path: Path) -> None:
     with tokformats.open(tmp_path / "m") as reader:
         assert reader.lengths.tolist() == lengths.tolist()
         np.testing.assert_array_equal(np.asarray(reader.tokens), flat)
+
+
+def test_formats_register_through_the_entry_point_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plugin package declares ``[project.entry-points."tokformats.formats"]``; tokformats loads it lazily."""
+    import importlib.metadata
+
+    from tokformats import registry
+
+    plugin = tokformats.FormatDescriptor("plugin-raw", "a plugin", (".plg",), "tokformats.formats.raw", False)
+
+    class Entry:
+        def __init__(self, name: str, value: str, loaded: object) -> None:
+            self.name, self.value, self._loaded = name, value, loaded
+
+        def load(self) -> object:
+            if isinstance(self._loaded, Exception):
+                raise self._loaded
+            return self._loaded
+
+    entries = [
+        Entry("good", "plugin:descriptor", plugin),
+        Entry("broken", "plugin:missing", ImportError("no module named plugin")),
+        Entry("wrong", "plugin:thing", 42),
+    ]
+    monkeypatch.setattr(
+        importlib.metadata, "entry_points", lambda group: entries if group == "tokformats.formats" else []
+    )
+    monkeypatch.setattr(registry, "_plugins_loaded", False)
+    try:
+        with pytest.warns(UserWarning, match="failed to load"):
+            assert tokformats.registry.descriptor("plugin-raw") is plugin
+        assert "plugin-raw" in tokformats.formats
+    finally:
+        registry._REGISTRY.pop("plugin-raw", None)

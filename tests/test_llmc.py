@@ -14,8 +14,7 @@ import pytest
 import tokformats
 from tokformats import HeaderError, NoFilesError, SizeMismatchError
 from tokformats.formats import llmc
-
-from .conformance import TokenFormatTests
+from tokformats.testing import TokenFormatTests
 
 BOS = 0
 

@@ -14,8 +14,7 @@ import tokformats
 from tokformats import DTypeError, FormatError, HeaderError, SizeMismatchError
 from tokformats.checks import VerificationError
 from tokformats.formats import megatron
-
-from .conformance import TokenFormatTests
+from tokformats.testing import TokenFormatTests
 
 NAMES = ["gpt2_uint16", "llama3_int32", "merged_uint16", "multimodal_int32", "part_b_uint16", "sentences_uint16"]
 

@@ -16,8 +16,7 @@ import pytest
 import tokformats
 from tokformats import FormatError, NoFilesError, OutputExistsError, SizeMismatchError, UnsafePickleError, torchfile
 from tokformats.formats import pt
-
-from .conformance import TokenFormatTests
+from tokformats.testing import TokenFormatTests
 
 FILES = [
     "tokens_int64",

@@ -10,8 +10,7 @@ import pytest
 
 import tokformats
 from tokformats import DTypeError, NoFilesError, SizeMismatchError, UnknownFormatError
-
-from .conformance import TokenFormatTests
+from tokformats.testing import TokenFormatTests
 
 EOS = 0
 

@@ -16,8 +16,7 @@ import pytest
 import tokformats
 from tokformats import DTypeError, FormatError, HeaderError, NoFilesError, SizeMismatchError, UnsafePickleError
 from tokformats.formats import timemoe
-
-from .conformance import TokenFormatTests
+from tokformats.testing import TokenFormatTests
 
 
 class TestTimeMoEConformance(TokenFormatTests):

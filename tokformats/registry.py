@@ -18,7 +18,21 @@ from typing import Any, NamedTuple
 
 from .errors import NoFilesError, UnknownFormatError
 
-__all__ = ["FormatDescriptor", "formats", "register", "descriptor", "detect", "expand_paths", "read_head"]
+__all__ = [
+    "FormatDescriptor",
+    "formats",
+    "register",
+    "descriptor",
+    "detect",
+    "expand_paths",
+    "read_head",
+    "load_plugins",
+    "ENTRY_POINT_GROUP",
+]
+
+#: Third-party formats register through this entry-point group: ``name = "package.module:descriptor"``, where
+#: the object is a :class:`FormatDescriptor` or a callable returning one.
+ENTRY_POINT_GROUP = "tokformats.formats"
 
 
 class FormatDescriptor(NamedTuple):
@@ -75,8 +89,42 @@ def register(descriptor: FormatDescriptor) -> None:
     _REGISTRY[descriptor.name] = descriptor
 
 
+_plugins_loaded = False
+
+
+def load_plugins() -> list[str]:
+    """Register the formats of installed plugins (entry-point group ``tokformats.formats``), once; returns the
+    names added. Runs by itself on the first detection or on a format name the table does not know, so that
+    ``import tokformats`` does not scan installed packages. A plugin that fails to load is skipped with a warning."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return []
+    _plugins_loaded = True
+    import warnings
+    from importlib.metadata import entry_points
+
+    added = []
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            found = entry.load()
+            plugin = found if isinstance(found, FormatDescriptor) else found()
+        except Exception as error:  # a broken plugin must not break tokformats
+            message = f"tokformats: format plugin {entry.name!r} ({entry.value}) failed to load: {error}"
+            warnings.warn(message, stacklevel=2)
+            continue
+        if not isinstance(plugin, FormatDescriptor) or plugin.name in _REGISTRY:
+            what = "is not a FormatDescriptor" if not isinstance(plugin, FormatDescriptor) else "reuses a format name"
+            warnings.warn(f"tokformats: format plugin {entry.name!r} ({entry.value}) {what}; skipped.", stacklevel=2)
+            continue
+        register(plugin)
+        added.append(plugin.name)
+    return added
+
+
 def descriptor(name: str) -> FormatDescriptor:
     """The descriptor of format ``name``; :class:`UnknownFormatError` listing the names otherwise."""
+    if name not in _REGISTRY:
+        load_plugins()
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -155,6 +203,7 @@ def detect(path: Any) -> str:
         NoFilesError: nothing exists at ``path``.
         UnknownFormatError: no format recognises it; headerless streams need ``format="raw"``.
     """
+    load_plugins()
     paths = expand_paths(path)
     first = paths[0]
     if first.exists() and not first.is_dir():

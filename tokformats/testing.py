@@ -1,8 +1,16 @@
-"""The conformance suite every token format's reader/writer pair passes.
+"""The conformance suite every token format's reader/writer pair passes, shipped for plugins (as ``zarr.testing``).
 
 A format's test module subclasses :class:`TokenFormatTests` and says how to write (``write_options``),
 how to open what was written (``open_written``), and what a document looks like when read back
-(``expected``: formats with implicit delimiters add one). Everything else is shared.
+(``expected``: formats with implicit delimiters add one). Everything else is shared: round trips, ids at the
+dtype's limits and refusals, atomic commits, pickling (also of a reader opened with defaults), ``close()``
+releasing every map, conversion, and detection of the format's output as itself and as no other format.
+
+>>> from tokformats.testing import TokenFormatTests                      # doctest: +SKIP
+>>> class TestMyFormat(TokenFormatTests):
+...     format = "myformat"
+
+Needs pytest (``pip install tokformats[test]``).
 """
 
 from __future__ import annotations
@@ -17,7 +25,18 @@ import pytest
 import tokformats
 from tokformats import OutputExistsError, TokenRangeError
 
-from .conftest import random_corpus
+__all__ = ["TokenFormatTests", "random_corpus"]
+
+
+def random_corpus(
+    rng: np.random.Generator, documents: int, *, low: int, high: int, mean_length: int = 40
+) -> tuple[np.ndarray, np.ndarray]:
+    """``documents`` documents of ids in ``[low, high]`` with geometric lengths, some empty."""
+    lengths = rng.geometric(1 / mean_length, size=documents).astype(np.int64) - 1
+    if documents:
+        lengths[rng.integers(0, documents, size=max(1, documents // 10))] = 0
+    flat = rng.integers(low, high, size=int(lengths.sum()), endpoint=True, dtype=np.int64)
+    return flat, lengths
 
 
 class TokenFormatTests:
@@ -140,8 +159,8 @@ class TokenFormatTests:
     def test_ids_at_dtype_limits(self, tmp_path: Path) -> None:
         for dtype in self.dtypes:
             if np.dtype(dtype).kind == "f":
-                info = np.finfo(dtype)
-                flat = np.array([info.min, info.max, info.tiny, -0.0, 1.0], dtype=np.float64)
+                finfo = np.finfo(dtype)
+                flat = np.array([finfo.min, finfo.max, finfo.tiny, -0.0, 1.0], dtype=np.float64)
                 lengths = np.array([2, 3])
                 target = self.target(tmp_path, f"limits{dtype}")
                 self.write(target, flat, lengths, dtype)
@@ -152,8 +171,9 @@ class TokenFormatTests:
                         self.write(self.target(tmp_path, f"bad{dtype}"), np.array([1.0, bad]), np.array([2]), dtype)
                 continue
             info = np.iinfo(dtype)
-            low = max(info.min, self.low_id)
-            flat = np.array([low, info.max, info.max - 1, low + 1], dtype=np.int64)
+            low = max(int(info.min), self.low_id)
+            top = int(info.max)
+            flat = np.array([low, top, top - 1, low + 1], dtype=np.int64)
             lengths = np.array([2, 2])
             target = self.target(tmp_path, f"limits{dtype}")
             self.write(target, flat, lengths, dtype)
@@ -221,6 +241,21 @@ class TokenFormatTests:
                 assert getattr(clone, name, None) == getattr(reader, name, None)
                 assert isinstance(getattr(clone, name, None), (int, type(None)))
             clone.close()
+
+    def test_detected_as_itself_and_nothing_else(self, tmp_path: Path) -> None:
+        """The detection matrix's row for this format: its output is recognised by its own format's detector and
+        by no other registered detector."""
+        flat, lengths = random_corpus(np.random.default_rng(13), 12, low=self.low_id, high=500)
+        target = self.target(tmp_path)
+        self.write(target, flat, lengths)
+        with self.open_written(target, self.dtypes[0]) as reader:
+            probe = reader.path
+        for name, entry in tokformats.formats.items():
+            claims = entry.detect(probe)
+            if name == self.format:
+                assert claims == entry.detectable, f"{name} does not recognise its own output {probe}"
+            else:
+                assert not claims, f"{name} claims {probe}, written as {self.format}"
 
     def test_close_releases_every_map(self, tmp_path: Path) -> None:
         """After close() (and once no document view is kept), none of the dataset's files stays mapped."""
@@ -307,6 +342,7 @@ class TokenFormatTests:
         )
         assert summary["tokens"] == len(stream) and summary["documents"] == min(documents, 1)
         with tokformats.open(tmp_path / "flat.bin", format="raw", dtype=stream.dtype) as raw:
+            assert isinstance(raw, tokformats.TokenReader)
             np.testing.assert_array_equal(np.asarray(raw.tokens), stream)
         # By default the boundaries survive: an EOS id that occurs in no document is added to each one.
         options = self.read_options(self.dtypes[0])
