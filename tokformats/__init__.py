@@ -41,10 +41,6 @@ formats = _format_table
 
 __version__ = "0.1.0"
 
-#: Format modules exposed as ``tokformats.NAME``, imported on first use so that ``import tokformats``
-#: stays cheap (a script that only opens ``.pt`` shards never imports the Megatron code).
-_FORMAT_MODULES = {"raw", "llmc", "megatron", "pt", "timemoe"}
-
 if TYPE_CHECKING:
     from .formats import llmc, megatron, pt, raw, timemoe
     from .pipeline import tokenize
@@ -60,8 +56,11 @@ def __getattr__(name: str) -> Any:
         from .pipeline import tokenize
 
         return tokenize
-    if name in _FORMAT_MODULES:
-        module = importlib.import_module(f".formats.{name}", __name__)
+    # Format modules are exposed as ``tokformats.NAME`` and imported on first use, so that ``import tokformats``
+    # stays cheap (a script that only opens ``.pt`` shards never imports the Megatron code).
+    entry = _format_table.get(name)
+    if entry is not None and entry.module.startswith(f"{__name__}.formats."):
+        module = entry.load()
         globals()[name] = module
         return module
     raise AttributeError(f"module 'tokformats' has no attribute {name!r}")

@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from . import api
+from .errors import NoFilesError, UnknownFormatError
 from .formats.llmc_vocab import Vocab
 from .inspect import describe
-from .protocol import TokenReader
+from .protocol import TokenReader, TokenWriter
+from .registry import formats
 from .samples import sample_texts
 from .tokenizer import train_tokenizer
 
@@ -32,29 +33,41 @@ EOT = 0
 
 @dataclass
 class FormatTrip:
-    """How one corpus format is tokenized into and read back in the quickstart."""
+    """How one corpus format is tokenized into and read back, derived from its writer's conventions."""
 
     format: str
-    #: ``tokenize``'s eos mode: the owners' convention (llm.c puts the delimiter first).
-    eos: str = "append"
-    write: dict[str, Any] = field(default_factory=dict)
-    read: dict[str, Any] = field(default_factory=dict)
-    #: What to open, given the path ``tokenize`` reports for the output.
-    source: Callable[[str], Any] = lambda path: path
+    writer: type[TokenWriter]
+    detectable: bool
+
+    def read_options(self, dtype: str) -> dict[str, Any]:
+        """What opening the output needs: the delimiter the format splits at, and, for formats that cannot be
+        detected, the format name and dtype."""
+        options: dict[str, Any] = {} if self.detectable else {"format": self.format, "dtype": dtype}
+        if self.writer.boundaries == "eos":
+            options["eos"] = EOT
+        return options
 
     def strip(self, document: np.ndarray) -> np.ndarray:
-        """The document's text ids, without the delimiter ``tokenize`` added."""
-        return document[1:] if self.eos == "prepend" else document[:-1]
+        """The document's text ids, without the delimiter ``tokenize`` added (before it for "bos" formats)."""
+        return document[1:] if self.writer.boundaries == "bos" else document[:-1]
 
 
 def _trips() -> list[FormatTrip]:
-    return [
-        FormatTrip("raw", read={"format": "raw", "dtype": "uint16", "eos": EOT}),
-        FormatTrip("llmc", "prepend", read={"bos": EOT}, source=lambda path: f"{path}_[0-9]*.bin"),
-        FormatTrip("megatron"),
-        FormatTrip("pt", write={"tokens_per_shard": 50_000}, read={"eos": EOT}),
-        FormatTrip("timemoe"),
-    ]
+    """Every writable corpus format in the registry (plugins included)."""
+    trips = []
+    for name, entry in formats.items():
+        writer = entry.writer
+        if writer is not None and issubclass(writer, TokenWriter):
+            trips.append(FormatTrip(name, writer, entry.detectable))
+    return trips
+
+
+def _open_output(output: dict[str, Any], options: dict[str, Any]) -> Any:
+    """Open what tokenize wrote: by its path (a file, prefix or folder), else by its files (llm.c's shards)."""
+    try:
+        return api.open(output["path"], **options)
+    except (NoFilesError, UnknownFormatError):
+        return api.open(output["files"], **options)
 
 
 def run(output: Path | None = None, *, documents: int = 2000, vocab_size: int = 1000) -> list[dict[str, Any]]:
@@ -79,18 +92,11 @@ def run(output: Path | None = None, *, documents: int = 2000, vocab_size: int = 
             rows.append(_row("llmc-vocab", [vocab_path], "", size, "bytes", time.perf_counter() - started))
         for trip in _trips():
             started = time.perf_counter()
-            summary = tokenize(
-                texts,
-                tokenizer,
-                root / trip.format / "sample",
-                trip.format,
-                eos=trip.eos,
-                progress=False,
-                overwrite=True,
-                **trip.write,
-            )
+            output = root / trip.format / "sample"
+            summary = tokenize(texts, tokenizer, output, trip.format, progress=False, overwrite=True)
             (written,) = summary["outputs"].values()
-            with api.open(trip.source(written["path"]), **trip.read) as reader:
+            dtype = "uint16" if size <= 1 << 16 else "uint32"
+            with _open_output(written, trip.read_options(dtype)) as reader:
                 assert isinstance(reader, TokenReader)
                 if len(reader) != documents:
                     raise AssertionError(f"{trip.format}: wrote {documents} documents, read {len(reader)}")

@@ -220,24 +220,3 @@ def detect(path: Any) -> str:
     raise UnknownFormatError(
         f"{first} is not in a format tokformats recognises by its content. " + describe_headerless(first)
     )
-
-
-# The built-in formats, in detection order: formats with magic numbers first, layouts after, and
-# headerless raw last (never detected: its bytes say nothing).
-_BUILTIN = (
-    ("llmc-vocab", "llm.c tokenizer vocabulary (gpt2_tokenizer.bin)", (".bin",), True),
-    ("llmc", "llm.c token shards (1 KiB header, uint16/uint32)", (".bin",), True),
-    ("megatron", "Megatron-LM indexed dataset (PREFIX.bin + PREFIX.idx)", (".bin", ".idx"), True),
-    ("pt", "PyTorch .pt token shards, or a folder of shard_N.pt + manifest.json", (".pt",), True),
-    ("timemoe", "Time-MoE / Time-300B folder: meta.json + data-K-of-N.bin", (), True),
-    (
-        "sequences",
-        "single-file sequence dataset (.json, .jsonl, .npy, .npz, .npy.gz)",
-        (".json", ".jsonl", ".npy", ".npz", ".gz"),
-        True,
-    ),
-    ("raw", "headerless token stream (dtype must be given)", (".bin",), False),
-)
-for _name, _description, _suffixes, _detectable in _BUILTIN:
-    _module = f"tokformats.formats.{_name.replace('-', '_')}"
-    register(FormatDescriptor(_name, _description, _suffixes, _module, _detectable, writable=_name != "sequences"))
