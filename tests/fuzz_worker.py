@@ -109,7 +109,7 @@ def sources(scratch: Path, case: str) -> list[tuple[Path, list[Path], dict[str, 
 
         folder = scratch / "synthetic-pt"
         folder.mkdir(parents=True, exist_ok=True)
-        pt.save(np.arange(50), folder / "x.pt")
+        pt.save(np.arange(50), folder / "x.pt", overwrite=True)
         found.append((folder / "x.pt", [folder / "x.pt"], {}))
     return found
 

@@ -398,3 +398,12 @@ def test_missing_folder_contents(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(NoFilesError, match=r"no shard_N\.pt"):
         tokformats.open(tmp_path / "empty", format="pt")
+
+
+def test_save_never_overwrites_silently(tmp_path: Path) -> None:
+    pt.save(np.arange(5), tmp_path / "x.pt")
+    with pytest.raises(OutputExistsError, match="overwrite"):
+        pt.save(np.arange(9), tmp_path / "x.pt")
+    assert pt.load(tmp_path / "x.pt").tolist() == [0, 1, 2, 3, 4]
+    pt.save(np.arange(9), tmp_path / "x.pt", overwrite=True)
+    assert len(pt.load(tmp_path / "x.pt")) == 9

@@ -81,6 +81,16 @@ class AtomicFiles:
             self, _cleanup, self._handles, self._temporaries, self._made_dirs, self._scratch
         )
 
+    def __enter__(self) -> AtomicFiles:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        """Commit when the block ends normally, abort (nothing appears) when it raises."""
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
     def check_destination(self, final: str | os.PathLike[str]) -> None:
         """Refuse ``final`` if it exists and overwriting was not allowed (after completing any commit a killed
         writer left unfinished there)."""

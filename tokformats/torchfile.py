@@ -730,10 +730,11 @@ def write_tensor(handle: BinaryIO, array: np.ndarray, *, prefix: str = "archive"
     zipper.finish()
 
 
-def save(array: Any, path: str | os.PathLike[str], *, prefix: str | None = None) -> Path:
+def save(array: Any, path: str | os.PathLike[str], *, prefix: str | None = None, overwrite: bool = False) -> Path:
     """Write a 1-D array to ``path`` as ``torch.save(torch.from_numpy(array))`` would (without torch).
 
-    The archive prefix defaults to the file's stem (as torch names it), or ``archive`` for non-ASCII stems.
+    The archive prefix defaults to the file's stem (as torch names it), or ``archive`` for non-ASCII stems. An
+    existing file is replaced only with ``overwrite=True``.
     """
     from .atomic import AtomicFiles
 
@@ -743,11 +744,6 @@ def save(array: Any, path: str | os.PathLike[str], *, prefix: str | None = None)
         raise FormatError(f"save writes 1-D token arrays; found shape {data.shape}.")
     stem = prefix or target.stem
     name = stem if stem.isascii() and stem and "/" not in stem else "archive"
-    files = AtomicFiles(overwrite=True)
-    try:
+    with AtomicFiles(overwrite=overwrite) as files:
         write_tensor(files.create(target), data, prefix=name)
-        files.commit()
-    except BaseException:
-        files.abort()
-        raise
     return target

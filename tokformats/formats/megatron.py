@@ -601,23 +601,20 @@ def merge(prefixes: Sequence[PathLike], output: PathLike, *, overwrite: bool = F
                 f"(multimodal={first.multimodal})."
             )
     prefix = resolve_prefix(output)
-    files = AtomicFiles(overwrite=overwrite)
     try:
-        files.check_destination(Path(f"{prefix}.idx"))
-        bin_handle = files.create(Path(f"{prefix}.bin"))
-        for reader in readers:
-            append_file(reader.bin_path, bin_handle)
-        lengths = np.concatenate([r.sequence_lengths for r in readers])
-        shifts = np.cumsum([0] + [len(r.sequence_lengths) for r in readers[:-1]], dtype=np.int64)
-        document_indices = np.concatenate(
-            [np.zeros(1, np.int64)] + [r.document_indices[1:] + shift for r, shift in zip(readers, shifts)]
-        )
-        modes = np.concatenate([r.sequence_modes for r in readers]) if first.multimodal else None
-        _write_index(files.create(Path(f"{prefix}.idx")), little_endian(first.dtype), lengths, document_indices, modes)
-        files.commit()
-    except BaseException:
-        files.abort()
-        raise
+        with AtomicFiles(overwrite=overwrite) as files:
+            files.check_destination(Path(f"{prefix}.idx"))
+            bin_handle = files.create(Path(f"{prefix}.bin"))
+            for reader in readers:
+                append_file(reader.bin_path, bin_handle)
+            lengths = np.concatenate([r.sequence_lengths for r in readers])
+            shifts = np.cumsum([0] + [len(r.sequence_lengths) for r in readers[:-1]], dtype=np.int64)
+            document_indices = np.concatenate(
+                [np.zeros(1, np.int64)] + [r.document_indices[1:] + shift for r, shift in zip(readers, shifts)]
+            )
+            modes = np.concatenate([r.sequence_modes for r in readers]) if first.multimodal else None
+            index = files.create(Path(f"{prefix}.idx"))  # created last, so renamed last
+            _write_index(index, little_endian(first.dtype), lengths, document_indices, modes)
     finally:
         for reader in readers:
             reader.close()

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..arrays import ConcatenatedArray, TokenArray
+from ..arrays import ConcatenatedArray, GrowableArray, TokenArray
 from ..documents import offsets_from_lengths
 from ..dtypes import as_token_array, dtype_for_vocab, parse_dtype
 from ..errors import ConfigError, DTypeError, FormatError, HeaderError, NoFilesError, SizeMismatchError
@@ -605,7 +605,13 @@ class Writer(TokenWriter):
         if overwrite and self.path.is_dir():
             folder = self.path
             self._files.remove_on_commit(lambda: [p for p in folder.iterdir() if _SHARD_NAME.match(p.name)] + [meta])
-        self._scales: list[dict[str, Any]] = []
+        # The scales as columns (not a dict per sequence): offset, length, mean and std (NaN: none), and the
+        # few ids by sequence number.
+        self._offsets = GrowableArray(np.int64)
+        self._lengths = GrowableArray(np.int64)
+        self._means = GrowableArray(np.float64)
+        self._stds = GrowableArray(np.float64)
+        self._ids: dict[int, Any] = {}
         self._handles: list[Any] = []
         self._in_shard = 0
         self._offset = 0
@@ -628,21 +634,23 @@ class Writer(TokenWriter):
         if mean is not None and std is not None and not normalized:
             values = (np.asarray(values, dtype=np.float64) - mean) / std
         flat = self._validated(values, None)
-        entry: dict[str, Any] = {"offset": self._offset}
-        if mean is not None and std is not None:
-            entry["mean"], entry["std"] = float(mean), float(std)
-        entry["length"] = len(flat)
         if id is not None:
-            entry["id"] = id
+            self._ids[len(self._offsets)] = id
+        self._offsets.append(self._offset)
+        self._lengths.append(len(flat))
+        self._means.append(np.nan if mean is None else float(mean))
+        self._stds.append(np.nan if std is None else float(std))
         self._store(flat)
-        self._scales.append(entry)
         self.num_documents += 1
         self.num_tokens += len(flat)
 
     def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
-        starts = self._offset + np.concatenate([[0], np.cumsum(lengths[:-1])]) if len(lengths) else lengths
+        starts = self._offset + offsets_from_lengths(lengths)[:-1]
+        self._offsets.extend(starts)
+        self._lengths.extend(lengths)
+        self._means.extend(np.full(len(lengths), np.nan))
+        self._stds.extend(np.full(len(lengths), np.nan))
         self._store(flat)
-        self._scales.extend({"offset": int(s), "length": int(n)} for s, n in zip(starts, lengths))
 
     def _store(self, flat: np.ndarray) -> None:
         position = 0
@@ -679,9 +687,26 @@ class Writer(TokenWriter):
             name = f"data-{k:0{width}d}-of-{total}.bin"
             self._files.retarget(self.path / f"data-{k}-of-0.bin", self.path / name)
             files[name] = size
-        meta = {"num_sequences": len(self._scales), "dtype": self.dtype.name, "files": files, "scales": self._scales}
         handle = self._files.create(self.path / META)  # last: meta.json means the folder is complete
-        handle.write(json.dumps(meta).encode("utf-8"))
+        for piece in self._meta_json(files):
+            handle.write(piece.encode("utf-8"))
+
+    def _meta_json(self, files: dict[str, int]) -> Iterator[str]:
+        """``json.dumps(meta)`` in pieces, one sequence's scale at a time (the author's converter writes the same
+        bytes), so that no list of a million dicts is ever built."""
+        head = json.dumps({"num_sequences": len(self._offsets), "dtype": self.dtype.name, "files": files})
+        yield head[:-1] + ', "scales": ['
+        offsets, lengths = self._offsets.view().tolist(), self._lengths.view().tolist()
+        means, stds = self._means.view(), self._stds.view()
+        for k in range(len(offsets)):
+            entry: dict[str, Any] = {"offset": offsets[k]}
+            if not np.isnan(means[k]):
+                entry["mean"], entry["std"] = float(means[k]), float(stds[k])
+            entry["length"] = lengths[k]
+            if k in self._ids:
+                entry["id"] = self._ids[k]
+            yield (", " if k else "") + json.dumps(entry)
+        yield "]}"
 
 
 # Single-file sequence datasets (Time-MoE's GeneralDataset) are their own read-only format; the function
