@@ -28,12 +28,8 @@ WRITERS: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
     "raw": ({"dtype": "uint16", "eos": 0}, {"format": "raw", "dtype": "uint16", "eos": 0}, "{target}"),
 }
 
-CHILD = """
-import json, os, signal, sys
-import numpy as np
-import tokformats
-fmt, target, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-kill_after, start = int(sys.argv[4]), int(sys.argv[5])
+#: Makes the child SIGKILL itself on its ``kill_after``-th rename (``os.replace``), before doing it.
+KILL_ON_RENAME = """
 real, count = os.replace, [0]
 def replace(a, b):
     if count[0] == kill_after:
@@ -41,12 +37,25 @@ def replace(a, b):
     count[0] += 1
     return real(a, b)
 os.replace = replace
+"""
+
+CHILD = (
+    """
+import json, os, signal, sys
+import numpy as np
+import tokformats
+fmt, target, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+kill_after, start = int(sys.argv[4]), int(sys.argv[5])
+"""
+    + KILL_ON_RENAME
+    + """
 lengths = [7, 11, 5, 13, 9, 6, 10, 8, 12, 4] * 3
 flat = (np.arange(sum(lengths)) + start) % 40000 + 1
 with tokformats.create(target, fmt, overwrite=True, **options) as writer:
     writer.write_batch(flat, lengths)
 print("finished")
 """
+)
 
 
 def documents(target: Path, fmt: str) -> list[list[float]] | None:
@@ -176,18 +185,15 @@ def documents_of(tmp_path: Path, fmt: str, start: int) -> Any:
     return documents(folder / "d", fmt)
 
 
-OPERATION = """
+OPERATION = (
+    """
 import os, signal, sys
 from pathlib import Path
 import tokformats
 operation, target, source, kill_after = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
-real, count = os.replace, [0]
-def replace(a, b):
-    if count[0] == kill_after:
-        os.kill(os.getpid(), signal.SIGKILL)
-    count[0] += 1
-    return real(a, b)
-os.replace = replace
+"""
+    + KILL_ON_RENAME
+    + """
 if operation == "convert":
     tokformats.convert(source / "m", target, "llmc", bos=0, shard_size=40, overwrite=True)
 elif operation == "merge":
@@ -196,6 +202,8 @@ else:
     tokformats.tokenize(source / "texts.txt", source / "tokenizer.json", target, "megatron", overwrite=True,
                         progress=False)
 """
+)
+
 OPENED = {"convert": "{target}_[0-9]*.bin", "merge": "{target}", "tokenize": "{target}_text_document"}
 
 

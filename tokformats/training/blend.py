@@ -13,7 +13,7 @@ from ..errors import ConfigError
 from ..protocol import TokenReader
 from . import indices
 from .cache import IndexCache, cache_key
-from .samples import GPTSamples
+from .samples import GPTSamples, sample_position
 
 __all__ = ["Blend"]
 
@@ -173,12 +173,7 @@ class Blend(Sequence[Any]):
         """Sample ``index`` of the blend (a slice gives a list)."""
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
-        n = len(self.dataset_index)
-        i = int(index)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"sample {int(index)} is out of range for a blend of {n:,} samples")
+        i = sample_position(index, len(self.dataset_index), "samples in the blend")
         dataset = self.datasets[int(self.dataset_index[i])]
         return dataset[int(self.dataset_sample_index[i])]
 

@@ -21,6 +21,16 @@ _INDEX_VERSION = 1
 _NAMES = ("document_index", "sample_index", "shuffle_index")
 
 
+def sample_position(index: Any, count: int, what: str = "samples") -> int:
+    """``index`` as a position in ``0..count-1`` (negative counts from the end); IndexError outside."""
+    position = int(index)
+    if position < 0:
+        position += count
+    if not 0 <= position < count:
+        raise IndexError(f"sample {int(index)} is out of range for {count:,} {what}")
+    return position
+
+
 def data_fingerprint(reader: TokenReader, lengths: np.ndarray) -> str:
     """What the indices depend on in the data: the unit lengths (hashed), their count and the token dtype."""
     digest = hashlib.sha256(np.ascontiguousarray(lengths, dtype="<i8").data).hexdigest()
@@ -182,13 +192,7 @@ class GPTSamples(Sequence[np.ndarray]):
         """Sample ``index`` (after shuffling): ``sequence_length + add_extra_token`` ids as int64."""
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
-        n = len(self.shuffle_index)
-        i = int(index)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"sample {int(index)} is out of range for {n:,} samples")
-        return self.unshuffled(int(self.shuffle_index[i]))
+        return self.unshuffled(int(self.shuffle_index[sample_position(index, len(self.shuffle_index))]))
 
     def unshuffled(self, j: int) -> np.ndarray:
         """Sample ``j`` in the order the units are laid out (before :attr:`shuffle_index`)."""
