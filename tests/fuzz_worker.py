@@ -102,14 +102,27 @@ def sources(scratch: Path, case: str) -> list[tuple[Path, list[Path], dict[str, 
             (copy / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(FIXTURES / name, copy / name)
         found.append((copy / target, [copy / n for n in files], options))
+    folder = scratch / f"synthetic-{case}"
+    folder.mkdir(parents=True, exist_ok=True)
     if case not in ("llmc-vocab", "pt", "pt-legacy"):
         found.append(synthetic(scratch, case))
     elif case == "pt":
         from tokformats import pt
 
-        folder = scratch / "synthetic-pt"
-        folder.mkdir(parents=True, exist_ok=True)
         pt.save(np.arange(50), folder / "x.pt", overwrite=True)
+        found.append((folder / "x.pt", [folder / "x.pt"], {}))
+    elif case == "llmc-vocab":
+        from tokformats.formats.llmc_vocab import Vocab
+
+        tokens = [bytes([b]) for b in range(256)] + ["é".encode(), b"the", "😀".encode(), b"<|endoftext|>"]
+        path = Vocab.from_tokens(tokens, eot_token=259).save(folder / "v.bin", overwrite=True)
+        found.append((path, [path], {}))
+    else:  # the legacy (pre-1.6) layout needs torch to write it
+        try:
+            import torch
+        except ImportError:
+            return found
+        torch.save(torch.arange(50), folder / "x.pt", _use_new_zipfile_serialization=False)
         found.append((folder / "x.pt", [folder / "x.pt"], {}))
     return found
 
@@ -158,6 +171,9 @@ def main() -> None:
     case, count, seed, scratch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
     scratch.mkdir(parents=True, exist_ok=True)
     pristine = sources(scratch, case)
+    if not pristine:
+        print(json.dumps({"case": case, "skipped": "no input: no golden files (shared/) and no torch to write one"}))
+        return
     largest = max(p.stat().st_size for _, files, _ in pristine for p in files)
     with open("/proc/self/status") as status:
         used = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))

@@ -18,8 +18,6 @@ import pytest
 import tokformats
 from tokformats.cli import build_parser, main
 
-TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "llmc" / "bytelevel_bpe.tokenizer.json"
-
 
 def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     status = main(args)
@@ -35,7 +33,7 @@ def corpus(tmp_path: Path) -> Path:
 
 
 def test_every_subcommand_on_bad_input_gives_one_line_and_status_2(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tokenizer_path: Path
 ) -> None:
     (tmp_path / "garbage.bin").write_bytes(b"\x01\x02\x03")
     (tmp_path / "folder").mkdir()
@@ -52,7 +50,7 @@ def test_every_subcommand_on_bad_input_gives_one_line_and_status_2(
         ["convert", missing, str(tmp_path / "out"), "--to", "raw"],
         ["merge", missing, "-o", str(tmp_path / "m")],
         ["train-tokenizer", missing, "--vocab-size", "300", "-o", str(tmp_path / "t.json")],
-        ["tokenize", missing, "-t", str(TOKENIZER), "-o", str(tmp_path / "o")],
+        ["tokenize", missing, "-t", str(tokenizer_path), "-o", str(tmp_path / "o")],
         ["tokenize", str(tmp_path / "garbage.bin"), "-t", missing, "-o", str(tmp_path / "o")],
         ["info", missing, "--format", "megatrn"],
     ]
@@ -62,18 +60,18 @@ def test_every_subcommand_on_bad_input_gives_one_line_and_status_2(
         assert err.startswith("tokformats: error: ") and err.count("\n") <= 8 and "Traceback" not in err, (args, err)
 
 
-def test_each_crash_from_the_issue(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_each_crash_from_the_issue(tmp_path: Path, capsys: pytest.CaptureFixture[str], tokenizer_path: Path) -> None:
     texts = tmp_path / "t.jsonl.gz"
     with gzip.open(texts, "wt") as handle:
         for k in range(60):
             handle.write(json.dumps({"text": f"hello world number {k} " * 4}) + "\n")
     # --split with commas now works; four ratios is refused, naming the flag.
     status, out, _ = run(
-        ["tokenize", str(texts), "-t", str(TOKENIZER), "-o", str(tmp_path / "s"), "--split", "0.9,0.1"], capsys
+        ["tokenize", str(texts), "-t", str(tokenizer_path), "-o", str(tmp_path / "s"), "--split", "0.9,0.1"], capsys
     )
     assert status == 0 and "train" in out and "val" in out
     status, _, err = run(
-        ["tokenize", str(texts), "-t", str(TOKENIZER), "-o", str(tmp_path / "s4"), "--split", "8:1:1:1"], capsys
+        ["tokenize", str(texts), "-t", str(tokenizer_path), "-o", str(tmp_path / "s4"), "--split", "8:1:1:1"], capsys
     )
     assert status == 2 and "--split 8:1:1" in err
     # train-tokenizer reads .jsonl.gz like tokenize.
@@ -160,30 +158,34 @@ def test_stats_in_terminal_and_json(corpus: Path, capsys: pytest.CaptureFixture[
         assert reader.stats(top=2) == result
 
 
-def test_head_tail_sample_truncate_and_decode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_head_tail_sample_truncate_and_decode(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tokenizer_path: Path
+) -> None:
     summary = tokformats.tokenize(
-        ["a short one", "x" * 5000, "the last document"], TOKENIZER, tmp_path / "t", "megatron", progress=False
+        ["a short one", "x" * 5000, "the last document"], tokenizer_path, tmp_path / "t", "megatron", progress=False
     )
     path = next(iter(summary["outputs"].values()))["path"]
-    status, out, _ = run(["head", path, "-n", "2", "-t", str(TOKENIZER), "--max-chars", "100"], capsys)
+    status, out, _ = run(["head", path, "-n", "2", "-t", str(tokenizer_path), "--max-chars", "100"], capsys)
     assert status == 0 and "a short one" in out and "more characters; --max-chars 0 prints all" in out
-    status, out, _ = run(["tail", path, "-n", "1", "-t", str(TOKENIZER)], capsys)
+    status, out, _ = run(["tail", path, "-n", "1", "-t", str(tokenizer_path)], capsys)
     assert "document 2 " in out and "the last document" in out
     status, first, _ = run(["sample", path, "-n", "2", "--seed", "3"], capsys)
     status, again, _ = run(["sample", path, "-n", "2", "--seed", "3"], capsys)
     assert first == again and "--- document" in first
     with tokformats.open(path) as reader:
-        assert reader.decode(0, TOKENIZER).startswith("a short one")
+        assert reader.decode(0, tokenizer_path).startswith("a short one")
 
 
-def test_json_on_every_listed_command(tmp_path: Path, corpus: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_json_on_every_listed_command(
+    tmp_path: Path, corpus: Path, capsys: pytest.CaptureFixture[str], tokenizer_path: Path
+) -> None:
     assert isinstance(json.loads(run(["formats", "--json"], capsys)[1]), list)
     merged = json.loads(run(["merge", str(corpus), str(corpus), "-o", str(tmp_path / "m"), "--json"], capsys)[1])
     assert merged["documents"] == 6
     text = tmp_path / "in.txt"
     text.write_text("one\ntwo\n")
     summary = json.loads(
-        run(["tokenize", str(text), "-t", str(TOKENIZER), "-o", str(tmp_path / "k"), "--json"], capsys)[1]
+        run(["tokenize", str(text), "-t", str(tokenizer_path), "-o", str(tmp_path / "k"), "--json"], capsys)[1]
     )
     assert summary["documents"] == 2
 
@@ -200,24 +202,28 @@ def test_help_has_text_for_every_flag_and_an_example() -> None:
                 assert action.help, (name, action.dest)
 
 
-def test_stale_work_folder_overwrite_and_mismatch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_stale_work_folder_overwrite_and_mismatch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tokenizer_path: Path
+) -> None:
     text = tmp_path / "in.jsonl"
     text.write_text("".join(json.dumps({"text": f"line {k}"}) + "\n" for k in range(50)) + "{not json\n")
     with pytest.raises(tokformats.FormatError, match=r"in\.jsonl"):  # a failed run leaves its work folder
-        tokformats.tokenize(text, TOKENIZER, tmp_path / "o", eos="prepend", batch_size=5, checkpoint_every=0)
+        tokformats.tokenize(text, tokenizer_path, tmp_path / "o", eos="prepend", batch_size=5, checkpoint_every=0)
     assert (tmp_path / "o.tokenize").exists()
     text.write_text("".join(json.dumps({"text": f"line {k}"}) + "\n" for k in range(50)))
-    status, _, err = run(["tokenize", str(text), "-t", str(TOKENIZER), "-o", str(tmp_path / "o"), "--resume"], capsys)
+    status, _, err = run(
+        ["tokenize", str(text), "-t", str(tokenizer_path), "-o", str(tmp_path / "o"), "--resume"], capsys
+    )
     assert status == 2 and "eos was 'prepend', now 'append'" in err and "--overwrite to start over" in err
-    status, _, err = run(["tokenize", str(text), "-t", str(TOKENIZER), "-o", str(tmp_path / "o")], capsys)
+    status, _, err = run(["tokenize", str(text), "-t", str(tokenizer_path), "-o", str(tmp_path / "o")], capsys)
     assert status == 2 and "--resume" in err
     status, out, _ = run(
-        ["tokenize", str(text), "-t", str(TOKENIZER), "-o", str(tmp_path / "o"), "--overwrite"], capsys
+        ["tokenize", str(text), "-t", str(tokenizer_path), "-o", str(tmp_path / "o"), "--overwrite"], capsys
     )
     assert status == 0 and "50 documents" in out and not (tmp_path / "o.tokenize").exists()
 
 
-def test_ctrl_c_during_tokenize_says_how_to_resume(tmp_path: Path) -> None:
+def test_ctrl_c_during_tokenize_says_how_to_resume(tmp_path: Path, tokenizer_path: Path) -> None:
     text = tmp_path / "big.txt"
     text.write_text("\n".join(f"document number {k} " * 20 for k in range(200_000)))
     command = [
@@ -227,7 +233,7 @@ def test_ctrl_c_during_tokenize_says_how_to_resume(tmp_path: Path) -> None:
         "tokenize",
         str(text),
         "-t",
-        str(TOKENIZER),
+        str(tokenizer_path),
         "-o",
         str(tmp_path / "b"),
     ]
@@ -242,7 +248,9 @@ def test_ctrl_c_during_tokenize_says_how_to_resume(tmp_path: Path) -> None:
     assert "--resume" in err and "Traceback" not in err
 
 
-def test_progress_counts_encoded_bytes_and_can_be_forced(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_progress_counts_encoded_bytes_and_can_be_forced(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tokenizer_path: Path
+) -> None:
     from tokformats.pipeline import Progress, Stats
 
     class Read:
@@ -254,6 +262,6 @@ def test_progress_counts_encoded_bytes_and_can_be_forced(tmp_path: Path, capsys:
     assert ", 10%," in capsys.readouterr().err
     text = tmp_path / "in.txt"
     text.write_text("one\ntwo\n")
-    args = ["tokenize", str(text), "-t", str(TOKENIZER), "-o", str(tmp_path / "p")]
+    args = ["tokenize", str(text), "-t", str(tokenizer_path), "-o", str(tmp_path / "p")]
     assert run([*args, "--progress"], capsys)[2].count("tokenize: 2 documents") == 1  # stderr is not a terminal
     assert "tokenize:" not in run([*args, "--overwrite", "--no-progress"], capsys)[2]

@@ -76,11 +76,9 @@ def test_convert_into_index_formats_needs_nothing(tmp_path: Path) -> None:
 # -- item 3: tokenize into llm.c follows llm.c's convention ---------------------------------------------------
 
 
-def test_tokenize_into_llmc_prepends_and_reads_back_every_document(tmp_path: Path, fixtures: Path) -> None:
+def test_tokenize_into_llmc_prepends_and_reads_back_every_document(tmp_path: Path, tokenizer_path: Path) -> None:
     texts = ["first document", "", "third one here"]
-    summary = tokformats.tokenize(
-        texts, fixtures / "llmc" / "bytelevel_bpe.tokenizer.json", tmp_path / "t", "llmc", progress=False
-    )
+    summary = tokformats.tokenize(texts, tokenizer_path, tmp_path / "t", "llmc", progress=False)
     (output,) = summary["outputs"].values()
     with tokformats.open(output["files"]) as reader:  # default options
         assert len(reader) == 3 == output["documents"]

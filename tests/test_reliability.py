@@ -290,23 +290,20 @@ def test_files_replaced_after_open_are_never_mixed_in(tmp_path: Path, fmt: str) 
 
 # -- item 3: a resume never rewrites finished output from a damaged work folder -------------------------------------
 
-TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "llmc" / "bytelevel_bpe.tokenizer.json"
 
-
-def unfinished_run(tmp_path: Path) -> Path:
+def unfinished_run(tmp_path: Path, tokenizer_path: Path) -> Path:
     """A run that failed on its last record after checkpointing every batch: its work folder stays."""
     texts = tmp_path / "in.jsonl"
     texts.write_text("".join(json.dumps({"text": f"document {k} " * 30}) + "\n" for k in range(200)) + "{bad\n")
     with pytest.raises(FormatError):
-        tokformats.tokenize(texts, TOKENIZER, tmp_path / "o", progress=False, batch_size=10, checkpoint_every=0)
+        tokformats.tokenize(texts, tokenizer_path, tmp_path / "o", progress=False, batch_size=10, checkpoint_every=0)
     texts.write_text("".join(json.dumps({"text": f"document {k} " * 30}) + "\n" for k in range(200)))
     return texts
 
 
-@pytest.mark.skipif(not TOKENIZER.exists(), reason="golden tokenizer not found beside the repository")
 @pytest.mark.parametrize("damage", ["delete", "truncate", "zero"])
-def test_resume_refuses_a_damaged_spool(tmp_path: Path, damage: str) -> None:
-    texts = unfinished_run(tmp_path)
+def test_resume_refuses_a_damaged_spool(tmp_path: Path, damage: str, tokenizer_path: Path) -> None:
+    texts = unfinished_run(tmp_path, tokenizer_path)
     spool = next((tmp_path / "o.tokenize").rglob("*.tokens"))
     if damage == "delete":
         spool.unlink()
@@ -315,16 +312,15 @@ def test_resume_refuses_a_damaged_spool(tmp_path: Path, damage: str) -> None:
     else:
         spool.write_bytes(b"\x00" * spool.stat().st_size)
     with pytest.raises(FormatError, match="cannot be resumed"):
-        tokformats.tokenize(texts, TOKENIZER, tmp_path / "o", progress=False, resume=True)
+        tokformats.tokenize(texts, tokenizer_path, tmp_path / "o", progress=False, resume=True)
     assert not list(tmp_path.glob("o_*_document.*")), "nothing was published"
-    summary = tokformats.tokenize(texts, TOKENIZER, tmp_path / "o", progress=False, overwrite=True)
+    summary = tokformats.tokenize(texts, tokenizer_path, tmp_path / "o", progress=False, overwrite=True)
     assert summary["documents"] == 200
 
 
-@pytest.mark.skipif(not TOKENIZER.exists(), reason="golden tokenizer not found beside the repository")
-def test_finished_output_is_never_rewritten_by_a_resume(tmp_path: Path) -> None:
-    texts = unfinished_run(tmp_path)
-    tokformats.tokenize(texts, TOKENIZER, tmp_path / "o", progress=False, resume=True)
+def test_finished_output_is_never_rewritten_by_a_resume(tmp_path: Path, tokenizer_path: Path) -> None:
+    texts = unfinished_run(tmp_path, tokenizer_path)
+    tokformats.tokenize(texts, tokenizer_path, tmp_path / "o", progress=False, resume=True)
     published = {p.name: p.read_bytes() for p in tmp_path.glob("o_*")}
     assert published and not (tmp_path / "o.tokenize").exists()
     # A work folder reappearing half-deleted (the old cleanup's failure) holds a "done" checkpoint, no spools.
@@ -333,7 +329,7 @@ def test_finished_output_is_never_rewritten_by_a_resume(tmp_path: Path) -> None:
     checkpoint = {"done": True, "spools": {"text": {"tokens": 99, "documents": 3}}}
     (part / "checkpoint.json").write_text(json.dumps(checkpoint))
     with pytest.raises(FormatError):
-        tokformats.tokenize(texts, TOKENIZER, tmp_path / "o", progress=False, resume=True)
+        tokformats.tokenize(texts, tokenizer_path, tmp_path / "o", progress=False, resume=True)
     assert {p.name: p.read_bytes() for p in tmp_path.glob("o_*")} == published
 
 
