@@ -62,21 +62,28 @@ def create(path: PathLike, format: str, **options: Any) -> Writer[Any]:
     return writer
 
 
-def _corpus_writer(format: str) -> type[TokenWriter]:
+def corpus_writers() -> dict[str, type[TokenWriter]]:
+    """Every registered format that writes token corpora, and its writer class (imports their modules)."""
+    found = {}
+    for name, entry in formats.items():
+        writer = entry.writer
+        if writer is not None and issubclass(writer, TokenWriter):
+            found[name] = writer
+    return found
+
+
+def corpus_writer(format: str) -> type[TokenWriter]:
+    """The writer class of corpus format ``format``; :class:`UnknownFormatError` for others (a vocabulary)."""
     writer_class = descriptor(format).writer
     if writer_class is None or not issubclass(writer_class, TokenWriter):
-        raise UnknownFormatError(f"format {format!r} does not store token corpora; convert into a corpus format.")
+        names = ", ".join(corpus_writers())
+        raise UnknownFormatError(f"format {format!r} does not store token corpora; use one of {names}.")
     return writer_class
 
 
 def _index_formats() -> str:
-    """Names of the writable formats that store document boundaries (for messages)."""
-    names = []
-    for name, entry in formats.items():
-        writer = entry.writer
-        if writer is not None and issubclass(writer, TokenWriter) and writer.boundaries == "index":
-            names.append(name)
-    return ", ".join(names)
+    """Names of the corpus formats that store document boundaries (for messages)."""
+    return ", ".join(name for name, writer in corpus_writers().items() if writer.boundaries == "index")
 
 
 def convert(
@@ -110,7 +117,7 @@ def convert(
         ``{"documents", "tokens", "files", "delimiters_added", "read_with"}``: what the destination reads back,
         and the reader options to open it with (``{"eos": 50256}``, ...; empty when none are needed).
     """
-    writer_class = _corpus_writer(format)
+    writer_class = corpus_writer(format)
     reader = open(source, format=source_format, **(source_options or {}))
     if not isinstance(reader, TokenReader):
         raise UnknownFormatError(f"{source} is not a token corpus ({reader.format}); only corpora can be converted.")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .arrays import TokenArray
-from .documents import add_delimiter
+from .documents import add_delimiter, offsets_from_lengths
 from .errors import ConfigError, FormatError, option
 
 __all__ = ["Delimiter", "choose_delimiter", "delimit"]
@@ -97,9 +97,7 @@ def delimit(
     document (so never inside one); else :class:`FormatError` names the first document that would split.
     """
     lengths = np.asarray(lengths, dtype=np.int64)
-    starts = np.zeros(len(lengths), dtype=np.int64)
-    if len(lengths) > 1:
-        np.cumsum(lengths[:-1], out=starts[1:])
+    starts = offsets_from_lengths(lengths)[:-1]
     nonempty = lengths > 0
     edge_places = (starts + lengths - 1) if delimiter.kind == "eos" else starts
     has = np.zeros(len(lengths), dtype=bool)
@@ -108,7 +106,7 @@ def delimit(
     if check:
         hits = new_flat == delimiter.id
         if int(np.count_nonzero(hits)) != len(new_lengths):
-            per_document = np.add.reduceat(hits, np.concatenate([[0], np.cumsum(new_lengths)[:-1]]).astype(np.int64))
+            per_document = np.add.reduceat(hits, offsets_from_lengths(new_lengths)[:-1])
             per_document[new_lengths == 0] = 0
             bad = int(np.flatnonzero(per_document != 1)[0])
             raise FormatError(

@@ -39,6 +39,7 @@ def describe(reader: Reader[Any], *, scan: bool = True) -> dict[str, Any]:
         "files": [str(f) for f in files],
         "bytes_on_disk": int(sum(f.stat().st_size for f in files if f.exists())),
     }
+    warnings = list(reader.warnings)
     if isinstance(reader, TokenReader):
         info["documents"] = len(reader)
         info["tokens"] = reader.num_tokens
@@ -47,7 +48,7 @@ def describe(reader: Reader[Any], *, scan: bool = True) -> dict[str, Any]:
             info["min_id"], info["max_id"] = _extremes(reader)
         delimiter = next((getattr(reader, k) for k in ("eos", "bos") if getattr(reader, k, None) is not None), None)
         if delimiter is not None and len(reader) <= 1 and reader.num_tokens > 1:
-            reader.warnings.append(
+            warnings.append(
                 f"the delimiter {delimiter} never occurs inside the stream, so it reads as one document; if its "
                 "documents are marked by another id, pass it (--eos / --bos)."
             )
@@ -61,7 +62,7 @@ def describe(reader: Reader[Any], *, scan: bool = True) -> dict[str, Any]:
     else:
         info["items"] = len(reader)
     info["metadata"] = _jsonable(reader.metadata)
-    info["warnings"] = list(reader.warnings)
+    info["warnings"] = warnings
     return info
 
 

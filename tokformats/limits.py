@@ -50,7 +50,8 @@ def is_regular(path: Path) -> bool:
 def require_regular(path: Path) -> int:
     """The size of regular file ``path``; :class:`FormatError` for a FIFO, device or socket (which would block or
     never end), ``FileNotFoundError`` when it does not exist."""
-    mode = os.stat(path).st_mode
+    info = os.stat(path)
+    mode = info.st_mode
     if not stat.S_ISREG(mode):
         kind = (
             "a FIFO"
@@ -64,7 +65,7 @@ def require_regular(path: Path) -> int:
             else "not a regular file"
         )
         raise FormatError(f"{path} is {kind}; tokformats reads datasets from regular files.")
-    return os.stat(path).st_size
+    return info.st_size
 
 
 def read_file(path: Path) -> bytes:

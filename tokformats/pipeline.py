@@ -42,7 +42,6 @@ from .documents import add_delimiter, document_runs, offsets_from_lengths
 from .dtypes import dtype_for_vocab
 from .errors import ConfigError, FormatError, OutputExistsError, option
 from .protocol import TokenWriter
-from .registry import descriptor as format_descriptor
 from .sources import Input, Record, SourceError, iter_records, resolve_inputs
 from .tokenizer import END_OF_TEXT, load_tokenizer
 
@@ -111,18 +110,11 @@ def _stream_name(key: str, split: str) -> str:
     return "-".join(part for part in (key, split) if part) or "all"
 
 
-def _writer_class(format: str) -> type[TokenWriter]:
-    writer = format_descriptor(format).writer
-    if writer is None or not issubclass(writer, TokenWriter):
-        raise FormatError(f"format {format!r} cannot be written as a token corpus.")
-    return writer
-
-
 def output_paths(output: Any, format: str, keys: list[str], splits: list[str]) -> dict[tuple[str, str], Path]:
     """Where each (key, split) stream is written: the format's :meth:`TokenWriter.output_path` (``OUTPUT`` plus
     ``_KEY`` when several text keys are tokenized and ``_SPLIT`` when splitting, unless the format names its files
     its own way)."""
-    writer = _writer_class(format)
+    writer = api.corpus_writer(format)
     return {
         (key, split): writer.output_path(output, key, split or None, len(keys) > 1) for key in keys for split in splits
     }
@@ -331,11 +323,13 @@ def _encode(tokenizer: Any, texts: list[str], dtype: np.dtype) -> tuple[np.ndarr
     return flat, lengths
 
 
-def _add_eos(plan: Plan, flat: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _add_eos(
+    plan: Plan, flat: np.ndarray, lengths: np.ndarray, delimit_empty: bool
+) -> tuple[np.ndarray, np.ndarray]:
     if plan.eos == "none" or plan.eos_id is None:
         return flat, lengths
     # Some owners add no end-of-document id to an empty document (Megatron's preprocess_data).
-    only = None if _writer_class(plan.format).delimit_empty_documents else lengths > 0
+    only = None if delimit_empty else lengths > 0
     return add_delimiter(flat, lengths, plan.eos_id, before=plan.eos == "prepend", only=only)
 
 
@@ -416,6 +410,7 @@ def _encode_partition(
     stop = threading.Event()
     reader = threading.Thread(target=_batches, args=(records, batch_size, batches, stop, counters), daemon=True)
     reader.start()
+    delimit_empty = api.corpus_writer(plan.format).delimit_empty_documents
     fractions = list(plan.split.values()) if plan.split else [1.0]
     last_save = time.perf_counter()
     try:
@@ -447,7 +442,7 @@ def _encode_partition(
                 )
                 for k, key in enumerate(plan.keys):
                     flat, lengths = _encode(tokenizer, [r.texts[k] for r in good if r.texts], dtype)
-                    flat, lengths = _add_eos(plan, flat, lengths)
+                    flat, lengths = _add_eos(plan, flat, lengths, delimit_empty)
                     if len(fractions) == 1:
                         spools[(key, plan.splits[0])].append(flat, lengths)
                     else:
@@ -564,7 +559,7 @@ def tokenize(
         **writer_options: passed to the format's writer (``shard_size``, ``tokens_per_shard``, ``dtype``, ...).
     """
     started = time.perf_counter()
-    writer_class = _writer_class(format)
+    writer_class = api.corpus_writer(format)
     if eos is None:
         eos = "prepend" if writer_class.boundaries == "bos" else "append"
     if eos not in EOS_MODES:

@@ -54,12 +54,7 @@ class FormatTrip:
 
 def _trips() -> list[FormatTrip]:
     """Every writable corpus format in the registry (plugins included)."""
-    trips = []
-    for name, entry in formats.items():
-        writer = entry.writer
-        if writer is not None and issubclass(writer, TokenWriter):
-            trips.append(FormatTrip(name, writer, entry.detectable))
-    return trips
+    return [FormatTrip(name, writer, formats[name].detectable) for name, writer in api.corpus_writers().items()]
 
 
 def _open_output(output: dict[str, Any], options: dict[str, Any]) -> Any:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from ..arrays import ConcatenatedArray, TokenArray, map_file
+from ..arrays import ConcatenatedArray, TokenArray
 from ..documents import add_delimiter, split_offsets
 from ..dtypes import check_id, resolve_dtype
 from ..errors import FormatError, HeaderError, NoFilesError, SizeMismatchError
@@ -224,8 +224,7 @@ class Reader(TokenReader):
         first_shard = next((k for k, n in enumerate(self._counts) if n), None)
         if first_shard is None:
             return self.family.delimiter, "family"
-        head = map_file(self._paths[first_shard], self.family.dtype, HEADER_BYTES, self._counts[first_shard])
-        probe = np.asarray(head[:DELIMITER_PROBE])
+        probe = np.asarray(self.shards[first_shard][:DELIMITER_PROBE])
         if probe[0] == self.family.delimiter or (probe == self.family.delimiter).any():
             return self.family.delimiter, "family"
         return int(probe[0]), "first token"

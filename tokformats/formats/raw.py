@@ -139,8 +139,7 @@ class Reader(TokenReader):
         self.bos = bos
         self._pin(self._path)
         self.tokens  # noqa: B018 - map now: what was validated is what is read
-        with open(self._path, "rb") as handle:
-            problem = implausible(handle.read(1 << 16), self._dtype)
+        problem = implausible(self.tokens.view(np.uint8)[: 1 << 16].tobytes(), self._dtype)
         if problem:
             self.warnings.append(f"{self._path}: {problem}.")
             warnings.warn(DataWarning(self.warnings[-1]), stacklevel=3)
