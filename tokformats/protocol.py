@@ -34,10 +34,20 @@ from .documents import document_runs, offsets_from_lengths
 from .dtypes import as_token_array, check_lengths, check_tokens
 from .errors import FormatError, SizeMismatchError
 
-__all__ = ["Reader", "TokenReader", "Writer", "TokenWriter", "PathLike"]
+__all__ = ["Reader", "TokenReader", "Writer", "TokenWriter", "PathLike", "checked_position"]
 
 PathLike = str | os.PathLike[str]
 Item = TypeVar("Item")
+
+
+def checked_position(key: Any, count: int, what: str, unit: str, where: str = "") -> int:
+    """``key`` as a position in ``0..count-1`` (negative counts from the end), or IndexError naming it:
+    "``{what} {key} is out of range for {count} {unit}{where}``"."""
+    index = operator.index(key)
+    position = index + count if index < 0 else index
+    if not 0 <= position < count:
+        raise IndexError(f"{what} {index} is out of range for {count:,} {unit}{where}")
+    return position
 
 
 def _public_name(cls: type) -> str:
@@ -96,7 +106,7 @@ class Reader(ABC, Generic[Item]):
             raise TypeError(
                 f"{type(self).__name__} indices must be integers or slices, not {type(key).__name__}"
             ) from None
-        if index < 0:
+        if index < 0:  # inline, not checked_position(): this is every document read's path
             index += n
         if not 0 <= index < n:
             raise IndexError(f"index {operator.index(key)} is out of range for {n} items in {self.path}")

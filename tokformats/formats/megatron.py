@@ -38,7 +38,7 @@ from ..documents import offsets_from_lengths
 from ..dtypes import as_token_array, little_endian, resolve_dtype
 from ..errors import DTypeError, FormatError, HeaderError, NoFilesError, SizeMismatchError
 from ..oscopy import append_file
-from ..protocol import PathLike, TokenReader, TokenWriter
+from ..protocol import PathLike, TokenReader, TokenWriter, checked_position
 from ..registry import read_head
 
 if TYPE_CHECKING:
@@ -113,13 +113,7 @@ class Sequences(Sequence[np.ndarray]):
         return self.get(self._index(key))
 
     def _index(self, key: Any) -> int:
-        n = len(self)
-        index = int(key)
-        if index < 0:
-            index += n
-        if not 0 <= index < n:
-            raise IndexError(f"sequence {int(key)} is out of range for {n} sequences in {self._reader.path}")
-        return index
+        return checked_position(int(key), len(self), "sequence", "sequences", f" in {self._reader.path}")
 
     def get(self, index: int, offset: int = 0, length: int | None = None) -> np.ndarray:
         """Tokens ``offset .. offset + length`` of sequence ``index`` (``IndexedDataset.get``, bounds-checked)."""

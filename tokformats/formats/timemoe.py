@@ -40,7 +40,7 @@ from ..documents import offsets_from_lengths
 from ..dtypes import as_token_array, dtype_for_vocab, parse_dtype
 from ..errors import ConfigError, DTypeError, FormatError, HeaderError, NoFilesError, SizeMismatchError
 from ..limits import read_json_object
-from ..protocol import PathLike, TokenReader, TokenWriter
+from ..protocol import PathLike, TokenReader, TokenWriter, checked_position
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -501,10 +501,7 @@ class Windows:
         return np.array(self._transformed[1][start:stop], dtype=np.float32)
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        if index < 0:
-            index += self._count
-        if not 0 <= index < self._count:
-            raise IndexError(f"window {index} is out of range for {self._count} windows")
+        index = checked_position(index, self._count, "window", "windows")
         sequence, start = self.locate(index)
         if self.transform is not None:
             values = self._transformed_values(sequence, start, start + self.window + 1)

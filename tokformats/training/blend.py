@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from ..protocol import TokenReader
+from ..protocol import TokenReader, checked_position
 from . import indices
 from .cache import IndexCache, cache_key
-from .samples import GPTSamples, sample_position
+from .samples import GPTSamples
 
 __all__ = ["Blend"]
 
@@ -173,7 +173,7 @@ class Blend(Sequence[Any]):
         """Sample ``index`` of the blend (a slice gives a list)."""
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
-        i = sample_position(index, len(self.dataset_index), "samples in the blend")
+        i = checked_position(index, len(self), "sample", "samples in the blend")
         dataset = self.datasets[int(self.dataset_index[i])]
         return dataset[int(self.dataset_sample_index[i])]
 

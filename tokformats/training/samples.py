@@ -10,7 +10,7 @@ from typing import Any, overload
 import numpy as np
 
 from ..errors import ConfigError, FormatError
-from ..protocol import TokenReader
+from ..protocol import TokenReader, checked_position
 from . import indices
 from .cache import IndexCache, cache_key
 
@@ -19,16 +19,6 @@ __all__ = ["GPTSamples"]
 #: Bumped whenever the arrays built for the same options change, so that old cache entries are not reused.
 _INDEX_VERSION = 1
 _NAMES = ("document_index", "sample_index", "shuffle_index")
-
-
-def sample_position(index: Any, count: int, what: str = "samples") -> int:
-    """``index`` as a position in ``0..count-1`` (negative counts from the end); IndexError outside."""
-    position = int(index)
-    if position < 0:
-        position += count
-    if not 0 <= position < count:
-        raise IndexError(f"sample {int(index)} is out of range for {count:,} {what}")
-    return position
 
 
 def data_fingerprint(reader: TokenReader, lengths: np.ndarray) -> str:
@@ -192,7 +182,7 @@ class GPTSamples(Sequence[np.ndarray]):
         """Sample ``index`` (after shuffling): ``sequence_length + add_extra_token`` ids as int64."""
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
-        return self.unshuffled(int(self.shuffle_index[sample_position(index, len(self.shuffle_index))]))
+        return self.unshuffled(int(self.shuffle_index[checked_position(index, len(self), "sample", "samples")]))
 
     def unshuffled(self, j: int) -> np.ndarray:
         """Sample ``j`` in the order the units are laid out (before :attr:`shuffle_index`)."""
