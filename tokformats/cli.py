@@ -206,14 +206,13 @@ def _print_documents(args: argparse.Namespace, pick: Callable[[int], list[int]])
         for k in pick(len(reader)):
             document = reader[k]
             print(f"--- document {k:,} ({len(document):,} tokens) ---")
-            if decode is not None:
-                print(_truncate(decode(document), args.max_chars))
-            else:
-                print(
-                    _truncate(
-                        " ".join(str(i) for i in document[: max(args.max_chars, 0) or None].tolist()), args.max_chars
-                    )
-                )
+            # Without a decoder, the ids; no more of them than characters will be shown.
+            shown = (
+                decode(document)
+                if decode is not None
+                else " ".join(map(str, document[: max(args.max_chars, 0) or None].tolist()))
+            )
+            print(_truncate(shown, args.max_chars))
     return 0
 
 

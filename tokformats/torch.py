@@ -72,8 +72,8 @@ class IterableDataset(torch.utils.data.IterableDataset):
 
     Args:
         samples: the sample sequence (``GPTSamples``, ``Blend``, windows, ...).
-        global_batch_size / micro_batch_size / rank / world_size / drop_last / shuffle / seed: as
-            :class:`~tokformats.training.BatchSampler`.
+        global_batch_size / micro_batch_size / rank / world_size: as :class:`~tokformats.training.BatchSampler`;
+        **sampler_options: its keyword options (``drop_last``, ``shuffle``, ``seed``).
     """
 
     def __init__(
@@ -83,22 +83,10 @@ class IterableDataset(torch.utils.data.IterableDataset):
         micro_batch_size: int,
         rank: int = 0,
         world_size: int = 1,
-        *,
-        drop_last: bool = True,
-        shuffle: bool = False,
-        seed: int = 0,
+        **sampler_options: Any,
     ) -> None:
         self.samples = samples
-        self.sampler = BatchSampler(
-            samples,
-            global_batch_size,
-            micro_batch_size,
-            rank,
-            world_size,
-            drop_last=drop_last,
-            shuffle=shuffle,
-            seed=seed,
-        )
+        self.sampler = BatchSampler(samples, global_batch_size, micro_batch_size, rank, world_size, **sampler_options)
         self._anchor = 0  # the step worker 0 starts at: workers deal steps round-robin from it
 
     def __len__(self) -> int:

@@ -23,8 +23,8 @@ _NAMES = ("document_index", "sample_index", "shuffle_index")
 
 def data_fingerprint(reader: TokenReader, lengths: np.ndarray) -> str:
     """What the indices depend on in the data: the unit lengths (hashed), their count and the token dtype."""
-    digest = hashlib.sha256(np.ascontiguousarray(lengths, dtype="<i8").data).hexdigest()
-    return f"{reader.format}:{reader.dtype.name}:{len(lengths)}:{digest[:32]}"
+    digest = hashlib.sha256(np.ascontiguousarray(lengths).data).hexdigest()  # as stored: no int64 copy
+    return f"{reader.format}:{reader.dtype.name}:{len(lengths)}:{lengths.dtype.str}:{digest[:32]}"
 
 
 class GPTSamples(Sequence[np.ndarray]):
