@@ -245,3 +245,19 @@ def test_kills_during_convert_merge_and_tokenize(tmp_path: Path, operation: str)
         assert run(folder / "out", -1) == 0  # the rerun recovers without help
         assert seen(folder / "out") == new
         assert leftovers(folder) == [], leftovers(folder)
+
+
+def test_a_reader_built_directly_completes_an_interrupted_commit(tmp_path: Path) -> None:
+    """Not only tokformats.open: every reader (a DataLoader worker unpickling one, say) finishes the commit first."""
+    from tokformats import megatron
+
+    for name, start in (("old", 1), ("new", 500)):
+        (tmp_path / name).mkdir()
+        with tokformats.create(tmp_path / name / "d", "megatron", vocab_size=1000) as writer:
+            writer.write_batch(np.arange(start, start + 20) % 900 + 1, [10, 10])
+    expected = [d.tolist() for d in tokformats.open(tmp_path / "new" / "d")]
+    renames = [[str(tmp_path / "new" / f"d{s}"), str(tmp_path / "old" / f"d{s}")] for s in (".bin", ".idx")]
+    (tmp_path / "old" / ".tokformats-commit.json").write_text(json.dumps({"renames": renames, "remove": []}))
+    with megatron.Reader(tmp_path / "old" / "d") as reader:
+        assert [d.tolist() for d in reader] == expected
+    assert not (tmp_path / "old" / ".tokformats-commit.json").exists()

@@ -6,7 +6,8 @@ from typing import Any
 
 from .boundaries import choose_delimiter, delimit
 from .documents import document_runs
-from .errors import DTypeError, FormatError, NoFilesError, UnknownFormatError
+from .errors import DTypeError, FormatError, UnknownFormatError
+from .journal import recover_near
 from .protocol import PathLike, Reader, TokenReader, TokenWriter, Writer
 from .registry import descriptor, detect, formats
 
@@ -24,25 +25,11 @@ def open(path: Any, format: str | None = None, **options: Any) -> Reader[Any]:
     Returns:
         The format's reader. Use it as a context manager, or call ``close()``.
     """
-    _finish_interrupted_commits(path)
+    if format is None:
+        recover_near(path)  # detection reads the files: a killed writer's commit is completed first
     name = format if format is not None else detect(path)
     reader: Reader[Any] = descriptor(name).reader(path, **options)
     return reader
-
-
-def _finish_interrupted_commits(path: Any) -> None:
-    """Complete any commit a killed writer left beside (or inside) what is being opened, so that a dataset is
-    read whole, old or new, never half of each."""
-    from .journal import recover
-    from .registry import expand_paths
-
-    try:
-        paths = expand_paths(path)
-    except NoFilesError:
-        return
-    folders = {p.parent for p in paths} | {p for p in paths if p.is_dir()}
-    for folder in sorted(folders):
-        recover(folder)
 
 
 def create(path: PathLike, format: str, **options: Any) -> Writer[Any]:

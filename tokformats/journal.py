@@ -34,6 +34,7 @@ __all__ = [
     "recover",
     "temporary_name",
     "dead_temporaries",
+    "recover_near",
     "remove_dead_temporaries",
 ]
 
@@ -192,3 +193,16 @@ def _recover_locked(journal: Path) -> list[Path]:
             ) from None
         done.append(journal)
     return done
+
+
+def recover_near(path: object) -> None:
+    """Complete the commits a killed writer left beside (or inside) ``path`` (a file, prefix, folder, glob or
+    list), so that what is opened there is read whole, old or new, never half of each. One ``stat`` per folder."""
+    from .registry import expand_paths
+
+    try:
+        paths = expand_paths(path)
+    except (FormatError, TypeError):  # nothing there (the reader says so), or not a path at all
+        return
+    for folder in sorted({p.parent for p in paths} | {p for p in paths if p.is_dir()}):
+        recover(folder)

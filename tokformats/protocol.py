@@ -26,6 +26,7 @@ import numpy as np
 
 from .arrays import TokenArray, map_file
 from .atomic import AtomicFiles, naming_output
+from .journal import recover_near
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -72,6 +73,8 @@ class Reader(ABC, Generic[Item]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._init_args = args
         self._init_kwargs = kwargs
+        if args:  # the path: a commit a killed writer left there is completed before anything is read
+            recover_near(args[0])
         #: What looks wrong about the data though it opens (``tokformats info`` prints these).
         self.warnings: list[str] = []
 
