@@ -255,3 +255,24 @@ def test_sample_index_equals_helpers_on_random_lengths(megatron: Any) -> None:
         np.testing.assert_array_equal(ours, theirs)
         compared += 1
     assert compared > 1000
+
+
+def test_sample_index_in_small_chunks_equals_helpers(megatron: Any) -> None:
+    """The walk over the document index in chunks (boundaries anywhere, empty documents at them) is the same."""
+    rng = np.random.default_rng(5)
+    for trial in range(400):
+        n = int(rng.integers(1, 80))
+        sizes = rng.integers(0, int(rng.choice([3, 20, 200])), n).astype(np.int32)
+        sequence_length, extra = int(rng.integers(2, 50)), int(rng.integers(0, 2))
+        drop, epochs = bool(rng.integers(0, 2)), int(rng.integers(1, 4))
+        tokens = int(sizes.sum())
+        if epochs * tokens - extra < 1:
+            continue
+        doc = indices.document_index(np.arange(n, dtype=np.int32), epochs, np.random.RandomState(trial), False)
+        try:
+            theirs = megatron.helpers.build_sample_idx(sizes, doc, sequence_length, epochs, tokens, drop, extra)
+        except AssertionError:  # megatron-core's own check (see test_sample_index_equals_helpers_on_random_lengths)
+            continue
+        chunk = int(rng.integers(1, 12))
+        ours = indices.sample_index(sizes, doc, sequence_length, epochs, tokens, drop, extra, chunk=chunk)
+        np.testing.assert_array_equal(ours, theirs, err_msg=f"trial {trial}, chunk {chunk}")

@@ -151,12 +151,16 @@ def sample_index(
     tokens_per_epoch: int,
     drop_last_partial: bool = True,
     extra: int = 1,
+    *,
+    chunk: int = 1 << 20,
 ) -> np.ndarray:
     """``(samples + 1, 2)`` rows ``(position in doc_index, offset)`` where each sample starts: ``build_sample_idx``.
 
     Sample ``i`` starts at token ``i * sequence_length`` of the documents laid out in ``doc_index`` order, so its
     row is the position whose cumulative end first reaches ``i * sequence_length + extra`` (a sample takes
-    ``extra`` tokens past its end), and a kept partial last sample points at the last document's end.
+    ``extra`` tokens past its end), and a kept partial last sample points at the last document's end. The walk
+    takes ``chunk`` positions at a time, so its temporaries stay small and are reused (fresh pages cost more than
+    the arithmetic).
     """
     n = num_samples_of(epochs * tokens_per_epoch, sequence_length, extra, drop_last_partial)
     top = max(len(doc_index), int(sizes.max()) if len(sizes) else 0)
@@ -164,18 +168,32 @@ def sample_index(
     rows = np.zeros((n + 1, 2), dtype=dtype)
     if n == 0 or len(doc_index) == 0:
         return rows
-    ends = sizes[doc_index].astype(np.int64)
-    np.cumsum(ends, out=ends)
-    starts = np.arange(1, n + 1, dtype=np.int64)
-    starts *= sequence_length  # where samples 1..n start
-    position = np.searchsorted(ends, starts + extra, side="left")
-    past = position >= len(doc_index)
-    position[past] = len(doc_index) - 1
-    first_token = ends[position] - sizes[doc_index[position]]
-    offset = starts - first_token
-    offset[past] = int(sizes[doc_index[-1]]) - extra
-    rows[1:, 0] = position
-    rows[1:, 1] = offset
+    if len(doc_index) * 2 > len(sizes):
+        # Dense access: one sequential read of the (memory-mapped) lengths beats random page faults, as
+        # GPTDataset copies them before its C++ walk.
+        sizes = np.array(sizes)
+    buffer = np.empty(min(chunk, len(doc_index)), dtype=np.int64)
+    before = 0  # tokens of the positions already walked
+    done = 0  # rows 1..done are filled
+    for low in range(0, len(doc_index), chunk):
+        part = doc_index[low : low + chunk]
+        ends = buffer[: len(part)]
+        ends[:] = sizes[part]
+        np.cumsum(ends, out=ends)
+        ends += before
+        # Samples whose first token past their end (i * seq + extra) falls within this chunk.
+        last = min(n, (int(ends[-1]) - extra) // sequence_length)
+        if last > done:
+            starts = np.arange(done + 1, last + 1, dtype=np.int64)
+            starts *= sequence_length
+            position = np.searchsorted(ends, starts + extra, side="left")
+            rows[done + 1 : last + 1, 0] = position + low
+            rows[done + 1 : last + 1, 1] = starts - (ends[position] - sizes[part[position]])
+            done = last
+        before = int(ends[-1])
+    if done < n:  # a kept partial last sample points at the last document's end
+        rows[done + 1 :, 0] = len(doc_index) - 1
+        rows[done + 1 :, 1] = int(sizes[doc_index[-1]]) - extra
     return rows
 
 
