@@ -8,18 +8,28 @@ import pytest
 
 from tokformats.testing import random_corpus
 
-__all__ = ["FIXTURES", "random_corpus"]
+__all__ = ["FIXTURES", "GOLDENS", "SHARED_GOLDENS", "random_corpus"]
 
 #: Golden files written by the owners' tools (read-only, never regenerated): ``shared/`` beside the repository.
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+#: The project's own golden files, written by the owners' tools through ``tests/make_goldens.py``; ``shared/`` holds
+#: a copy of ``FIXTURES`` so that a clone alone runs every golden test.
+GOLDENS = Path(__file__).resolve().parent / "data"
+#: Where the shared golden files are read from: the reference when present, else the committed copy.
+SHARED_GOLDENS = FIXTURES if FIXTURES.is_dir() else GOLDENS / "shared"
 
 
 @pytest.fixture(scope="session")
 def fixtures() -> Path:
-    """The ``shared/fixtures`` folder; tests that need it skip with a reason when it is missing."""
-    if not FIXTURES.is_dir():
-        pytest.skip(f"golden files not found at {FIXTURES} (shared/ must sit beside the repository)")
-    return FIXTURES
+    """The shared golden files: ``shared/fixtures`` beside the repository when it is there (the reference), else
+    the copy committed in ``tests/data/shared``."""
+    return SHARED_GOLDENS
+
+
+@pytest.fixture(scope="session")
+def goldens() -> Path:
+    """``tests/data``: golden files of the formats ``shared/fixtures`` does not cover."""
+    return GOLDENS
 
 
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import tokformats
 from tokformats import FormatError
 
-from .conftest import FIXTURES
+from .conftest import SHARED_GOLDENS as FIXTURES
 from .fuzz_worker import GOLDEN as CASES
 
 
@@ -28,7 +28,6 @@ def touch_everything(reader: Any) -> None:
         reader.lengths.sum()
 
 
-@pytest.mark.skipif(not FIXTURES.is_dir(), reason="golden files not found beside the repository")
 @pytest.mark.parametrize("case", sorted(CASES))
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())

@@ -101,8 +101,9 @@ def convert(
     Values are copied as stored: Time-MoE sequences stored normalised stay normalised.
 
     Returns:
-        ``{"documents", "tokens", "files", "delimiters_added", "read_with"}``: what the destination reads back,
-        and the reader options to open it with (``{"eos": 50256}``, ...; empty when none are needed).
+        ``{"documents", "tokens", "dtype", "files", "delimiters_added", "read_with"}``: what the destination reads
+        back, its token dtype, and the reader options to open it with (``{"eos": 50256}``, ...; empty when none
+        are needed).
     """
     writer_class = corpus_writer(format)
     reader = open(source, format=source_format, **(source_options or {}))
@@ -153,6 +154,7 @@ def convert(
         return {
             "documents": documents,
             "tokens": reader.num_tokens + added,
+            "dtype": writer.dtype.name,
             "files": writer.written,
             "delimiters_added": added,
             "read_with": read_with,

@@ -540,7 +540,7 @@ def tokenize(
             iterable of strings (a ``datasets.Dataset`` column works).
         tokenizer: a ``tokenizers.Tokenizer``, a ``tokenizer.json``, or a folder holding one.
         output: the output path prefix (see :func:`output_paths` for the names).
-        format: any writable format: ``megatron``, ``llmc``, ``raw``, ``pt``, ``timemoe``.
+        format: any corpus format with a writer (``tokformats.formats`` lists them).
         text_key: JSON/Parquet key(s) holding the text; several keys give several outputs.
         eos: ``append`` the end-of-text id after each document, ``prepend`` it, or ``none``; by default the
             format's own convention (llm.c: ``prepend``, as its writers do; the others: ``append``).

@@ -17,6 +17,10 @@ _BUILTIN = (
     ("megatron", "Megatron-LM indexed dataset (PREFIX.bin + PREFIX.idx)", (".bin", ".idx"), True),
     ("pt", "PyTorch .pt token shards, or a folder of shard_N.pt + manifest.json", (".pt",), True),
     ("timemoe", "Time-MoE / Time-300B folder: meta.json + data-K-of-N.bin", (), True),
+    ("datatrove", "HF datatrove token files: NAME.ds + NAME.ds.index (+ .ds.loss, .ds.metadata)", (".ds",), True),
+    ("litdata", "litdata TokensLoader folder: index.json + chunk-R-K.bin", (".json",), True),
+    ("hf", "HF datasets save_to_disk folder with a token column (input_ids)", (".arrow",), True),
+    ("dolma", "OLMo / dolma token memmaps: headerless NAME.npy + NAME.csv.gz", (".npy",), True),
     (
         "sequences",
         "single-file sequence dataset (.json, .jsonl, .npy, .npz, .npy.gz)",

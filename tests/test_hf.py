@@ -1,0 +1,114 @@
+"""HF ``save_to_disk`` folders: ``datasets``' own output read zero-copy and exactly, ours opened by
+``datasets.load_from_disk``, DatasetDict refusal, damaged offsets refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tokformats
+from tokformats import FormatError
+from tokformats.testing import TokenFormatTests, random_corpus
+
+pytest.importorskip("pyarrow", reason="the hf format needs pyarrow (pip install 'tokformats[hf]')")
+
+from tokformats.formats import hf
+
+
+class TestHFConformance(TokenFormatTests):
+    format = "hf"
+    dtypes = ("int32", "int64", "uint16")
+
+
+def _expected(goldens: Path) -> dict[str, Any]:
+    return json.loads((goldens / "hf" / "expected.json").read_text())
+
+
+def test_golden_folder_reads_exactly_and_zero_copy(goldens: Path) -> None:
+    facts = _expected(goldens)
+    folder = goldens / "hf" / "plain"
+    assert tokformats.detect(folder) == "hf"
+    with tokformats.open(folder) as reader:
+        assert isinstance(reader, hf.Reader)
+        assert reader.dtype == np.dtype(facts["dtype"])
+        assert len(reader) == len(facts["documents"])
+        assert [d.tolist() for d in reader] == facts["documents"]
+        assert len(reader.files) == 2 and reader.metadata["record_batches"] == 4
+        document = reader[1500]
+        assert document.base is not None and not document.flags.owndata  # a view of the mapped file
+        assert reader.problems() == []
+
+
+def test_datasetdict_is_refused_naming_its_splits(goldens: Path) -> None:
+    folder = goldens / "hf" / "dict"
+    assert tokformats.detect(folder) == "hf"
+    with pytest.raises(FormatError, match=r"DatasetDict; open one split's folder: .*train.*test"):
+        tokformats.open(folder)
+    with tokformats.open(folder / "train") as reader:
+        assert reader.dtype == np.dtype(_expected(goldens)["dict_dtype"])
+        assert [d.tolist() for d in reader] == _expected(goldens)["documents"][:50]
+
+
+def test_other_column_and_missing_column(tmp_path: Path) -> None:
+    with tokformats.create(tmp_path / "d", "hf", vocab_size=100, column="tokens") as writer:
+        writer.write([1, 2])
+    with pytest.raises(FormatError, match=r"no column 'input_ids'.*\['tokens'\].*column=NAME"):
+        tokformats.open(tmp_path / "d")
+    with tokformats.open(tmp_path / "d", column="tokens") as reader:
+        assert reader[0].tolist() == [1, 2]
+
+
+def test_damaged_offsets_are_an_error(tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    folder = tmp_path / "d"
+    with tokformats.create(folder, "hf", vocab_size=100) as writer:
+        writer.write_batch(np.arange(10), [3, 3, 4])
+    arrow = next(folder.glob("*.arrow"))
+    data = bytearray(arrow.read_bytes())
+    offsets = np.array([0, 3, 6, 10], dtype="<i4").tobytes()
+    at = data.find(offsets)
+    assert at > 0
+    data[at + 4 : at + 8] = np.array([7], dtype="<i4").tobytes()  # 0, 7, 6, 10: backwards
+    arrow.write_bytes(bytes(data))
+    try:
+        reader = tokformats.open(folder)
+    except (FormatError, pa.ArrowInvalid) as error:  # pyarrow may refuse it itself
+        assert isinstance(error, FormatError)
+        return
+    with reader, pytest.raises(FormatError, match="backwards"):
+        reader[0]
+
+
+def test_datasets_reads_ours(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    flat, lengths = random_corpus(np.random.default_rng(6), 2300, low=0, high=50_000)
+    with tokformats.create(tmp_path / "d", "hf", vocab_size=50_257, max_shard_bytes=100_000) as writer:
+        writer.write_batch(flat, lengths)
+    assert len(list((tmp_path / "d").glob("data-*-of-*.arrow"))) > 1
+    dataset = datasets.load_from_disk(str(tmp_path / "d"))
+    assert len(dataset) == len(lengths)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    column = dataset["input_ids"]
+    for k in range(len(lengths)):
+        assert list(column[k]) == flat[offsets[k] : offsets[k + 1]].tolist()
+
+
+def test_same_documents_same_folder(tmp_path: Path) -> None:
+    flat, lengths = random_corpus(np.random.default_rng(7), 50, low=0, high=900)
+    for name in ("a", "b"):
+        with tokformats.create(tmp_path / name, "hf", vocab_size=1000) as writer:
+            writer.write_batch(flat, lengths)
+    for file in (tmp_path / "a").iterdir():
+        assert file.read_bytes() == (tmp_path / "b" / file.name).read_bytes(), file.name
+
+
+def test_tokenize_into_hf(tmp_path: Path, tokenizer_path: Path) -> None:
+    texts = ["hello world", "", "second document"]
+    summary = tokformats.tokenize(texts, tokenizer_path, tmp_path / "out", "hf", progress=False)
+    with tokformats.open(tmp_path / "out") as reader:
+        assert reader.format == "hf" and len(reader) == 3 and summary["documents"] == 3

@@ -1,0 +1,322 @@
+"""HF datatrove token files (``DocumentTokenizer``; read by nanotron and ``DatatroveFolderDataset``).
+
+One output is up to four files (datatrove's ``pipeline/tokens/tokenizer.py``, ``TokenizedFile``)::
+
+    NAME.ds           the tokens, little-endian, no header: uint16 when the vocabulary has at most 65,536 ids,
+                      else uint32 (``token_size`` 2 or 4)
+    NAME.ds.index     uint64 little-endian END offset (in tokens) of each document; no leading 0
+    NAME.ds.loss      optional: one byte (bool) per token, the loss mask
+    NAME.ds.metadata  text: "TOKENIZER|TOKEN_SIZE", the token count, and the count in metric units ("1.23 MT")
+
+The files name neither the dtype nor the document count; the reader takes the dtype from ``.ds.metadata`` when
+it is there, else from the index (its last end times the token size is the file size). A folder (datatrove's
+output folder, with ``00000_unshuffled.ds``, ``00001_unshuffled.ds``, ...) reads as one corpus in the order
+``DatatroveFolderDataset`` lists it: every ``*.ds`` below the folder, sorted by path. Documents carry an EOS only
+when the tokenizer's post-processor added one; the writer stores what it is given.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..arrays import ConcatenatedArray
+from ..checks import Problem
+from ..dtypes import resolve_dtype
+from ..errors import DTypeError, FormatError, NoFilesError, SizeMismatchError, option
+from ..limits import read_file
+from ..parts import Part, PartsReader, checked_offsets
+from ..protocol import PathLike, TokenWriter
+from ..registry import expand_paths
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+__all__ = ["Reader", "Writer", "detect", "metric", "output_filename"]
+
+INDEX = ".index"
+LOSS = ".loss"
+METADATA = ".metadata"
+_TOKEN_DTYPES: dict[int, np.dtype] = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
+
+
+def output_filename(save_filename: str | None, rank: int, name: str = "unshuffled") -> str:
+    """The name datatrove's ``DocumentTokenizer`` gives rank ``rank``'s file: ``{save_filename}_{rank:05d}_{name}.ds``
+    (without the prefix when ``save_filename`` is None); ``name`` is ``unshuffled`` or ``doc_shuffled``."""
+    return "_".join(part for part in (save_filename, f"{rank:05d}", f"{name}.ds") if part)
+
+
+def metric(value: int, unit: str = "T") -> str:
+    """A count with an SI prefix and three significant digits, as datatrove writes the third line of
+    ``.ds.metadata`` (``humanize.metric(count, unit="T")``): ``0.00 T``, ``999 T``, ``1.23 MT``."""
+    import math
+
+    exponent = math.floor(math.log10(abs(value))) if value else 0
+    scaled = value / 10 ** (exponent // 3 * 3)
+    digits = max(0, 3 - exponent % 3 - 1)
+    if round(abs(scaled), digits) >= 10 ** (exponent % 3 + 1):  # 999.5 rounds up into the next prefix
+        exponent += 1
+        scaled = value / 10 ** (exponent // 3 * 3)
+        digits = max(0, 3 - exponent % 3 - 1)
+    prefix = "kMGTPEZYRQ"[exponent // 3 - 1] if exponent >= 3 else ""
+    return f"{scaled:.{digits}f} {prefix}{unit}"
+
+
+def _data_path(path: Path) -> Path:
+    """The ``.ds`` file of any of an output's files (``x.ds.index`` -> ``x.ds``)."""
+    for suffix in (INDEX, LOSS, METADATA):
+        if path.name.endswith(".ds" + suffix):
+            return path.with_name(path.name[: -len(suffix)])
+    return path
+
+
+def _folder_files(folder: Path) -> list[Path]:
+    """Every ``*.ds`` below ``folder``, sorted by path (as ``DatatroveFolderDataset`` lists them)."""
+    return sorted(p for p in folder.rglob("*.ds") if p.is_file() and not p.name.startswith("."))
+
+
+def _metadata_token_size(path: Path) -> int | None:
+    """The token size recorded in ``NAME.ds.metadata`` (its first line ends with ``|TOKEN_SIZE``), or None."""
+    metadata = Path(os.fspath(path) + METADATA)
+    if not metadata.is_file():
+        return None
+    first = read_file(metadata)[:4096].decode("utf-8", "replace").split("\n", 1)[0]
+    field = first.rsplit("|", 1)[-1].strip()
+    if not field.isdigit() or int(field) not in _TOKEN_DTYPES:
+        raise FormatError(
+            f"{metadata}: the first line should end with '|2' or '|4' (the token size in bytes), found {first!r}."
+        )
+    return int(field)
+
+
+def _index_token_size(path: Path) -> int | None:
+    """The token size that makes the index's last end match the file size, or None when it says nothing (no
+    index, or no tokens)."""
+    index = Path(os.fspath(path) + INDEX)
+    try:
+        index_size = index.stat().st_size
+        data_size = path.stat().st_size
+    except OSError:
+        return None
+    if index_size < 8 or index_size % 8 or not data_size:
+        return None
+    with open(index, "rb") as handle:
+        handle.seek(index_size - 8)
+        last = int(np.frombuffer(handle.read(8), dtype="<u8")[0])
+    fits = [size for size in _TOKEN_DTYPES if last * size == data_size]
+    return fits[0] if fits else None
+
+
+def _is_output(path: Path) -> bool:
+    """A ``.ds`` file whose index (or metadata) agrees with its size."""
+    if not path.is_file() or not path.name.endswith(".ds"):
+        return False
+    index = Path(os.fspath(path) + INDEX)
+    if not index.is_file():
+        return False
+    if path.stat().st_size == 0:
+        return index.stat().st_size % 8 == 0
+    try:
+        return _index_token_size(path) is not None or _metadata_token_size(path) is not None
+    except FormatError:
+        return False
+
+
+def detect(path: Path) -> bool:
+    """True for a ``.ds`` file (or any of its siblings) whose ``.ds.index`` matches its size, or a folder of them."""
+    if path.is_dir():
+        return any(_is_output(p) for p in _folder_files(path)[:4])
+    return _is_output(_data_path(path))
+
+
+class Reader(PartsReader):
+    """A datatrove ``.ds`` file, several (a glob or list), or a folder of them, as one corpus.
+
+    Args:
+        path: a ``.ds`` file (or its ``.index``), a glob, a list, or a folder (every ``*.ds`` below it, sorted).
+        dtype: the token dtype when neither ``.ds.metadata`` nor the index records it (``uint16`` or ``uint32``).
+
+    Without a ``.ds.index`` (datatrove's ``save_index=False``) a file reads as one document. :meth:`loss_mask`
+    gives the ``.ds.loss`` bytes of a document when the files have them.
+    """
+
+    format = "datatrove"
+
+    def __init__(self, path: PathLike | list[PathLike], *, dtype: npt.DTypeLike | None = None) -> None:
+        super().__init__(path, dtype=dtype)
+        if isinstance(path, (str, os.PathLike)) and Path(path).is_dir():
+            files = _folder_files(Path(path))
+            if not files:
+                raise NoFilesError(f"{path} holds no datatrove .ds files.")
+        else:
+            files = [_data_path(p) for p in expand_paths(path)]
+        parts = []
+        for file in files:
+            if not file.is_file():
+                raise NoFilesError(f"{file} does not exist.")
+            parts.append(self._part(file, dtype))
+        self._set_parts(parts)
+        self.shards  # noqa: B018 - map now: what was validated is what is read
+
+    @staticmethod
+    def _part(file: Path, dtype: npt.DTypeLike | None) -> Part:
+        size = file.stat().st_size
+        recorded = _metadata_token_size(file) or _index_token_size(file)
+        if dtype is not None:
+            chosen = resolve_dtype(dtype, None, format="datatrove", allowed=("uint16", "uint32"))
+            if recorded is not None and recorded != chosen.itemsize:
+                raise DTypeError(
+                    f"{file}: dtype {chosen.name} was given, but the files record a token size of {recorded} bytes."
+                )
+        elif recorded is not None:
+            chosen = _TOKEN_DTYPES[recorded]
+        elif size == 0:
+            chosen = _TOKEN_DTYPES[2]
+        else:
+            raise DTypeError(
+                f"{file}: neither {file.name}{METADATA} nor a matching {file.name}{INDEX} records the token size; "
+                f"pass {option('dtype', repr('uint16'))} or {option('dtype', repr('uint32'))}."
+            )
+        if size % chosen.itemsize:
+            raise SizeMismatchError(
+                f"{file}: {size:,} bytes is not a whole number of {chosen.name} tokens: the file is truncated."
+            )
+        index = Path(os.fspath(file) + INDEX)
+        if index.is_file() and index.stat().st_size % 8:
+            raise SizeMismatchError(
+                f"{index}: {index.stat().st_size:,} bytes is not a whole number of uint64 document ends: truncated."
+            )
+        return Part(file, 0, size // chosen.itemsize, chosen)
+
+    def _part_offsets(self, index: int) -> np.ndarray:
+        part = self._parts[index]
+        index_path = Path(os.fspath(part.path) + INDEX)
+        if not index_path.is_file():
+            return np.array([0, part.tokens], dtype=np.int64)
+        self._check_pin(part.path)
+        ends = np.fromfile(index_path, dtype="<u8")
+        if len(ends) and int(ends.max()) > part.tokens:
+            raise FormatError(
+                f"{index_path}: a document ends at token {int(ends.max()):,}, past the {part.tokens:,} tokens of "
+                f"{part.path.name}."
+            )
+        return checked_offsets(np.concatenate([[0], ends.astype(np.int64)]), part.tokens, str(index_path), "ends")
+
+    @cached_property
+    def loss(self) -> ConcatenatedArray | np.ndarray | None:
+        """The ``.ds.loss`` bytes of every token (uint8, 1 = counted in the loss), or None without loss files."""
+        paths = [Path(os.fspath(p.path) + LOSS) for p in self._parts]
+        if not all(p.is_file() for p in paths):
+            return None
+        maps = []
+        for part, path in zip(self._parts, paths):
+            if path.stat().st_size != part.tokens:
+                raise SizeMismatchError(
+                    f"{path}: {path.stat().st_size:,} loss bytes for {part.tokens:,} tokens in {part.path.name}."
+                )
+            maps.append(self._map(path, np.dtype("u1")) if part.tokens else np.zeros(0, dtype="u1"))
+        return maps[0] if len(maps) == 1 else ConcatenatedArray(maps)
+
+    def loss_mask(self, index: int) -> np.ndarray:
+        """Document ``index``'s loss mask as booleans (True: the token counts in the loss)."""
+        if self.loss is None:
+            raise FormatError(f"{self.path}: these datatrove files have no {LOSS} files.")
+        position = int(index) + len(self) if int(index) < 0 else int(index)
+        start, stop = self.offsets[position], self.offsets[position + 1]
+        return np.asarray(self.loss[start:stop]).astype(bool)
+
+    def _cached_maps(self) -> tuple[str, ...]:
+        return (*super()._cached_maps(), "loss")
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        def tokenizer(part: Part) -> str | None:
+            path = Path(os.fspath(part.path) + METADATA)
+            return read_file(path)[:4096].decode("utf-8", "replace").split("\n", 1)[0] if path.is_file() else None
+
+        return {
+            "token_size": self.dtype.itemsize,
+            "files": [
+                {"path": str(p.path), "tokens": p.tokens, "tokenizer": tokenizer(p)} for p in self._parts
+            ],
+            "loss": self.loss is not None,
+        }
+
+    def _problems(self) -> list[Any]:
+        found = []
+        for part in self._parts:
+            metadata = Path(os.fspath(part.path) + METADATA)
+            if not metadata.is_file():
+                continue
+            lines = read_file(metadata)[:4096].decode("utf-8", "replace").split("\n")
+            if len(lines) < 2 or lines[1].strip() != str(part.tokens):
+                recorded = lines[1] if len(lines) > 1 else "nothing"
+                found.append(Problem(str(metadata), "token count", f"is {recorded!r}, the file holds {part.tokens:,}"))
+        return found
+
+
+class Writer(TokenWriter):
+    """Writes ``NAME.ds``, ``NAME.ds.index`` and ``NAME.ds.metadata`` byte-identical to datatrove's
+    ``TokenizedFile`` (``DocumentTokenizer`` with ``shuffle_documents=False`` and its default final metadata).
+
+    Args:
+        path: the ``.ds`` file (``.ds`` is appended when missing).
+        vocab_size: uint16 up to 65,536 ids, else uint32 (datatrove's rule).
+        dtype: ``uint16`` or ``uint32`` instead.
+        tokenizer_name: the tokenizer name or path recorded in ``.ds.metadata`` (datatrove records the one it ran).
+        save_index: write ``.ds.index`` (datatrove's default; without it the file is one document to readers).
+        overwrite: replace existing files.
+    """
+
+    format = "datatrove"
+
+    @classmethod
+    def output_path(cls, output: PathLike, key: str, split: str | None, several_keys: bool) -> Path:
+        return Path(f"{super().output_path(output, key, split, several_keys)}.ds")
+
+    @classmethod
+    def existing_outputs(cls, path: PathLike) -> list[Path]:
+        data = _ds_path(path)
+        return [p for p in (data, Path(os.fspath(data) + INDEX), Path(os.fspath(data) + METADATA)) if p.exists()]
+
+    def __init__(
+        self,
+        path: PathLike,
+        *,
+        vocab_size: int | None = None,
+        dtype: npt.DTypeLike | None = None,
+        tokenizer_name: str | None = None,
+        save_index: bool = True,
+        overwrite: bool = False,
+    ) -> None:
+        chosen = resolve_dtype(dtype, vocab_size, format=self.format, allowed=("uint16", "uint32"))
+        super().__init__(_ds_path(path), dtype=chosen, vocab_size=vocab_size, overwrite=overwrite)
+        self.tokenizer_name = tokenizer_name
+        self.save_index = save_index
+        self._ends: list[np.ndarray] = []
+        self._tokens = self._files.create(self.path)
+
+    def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
+        self._tokens.write(np.ascontiguousarray(flat).data)
+        self._ends.append(self.num_tokens + np.cumsum(lengths, dtype=np.int64))
+
+    def _finish(self) -> None:
+        if self.save_index:
+            index = self._files.create(Path(os.fspath(self.path) + INDEX))
+            for ends in self._ends:
+                index.write(ends.astype("<u8").tobytes())
+        token_size = self.dtype.itemsize
+        # datatrove writes "Unknown Tokenizer|SIZE" as the name when it has none, then appends "|SIZE" again.
+        name = self.tokenizer_name or f"Unknown Tokenizer|{token_size}"
+        text = "\n".join([f"{name}|{token_size}", str(self.num_tokens), metric(self.num_tokens, unit="T")])
+        self._files.create(Path(os.fspath(self.path) + METADATA)).write(text.encode("utf-8"))
+
+
+def _ds_path(path: PathLike) -> Path:
+    """``path`` ending in ``.ds``."""
+    text = os.fspath(path)
+    return Path(text if text.endswith(".ds") else text + ".ds")

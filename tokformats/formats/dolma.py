@@ -1,0 +1,311 @@
+"""OLMo / dolma token memmaps: ``NAME.npy`` (headerless, *not* NumPy's format) + ``NAME.csv.gz``.
+
+Layout (dolma's ``tokenizer/memmap_writer.py``; read by OLMo-core's ``NumpyFSLDataset`` and
+``iter_document_indices``)::
+
+    NAME.npy     the tokens, little-endian, no header: uint16 by default, uint32 for larger vocabularies
+    NAME.csv.gz  one row per document, no header: start,end,id,src,loc (token offsets, end exclusive; the source
+                 document's id, its source file and line)
+
+Neither file records the dtype (dolma issues #142 and #152 are users reading with the wrong one). The reader takes
+it from the metadata: the last row's end times the itemsize is the file size, and only one itemsize fits. Without
+the ``.csv.gz`` the dtype must be given and documents are found at ``eos=`` (as OLMo-core does from the array).
+A folder reads as every ``*.npy`` below it that has its ``.csv.gz``, sorted by path. dolma's writer starts a new file
+before a document would bring it to ``max_tokens`` (default 512 Mi tokens); so does this one.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..documents import add_delimiter, split_offsets
+from ..dtypes import check_id, parse_dtype, resolve_dtype
+from ..errors import DTypeError, FormatError, NoFilesError, SizeMismatchError, option
+from ..limits import MAX_DEFLATE_RATIO, require_regular
+from ..parts import Part, PartsReader, checked_offsets
+from ..protocol import PathLike, TokenWriter
+from ..registry import expand_paths, read_head
+from ..shards import DocumentShards
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+__all__ = ["Reader", "Writer", "detect", "read_metadata", "DEFAULT_MAX_TOKENS"]
+
+#: dolma's ``MemmapWriter.DEFAULT_MAX_TOKENS``.
+DEFAULT_MAX_TOKENS = 512 * 1024 * 1024
+METADATA_SUFFIX = ".csv.gz"
+_ITEMSIZES: dict[int, np.dtype] = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
+_NUMPY_MAGIC = b"\x93NUMPY"
+
+
+def metadata_path(path: Path) -> Path:
+    """``NAME.csv.gz`` beside ``NAME.npy``."""
+    return path.with_name(path.name[: -len(".npy")] + METADATA_SUFFIX if path.name.endswith(".npy") else path.name)
+
+
+def read_metadata(path: Path) -> tuple[np.ndarray, np.ndarray, list[list[str]]]:
+    """The rows of a ``.csv.gz``: ``(starts, ends, rest)`` where ``rest`` holds each row's other fields
+    (id, src, loc) as text. Decompression is bounded by the file's size (a zip bomb is refused)."""
+    size = require_regular(path)
+    budget = max(size * MAX_DEFLATE_RATIO, 1 << 20)
+    try:
+        with gzip.open(path, "rb") as handle:
+            data = handle.read(budget + 1)
+    except (OSError, EOFError) as error:
+        raise FormatError(f"{path}: not a readable gzip file ({error}).") from None
+    if len(data) > budget:
+        raise FormatError(f"{path}: decompresses to more than {budget:,} bytes; refusing it as corrupt.")
+    starts, ends, rest = [], [], []
+    try:
+        for number, row in enumerate(csv.reader(io.StringIO(data.decode("utf-8")))):
+            if not row:
+                continue
+            if len(row) < 2:
+                raise FormatError(f"{path}: row {number + 1} has {len(row)} field(s); expected start,end,id,src,loc.")
+            starts.append(int(row[0]))
+            ends.append(int(row[1]))
+            rest.append(row[2:])
+    except (ValueError, UnicodeDecodeError) as error:
+        if isinstance(error, FormatError):
+            raise
+        raise FormatError(f"{path}: the start,end columns must be integers ({error}).") from None
+    return np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64), rest
+
+
+def _last_end(path: Path) -> int | None:
+    """The last row's end in a ``.csv.gz`` (None when empty), for dtype inference and detection."""
+    _, ends, _ = read_metadata(path)
+    return int(ends[-1]) if len(ends) else None
+
+
+def _is_memmap(path: Path) -> bool:
+    if not path.name.endswith(".npy") or not path.is_file() or not metadata_path(path).is_file():
+        return False
+    if read_head(path, len(_NUMPY_MAGIC)) == _NUMPY_MAGIC:
+        return False  # NumPy's own .npy (the "sequences" format)
+    return read_head(metadata_path(path), 2) == b"\x1f\x8b"
+
+
+def _folder_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*.npy") if not p.name.startswith(".") and _is_memmap(p))
+
+
+def detect(path: Path) -> bool:
+    """True for a headerless ``.npy`` with a gzip ``.csv.gz`` beside it, or a folder of them."""
+    if path.is_dir():
+        return bool(_folder_files(path)[:1])
+    return _is_memmap(path)
+
+
+class Reader(PartsReader):
+    """dolma memmaps: a ``.npy`` (with its ``.csv.gz``), several (a glob or list), or a folder, as one corpus.
+
+    Args:
+        path: a ``.npy`` file, a glob, a list, or a folder (every ``.npy`` below it with its ``.csv.gz``).
+        dtype: the token dtype; inferred from the ``.csv.gz`` when omitted (required without one).
+        eos: without a ``.csv.gz``, end documents after each occurrence of this id (OLMo-core's fallback).
+
+    ``document_metadata(i)`` gives the ``id``, ``src`` and ``loc`` dolma recorded for document ``i``.
+    """
+
+    format = "dolma"
+
+    def __init__(
+        self, path: PathLike | list[PathLike], *, dtype: npt.DTypeLike | None = None, eos: int | None = None
+    ) -> None:
+        super().__init__(path, dtype=dtype, eos=eos)
+        if isinstance(path, (str, os.PathLike)) and Path(path).is_dir():
+            files = _folder_files(Path(path))
+            if not files:
+                raise NoFilesError(f"{path} holds no dolma .npy files with their {METADATA_SUFFIX}.")
+        else:
+            files = expand_paths(path)
+        self.eos = eos
+        self._rows: dict[int, tuple[np.ndarray, np.ndarray, list[list[str]]]] = {}
+        self._set_parts([self._part(k, file, dtype) for k, file in enumerate(files)])
+        self.shards  # noqa: B018 - map now: what was validated is what is read
+
+    def _part(self, k: int, file: Path, dtype: npt.DTypeLike | None) -> Part:
+        size = require_regular(file) if file.exists() else None
+        if size is None:
+            raise NoFilesError(f"{file} does not exist.")
+        metadata = metadata_path(file)
+        inferred = None
+        if metadata.is_file():
+            self._rows[k] = read_metadata(metadata)
+            ends = self._rows[k][1]
+            last = int(ends[-1]) if len(ends) else 0
+            fits = [d for s, d in _ITEMSIZES.items() if last * s == size]
+            if last and not fits:
+                raise SizeMismatchError(
+                    f"{file}: {metadata.name} ends at token {last:,}, but {size:,} bytes is not that many uint8, "
+                    "uint16, uint32 or uint64 tokens: one of the two files is truncated or from another output."
+                )
+            inferred = fits[0] if last else None
+        if dtype is not None:
+            chosen = parse_dtype(dtype)
+            if inferred is not None and inferred != chosen:
+                raise DTypeError(
+                    f"{file}: dtype {chosen.name} was given, but {metadata.name} and the file size say {inferred.name}."
+                )
+        elif inferred is not None:
+            chosen = inferred
+        elif size == 0:
+            chosen = _ITEMSIZES[2]
+        else:
+            raise DTypeError(
+                f"{file}: the file records no dtype and has no {METADATA_SUFFIX} to infer it from; pass "
+                f"{option('dtype', repr('uint16'))} or {option('dtype', repr('uint32'))} (and {option('eos', 'ID')})."
+            )
+        if size % chosen.itemsize:
+            raise SizeMismatchError(f"{file}: {size:,} bytes is not a whole number of {chosen.name} tokens.")
+        return Part(file, 0, size // chosen.itemsize, chosen)
+
+    def _part_offsets(self, index: int) -> np.ndarray:
+        part = self._parts[index]
+        if index not in self._rows:
+            return split_offsets(self.shards[index], eos=self.eos)
+        starts, ends, _ = self._rows[index]
+        where = str(metadata_path(part.path))
+        if len(starts) and (starts[0] != 0 or (starts[1:] != ends[:-1]).any()):
+            bad = 0 if starts[0] != 0 else int(np.argmax(starts[1:] != ends[:-1])) + 1
+            raise FormatError(
+                f"{where}: row {bad + 1} starts at token {int(starts[bad]):,}, not where the previous document ends "
+                "(the rows must tile the file)."
+            )
+        return checked_offsets(np.concatenate([[0], ends]), part.tokens, where, "end")
+
+    def document_metadata(self, index: int) -> dict[str, str | None]:
+        """The ``id``, ``src`` and ``loc`` fields dolma recorded for document ``index`` (None without metadata)."""
+        position = int(index) + len(self) if int(index) < 0 else int(index)
+        for k in range(len(self._parts)):
+            rows = self._rows.get(k)
+            count = len(rows[1]) if rows is not None else len(self._part_offsets(k)) - 1
+            if position < count:
+                fields = rows[2][position] if rows is not None else []
+                padded = [*fields, None, None, None][:3]
+                return {"id": padded[0], "src": padded[1], "loc": padded[2]}
+            position -= count
+        raise IndexError(f"document {index} is out of range for {len(self):,} documents in {self.path}")
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "eos": self.eos,
+            "files": [
+                {"path": str(p.path), "tokens": p.tokens, "metadata": k in self._rows}
+                for k, p in enumerate(self._parts)
+            ],
+        }
+
+
+class Writer(TokenWriter):
+    """Writes dolma memmaps into a folder: ``part-0-00000.npy`` + ``part-0-00000.csv.gz``, then ``-00001``, ...
+
+    Args:
+        path: the output folder.
+        vocab_size: uint16 up to 65,536 ids, else uint32.
+        dtype: the token dtype instead (uint8, uint16, uint32 or uint64).
+        max_tokens: a new file starts before a document would bring one to this many tokens (dolma's rule).
+        source: the ``src`` field of every row (dolma records the source file); ``id`` and ``loc`` are the
+            document's number unless :meth:`write` is given them.
+        eos: appended after every document when given.
+        overwrite: replace the folder's existing memmaps.
+
+    The ``.csv.gz`` is written with a zero gzip timestamp, so the output is byte-for-byte reproducible.
+    """
+
+    format = "dolma"
+    #: Fields :meth:`write` was given for the document being written (None: the defaults).
+    _fields: tuple[Any, Any, Any] = (None, None, None)
+
+    @classmethod
+    def existing_outputs(cls, path: PathLike) -> list[Path]:
+        folder = Path(path)
+        return sorted(folder.glob("part-*.npy")) + sorted(folder.glob("part-*.csv.gz")) if folder.is_dir() else []
+
+    def __init__(
+        self,
+        path: PathLike,
+        *,
+        vocab_size: int | None = None,
+        dtype: npt.DTypeLike | None = None,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        source: str = "",
+        eos: int | None = None,
+        overwrite: bool = False,
+    ) -> None:
+        chosen = resolve_dtype(dtype, vocab_size, format=self.format, allowed=tuple(_ITEMSIZES.values()))
+        super().__init__(path, dtype=chosen, vocab_size=vocab_size, overwrite=overwrite)
+        self.source = source
+        self.eos = check_id(eos, chosen, vocab_size, "eos")
+        existing = self.existing_outputs(self.path)
+        if existing and not overwrite:
+            self._files.check_destination(existing[0])
+        if overwrite:
+            folder = self.path
+            self._files.remove_on_commit(lambda: self.existing_outputs(folder))
+        self._shards = DocumentShards(max_tokens, self._start, self._end, strict=True)
+        self._rows: Any = None
+        self._row_writer: Any = None
+        self.shard_paths: list[Path] = []
+
+    def _start(self, index: int) -> Any:
+        final = self.path / f"part-0-{index:05d}.npy"
+        handle = self._files.create(final)
+        self._rows = io.StringIO()
+        self._row_writer = csv.writer(self._rows)
+        self.shard_paths.append(final)
+        return handle
+
+    def _end(self, handle: Any, tokens: int) -> None:
+        self._files.finish(handle)
+        final = self.shard_paths[-1]
+        rows = self._files.create(final.with_name(final.name[: -len(".npy")] + METADATA_SUFFIX))
+        with gzip.GzipFile(fileobj=rows, mode="wb", mtime=0, filename="") as packed:
+            packed.write(self._rows.getvalue().encode("utf-8"))
+        self._files.finish(rows)
+
+    def write(
+        self, item: npt.ArrayLike, *, id: str | None = None, src: str | None = None, loc: int | None = None
+    ) -> None:
+        """Append one document, optionally with the ``id``, ``src`` and ``loc`` its metadata row records."""
+        self._fields = (id, src, loc)
+        try:
+            super().write(item)
+        finally:
+            self._fields = (None, None, None)
+
+    def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
+        if self.eos is not None:
+            flat, lengths = add_delimiter(flat, lengths, self.eos)
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        for first, stop in self._shards.runs(lengths):
+            start = self._shards.filled
+            self._shards.current.write(np.ascontiguousarray(flat[offsets[first] : offsets[stop]]).data)
+            ends = start + offsets[first + 1 : stop + 1] - offsets[first]
+            starts = np.concatenate([[start], ends[:-1]])
+            id_, src, loc = self._fields
+            number = self.num_documents + first
+            for k, (row_start, row_end) in enumerate(zip(starts.tolist(), ends.tolist())):
+                self._row_writer.writerow(
+                    (
+                        row_start,
+                        row_end,
+                        number + k if id_ is None else id_,
+                        self.source if src is None else src,
+                        number + k if loc is None else loc,
+                    )
+                )
+
+    def _finish(self) -> None:
+        self._shards.finish()

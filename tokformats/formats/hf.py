@@ -1,0 +1,312 @@
+"""HF datasets ``save_to_disk`` folders with a token column (``input_ids``), read zero-copy.
+
+Layout (``datasets.Dataset.save_to_disk``; read back by ``datasets.load_from_disk``)::
+
+    FOLDER/
+      data-00000-of-0000N.arrow   Arrow IPC *stream* files; the column is list<int32> (or large_list<int64>, ...)
+      dataset_info.json           {"features": {"input_ids": {"feature": {"dtype": ...}, "_type": "List"}}, ...}
+      state.json                  {"_data_files": [{"filename": ...}, ...], "_fingerprint": ..., ...}
+
+A list column is two buffers per record batch: the values (the tokens, back to back) and the offsets (where each
+row starts). The reader maps each ``.arrow`` file once and views every batch's values where they lie in it, so
+documents are zero-copy slices of the file; the offsets give the documents. ``state.json``'s file order is the
+dataset's row order. A ``DatasetDict`` folder (``dataset_dict.json``) holds one folder per split: open one of them.
+
+Needs ``pyarrow`` (``pip install tokformats[hf]``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..dtypes import little_endian, resolve_dtype
+from ..errors import FormatError, NoFilesError
+from ..limits import read_json_object
+from ..parts import Part, PartsReader, checked_offsets
+from ..protocol import PathLike, TokenWriter
+from ..shards import DocumentShards
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+__all__ = ["Reader", "Writer", "detect", "DEFAULT_COLUMN"]
+
+DEFAULT_COLUMN = "input_ids"
+STATE = "state.json"
+INFO = "dataset_info.json"
+DICT = "dataset_dict.json"
+#: ``datasets``' default ``writer_batch_size``: rows per Arrow record batch.
+BATCH_ROWS = 1000
+#: ``datasets``' default ``max_shard_size`` (500 MB), in bytes.
+MAX_SHARD_BYTES = 500 * 10**6
+
+
+def _pyarrow() -> Any:
+    try:
+        import pyarrow
+        import pyarrow.ipc  # the submodule the reader and writer use
+    except ImportError:
+        raise ImportError(
+            "HF save_to_disk folders are Arrow files: install pyarrow (pip install 'tokformats[hf]')."
+        ) from None
+    return pyarrow
+
+
+def detect(path: Path) -> bool:
+    """True for a folder with ``state.json`` listing ``.arrow`` files, or a ``DatasetDict`` folder."""
+    if not path.is_dir():
+        return False
+    if (path / DICT).is_file():
+        return True
+    return (path / STATE).is_file() and (path / INFO).is_file() and any(path.glob("*.arrow"))
+
+
+def _feature_dtype(feature: Any) -> str | None:
+    """The value dtype of a ``List``/``Sequence`` feature of ``Value``s, or None."""
+    if isinstance(feature, dict) and feature.get("_type") in ("List", "Sequence", "LargeList"):
+        inner = feature.get("feature")
+        if isinstance(inner, dict) and inner.get("_type") == "Value":
+            return str(inner.get("dtype"))
+    return None
+
+
+class Reader(PartsReader):
+    """A ``save_to_disk`` folder's token column as a corpus: one document per row.
+
+    Args:
+        path: the folder (holding ``state.json``); for a ``DatasetDict``, the split's folder.
+        column: the list column holding the token ids (``input_ids``).
+    """
+
+    format = "hf"
+
+    def __init__(self, path: PathLike, *, column: str = DEFAULT_COLUMN) -> None:
+        super().__init__(path, column=column)
+        pa = _pyarrow()
+        self._folder = Path(path)
+        self.column = column
+        if (self._folder / DICT).is_file():
+            splits = read_json_object(self._folder / DICT).get("splits", [])
+            listing = ", ".join(str(self._folder / str(s)) for s in splits) or "none listed"
+            raise FormatError(f"{self._folder} is a DatasetDict; open one split's folder: {listing}.")
+        if not (self._folder / STATE).is_file():
+            raise NoFilesError(f"{self._folder} has no {STATE}: it is not a save_to_disk folder.")
+        state = read_json_object(self._folder / STATE)
+        entries = state.get("_data_files")
+        if not isinstance(entries, list) or not all(isinstance(e, dict) and "filename" in e for e in entries):
+            raise FormatError(f"{self._folder / STATE}: '_data_files' must be a list of {{'filename': ...}} entries.")
+        self.info = read_json_object(self._folder / INFO) if (self._folder / INFO).is_file() else {}
+        parts: list[Part] = []
+        self._batch_offsets: list[np.ndarray] = []
+        for entry in entries:
+            file = self._folder / str(entry["filename"])
+            if Path(entry["filename"]).name != entry["filename"]:
+                raise FormatError(f"{self._folder / STATE}: data file {entry['filename']!r} is not a plain file name.")
+            if not file.is_file():
+                raise NoFilesError(f"{file} is listed in {self._folder / STATE} but does not exist.")
+            parts.extend(self._file_parts(pa, file))
+        if not parts:  # no rows at all: an empty corpus of the column's dtype
+            parts.append(Part(self._folder / STATE, 0, 0, np.dtype("<i4")))
+            self._batch_offsets.append(np.zeros(1, dtype=np.int64))
+        self._set_parts(parts)
+
+    def _file_parts(self, pa: Any, file: Path) -> list[Part]:
+        """One part per record batch: where its values lie in the file, and its row offsets."""
+        try:
+            whole = pa.memory_map(os.fspath(file)).read_buffer()
+            stream = pa.ipc.open_stream(whole)
+            schema = stream.schema
+        except (pa.ArrowInvalid, OSError) as error:
+            raise FormatError(f"{file}: not an Arrow IPC stream ({error}).") from None
+        if self.column not in schema.names:
+            raise FormatError(
+                f"{file}: there is no column {self.column!r}; the columns are {schema.names}. Pass column=NAME."
+            )
+        kind = schema.field(self.column).type
+        if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_integer(kind.value_type):
+            raise FormatError(f"{file}: column {self.column!r} is {kind}; a token column is a list of integers.")
+        dtype = little_endian(kind.value_type.to_pandas_dtype())
+        parts = []
+        try:
+            for batch in stream:
+                rows = batch.column(self.column)
+                values = rows.values  # the child array, already offset into the values buffer
+                if values.null_count:
+                    raise FormatError(f"{file}: column {self.column!r} has null token ids.")
+                data = values.buffers()[1]
+                start = data.address - whole.address + values.offset * dtype.itemsize
+                offsets_type = np.int64 if pa.types.is_large_list(kind) else np.int32
+                raw = np.frombuffer(rows.buffers()[1], dtype=offsets_type)[rows.offset : rows.offset + len(rows) + 1]
+                offsets = raw.astype(np.int64) - (int(raw[0]) if len(raw) else 0)
+                count = int(offsets[-1]) if len(offsets) else 0
+                self._batch_offsets.append(offsets if len(offsets) else np.zeros(1, dtype=np.int64))
+                parts.append(Part(file, start, count, dtype))
+        except pa.ArrowInvalid as error:
+            raise FormatError(f"{file}: the Arrow stream is damaged ({error}).") from None
+        return parts
+
+    @cached_property
+    def _file_maps(self) -> dict[Path, np.ndarray]:
+        """Each ``.arrow`` file mapped once (as bytes); every batch's tokens are views of it."""
+        return {path: self._map(path, np.dtype("u1")) for path in dict.fromkeys(p.path for p in self._parts)}
+
+    @cached_property
+    def shards(self) -> list[np.ndarray]:
+        """Each record batch's tokens: a view of the mapped file."""
+        views = []
+        for part in self._parts:
+            if part.tokens == 0:
+                views.append(np.zeros(0, dtype=part.dtype))
+                continue
+            raw = self._file_maps[part.path][part.offset : part.offset + part.tokens * part.dtype.itemsize]
+            views.append(raw.view(np.ndarray).view(part.dtype))
+        return views
+
+    def _cached_maps(self) -> tuple[str, ...]:
+        return (*super()._cached_maps(), "_file_maps")
+
+    def _part_offsets(self, index: int) -> np.ndarray:
+        part = self._parts[index]
+        return checked_offsets(self._batch_offsets[index], part.tokens, str(part.path), f"{self.column} offsets")
+
+    @property
+    def path(self) -> Path:
+        return self._folder
+
+    @property
+    def files(self) -> list[Path]:
+        return [p for p in super().files if p.suffix == ".arrow"]
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return {"column": self.column, "features": self.info.get("features"), "record_batches": len(self._parts)}
+
+
+class Writer(TokenWriter):
+    """Writes a ``save_to_disk`` folder that ``datasets.load_from_disk`` opens: one ``input_ids`` column.
+
+    Args:
+        path: the folder.
+        vocab_size: ids must be below it; the column is int32 (what ``datasets`` stores tokenizer output as)
+            unless ``dtype`` says otherwise.
+        dtype: the column's value type (any integer dtype).
+        column: the column name.
+        max_shard_bytes: a new ``.arrow`` file starts before one would exceed this (``datasets``' 500 MB).
+        overwrite: replace an existing folder's files.
+
+    Rows go in record batches of 1,000, as ``datasets`` writes them; ``state.json``'s fingerprint is a hash of the
+    data, so the same documents give the same folder.
+    """
+
+    format = "hf"
+    conventional_dtype = None
+
+    @classmethod
+    def existing_outputs(cls, path: PathLike) -> list[Path]:
+        folder = Path(path)
+        if not folder.is_dir():
+            return []
+        return sorted(folder.glob("data-*.arrow")) + [p for p in (folder / STATE, folder / INFO) if p.exists()]
+
+    def __init__(
+        self,
+        path: PathLike,
+        *,
+        vocab_size: int | None = None,
+        dtype: npt.DTypeLike | None = None,
+        column: str = DEFAULT_COLUMN,
+        max_shard_bytes: int = MAX_SHARD_BYTES,
+        overwrite: bool = False,
+    ) -> None:
+        chosen = resolve_dtype(dtype, vocab_size, format=self.format, default="int32", rule=lambda _: np.int32)
+        if chosen.kind not in "iu":
+            raise FormatError(f"hf: a token column holds integers; {chosen.name} was asked for.")
+        super().__init__(path, dtype=chosen, vocab_size=vocab_size, overwrite=overwrite)
+        self._pa = _pyarrow()
+        self.column = column
+        self._files.check_destination(self.path / STATE)
+        if overwrite:
+            folder = self.path
+            self._files.remove_on_commit(lambda: self.existing_outputs(folder))
+        value_type = self._pa.from_numpy_dtype(chosen)
+        # "Sequence" is what every datasets release reads (5.x reads it as List; 2.x-3.x know no "List").
+        self._features = {column: {"feature": {"dtype": str(value_type), "_type": "Value"}, "_type": "Sequence"}}
+        metadata = {"huggingface": json.dumps({"info": {"features": self._features}})}
+        self._schema = self._pa.schema([(column, self._pa.list_(value_type))], metadata=metadata)
+        self._shards = DocumentShards(max(1, max_shard_bytes // chosen.itemsize), self._start, self._end)
+        self._stream: Any = None
+        self._pending: list[tuple[np.ndarray, np.ndarray]] = []  # rows not yet in a full record batch
+        self._pending_rows = 0
+        self._shard_names: list[Path] = []
+        self._digest = hashlib.sha256()
+
+    def _start(self, index: int) -> Any:
+        final = self.path / f"data-{index:05d}-of-?.arrow"  # renamed at commit, when the count is known
+        handle = self._files.create(final)
+        self._shard_names.append(final)
+        self._stream = self._pa.ipc.new_stream(handle, self._schema)
+        return handle
+
+    def _end(self, handle: Any, tokens: int) -> None:
+        self._flush(everything=True)
+        self._stream.close()
+        self._files.finish(handle)
+
+    def _flush(self, *, everything: bool) -> None:
+        """Write full record batches of the pending rows (and the rest when ``everything``)."""
+        if not self._pending:
+            return
+        flat = np.concatenate([f for f, _ in self._pending])
+        lengths = np.concatenate([n for _, n in self._pending])
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        whole = len(lengths) if everything else len(lengths) // BATCH_ROWS * BATCH_ROWS
+        for first in range(0, whole, BATCH_ROWS):
+            stop = min(first + BATCH_ROWS, whole)
+            self._write_batch(flat[offsets[first] : offsets[stop]], offsets[first : stop + 1] - offsets[first])
+        self._pending = [(flat[offsets[whole] :], lengths[whole:])] if whole < len(lengths) else []
+        self._pending_rows = len(lengths) - whole
+
+    def _write_batch(self, values: np.ndarray, offsets: np.ndarray) -> None:
+        pa = self._pa
+        rows = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values))
+        self._stream.write_batch(pa.record_batch([rows], schema=self._schema))
+        self._digest.update(offsets.tobytes())
+        self._digest.update(values.tobytes())
+
+    def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        for first, stop in self._shards.runs(lengths):
+            self._pending.append((flat[offsets[first] : offsets[stop]], lengths[first:stop]))
+            self._pending_rows += stop - first
+            if self._pending_rows >= BATCH_ROWS:
+                self._flush(everything=False)
+
+    def _finish(self) -> None:
+        self._shards.finish()
+        total = len(self._shard_names)
+        names = []
+        for k, provisional in enumerate(self._shard_names):
+            final = provisional.with_name(f"data-{k:05d}-of-{total:05d}.arrow")
+            self._files.retarget(provisional, final)
+            names.append(final.name)
+        info = {"citation": "", "description": "", "features": self._features, "homepage": "", "license": ""}
+        state: dict[str, Any] = {
+            "_data_files": [{"filename": name} for name in names],
+            "_fingerprint": self._digest.hexdigest()[:16],
+            "_format_columns": None,
+            "_format_kwargs": {},
+            "_format_type": None,
+            "_output_all_columns": False,
+            "_split": None,
+        }
+        self._files.create(self.path / INFO).write(json.dumps(info, indent=2).encode("utf-8"))
+        self._files.create(self.path / STATE).write(json.dumps(state, indent=2).encode("utf-8"))

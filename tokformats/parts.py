@@ -1,0 +1,119 @@
+"""A corpus stored as token files read one after another, each with its own document offsets.
+
+datatrove (``.ds`` + ``.ds.index``), dolma (``.npy`` + ``.csv.gz``), litdata (chunk headers) and HF ``save_to_disk``
+(Arrow list offsets) all store documents this way: a file's tokens lie at a byte offset in it, and the file (or
+a sibling) says where its documents end. :class:`PartsReader` maps each part, joins their offsets, and checks
+each part's offsets when they are first needed (one vectorised pass, not at open): an index that lies raises
+:class:`FormatError` naming the file, never reads another document's tokens.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from functools import cached_property
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .arrays import ConcatenatedArray, TokenArray
+from .errors import FormatError
+from .protocol import TokenReader
+
+__all__ = ["Part", "PartsReader", "checked_offsets"]
+
+
+class Part(NamedTuple):
+    """Where one file's tokens are: ``tokens`` elements of ``dtype`` at byte ``offset`` of ``path``."""
+
+    path: Path
+    offset: int
+    tokens: int
+    dtype: np.dtype
+
+
+def checked_offsets(offsets: np.ndarray, count: int, where: str, field: str) -> np.ndarray:
+    """``offsets`` (``D + 1`` values, document ``k`` is ``offsets[k]:offsets[k + 1]``) as int64, after checking they
+    start at 0, never decrease and end at ``count``; otherwise :class:`FormatError` naming ``where`` and ``field``."""
+    values = np.asarray(offsets, dtype=np.int64)
+    if len(values) == 0 or values[0] != 0:
+        found = "nothing" if len(values) == 0 else f"{int(values[0]):,}"
+        raise FormatError(f"{where}: {field} must start at token 0, found {found}.")
+    if values[-1] != count:
+        raise FormatError(f"{where}: {field} ends at token {int(values[-1]):,}, but the file holds {count:,} tokens.")
+    steps = np.diff(values)
+    if len(steps) and steps.min() < 0:
+        bad = int(np.argmax(steps < 0))
+        raise FormatError(
+            f"{where}: {field} goes backwards at document {bad:,} (ends at {int(values[bad + 1]):,} after "
+            f"{int(values[bad]):,})."
+        )
+    return values
+
+
+class PartsReader(TokenReader):
+    """A corpus of parts (:class:`Part`); a subclass sets them with :meth:`_set_parts` and says where each part's
+    documents are with :meth:`_part_offsets`."""
+
+    _parts: list[Part]
+
+    def _set_parts(self, parts: list[Part]) -> None:
+        dtypes = {p.dtype for p in parts}
+        if len(dtypes) > 1:
+            listing = ", ".join(f"{p.path.name}: {p.dtype.name}" for p in parts[:4])
+            raise FormatError(f"{parts[0].path.parent}: the files mix token dtypes ({listing}); open them apart.")
+        self._parts = parts
+        self._pin(*dict.fromkeys(p.path for p in parts))
+
+    @abstractmethod
+    def _part_offsets(self, index: int) -> np.ndarray:
+        """``D_k + 1`` offsets of part ``index``'s documents, relative to the part, checked with
+        :func:`checked_offsets`; called once per part, when :attr:`offsets` is first used."""
+
+    @property
+    def path(self) -> Path:
+        return self._parts[0].path
+
+    @property
+    def files(self) -> list[Path]:
+        return list(dict.fromkeys(p.path for p in self._parts))
+
+    @property
+    def num_parts(self) -> int:
+        """Number of token files (parts)."""
+        return len(self._parts)
+
+    @cached_property
+    def shards(self) -> list[np.ndarray]:
+        """Each part's tokens as its own read-only memory map."""
+        return [self._map(p.path, p.dtype, p.offset, p.tokens) for p in self._parts]
+
+    @cached_property
+    def tokens(self) -> TokenArray:
+        """Every part's tokens in order: a memmap for one part, a ConcatenatedArray for several."""
+        return self.shards[0] if len(self.shards) == 1 else ConcatenatedArray(self.shards)
+
+    def _cached_maps(self) -> tuple[str, ...]:
+        return ("tokens", "shards", "_view")
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._parts[0].dtype
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(p.tokens for p in self._parts)
+
+    def _offsets(self) -> np.ndarray:
+        pieces = [np.zeros(1, dtype=np.int64)]
+        base = 0
+        for k, part in enumerate(self._parts):
+            pieces.append(self._part_offsets(k)[1:] + base)
+            base += part.tokens
+        return np.concatenate(pieces)
+
+    def _summary(self) -> dict[str, Any]:
+        summary = super()._summary()
+        if len(self.files) > 1:
+            summary["files"] = len(self.files)
+        return summary
