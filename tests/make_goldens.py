@@ -10,7 +10,8 @@ bytes differ, the tests do not read them).
 
 - ``datatrove/``: datatrove's ``DocumentTokenizer`` (no shuffling), with the llm.c byte-level BPE tokenizer from
   ``shared/fixtures`` (or ``tests/data/shared/llmc``) and an EOS post-processor.
-- ``dolma/``: dolma's ``MemmapWriter`` (``pip install dolma``), two files of uint16 and one of uint32.
+- ``dolma/``: dolma's ``MemmapWriter`` (``pip install dolma``, or ``DOLMA_SOURCE=`` an unpacked dolma wheel), two
+  files of uint16 and one of uint32.
 - ``hf/``: ``datasets.Dataset.save_to_disk`` (``int32``, two shards of two record batches) and a ``DatasetDict``.
 - ``litdata/``: litdata's ``BinaryWriter`` with ``TokensLoader`` (what ``litdata.optimize`` runs per worker).
 - ``shared/``: a copy of ``../shared/fixtures`` (written by megatron-core, llm.c, Time-MoE's converter and
@@ -81,9 +82,28 @@ def datatrove() -> None:
     _expected(folder, encoded + encoded[::-1], dtype="uint16", files=["00000_unshuffled.ds", "00001_unshuffled.ds"])
 
 
+def _dolma_modules() -> tuple[type, type]:
+    """dolma's ``TokenizerOutput`` and ``MemmapWriter``, unchanged, from the installed package or, because dolma
+    1.2.1 pins numpy<2 and tokenizers<=0.19 (it cannot be installed beside tokformats' peers), from its unpacked
+    wheel named by ``DOLMA_SOURCE`` (``pip download --no-deps dolma && unzip dolma-*.whl -d DIR``). The packages'
+    ``__init__`` files import the Rust extension and every tagger; the two modules need only smart_open."""
+    import importlib
+    import os
+    import types
+
+    source = os.environ.get("DOLMA_SOURCE")
+    if source:
+        for package in ("dolma", "dolma.core", "dolma.tokenizer"):  # namespaces without running __init__
+            module = types.ModuleType(package)
+            module.__path__ = [str(Path(source, *package.split(".")))]
+            sys.modules[package] = module
+    data_types = importlib.import_module("dolma.tokenizer.data_types")
+    memmap_writer = importlib.import_module("dolma.tokenizer.memmap_writer")
+    return data_types.TokenizerOutput, memmap_writer.MemmapWriter
+
+
 def dolma() -> None:
-    from dolma.tokenizer.data_types import TokenizerOutput
-    from dolma.tokenizer.memmap_writer import MemmapWriter
+    TokenizerOutput, MemmapWriter = _dolma_modules()  # noqa: N806 - the owner's class names
 
     folder = _fresh("dolma")
     small = _documents(1, 40, 50_000, "uint16")

@@ -1,0 +1,131 @@
+"""dolma / OLMo memmaps: dolma's own ``MemmapWriter`` output read exactly (dtype inferred), ours read by OLMo-core's
+``iter_document_indices`` and ``NumpyFSLDataset``, dolma's file roll-over rule, refusals."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tokformats
+from tokformats import DTypeError, FormatError, SizeMismatchError
+from tokformats.formats import dolma
+from tokformats.testing import TokenFormatTests, random_corpus
+
+
+class TestDolmaConformance(TokenFormatTests):
+    format = "dolma"
+    dtypes = ("uint16", "uint32", "uint8")
+
+
+def _expected(goldens: Path) -> dict[str, Any]:
+    return json.loads((goldens / "dolma" / "expected.json").read_text())
+
+
+def test_golden_files_read_exactly(goldens: Path) -> None:
+    for name, facts in _expected(goldens).items():
+        path = goldens / "dolma" / f"{name}.npy"
+        assert tokformats.detect(path) == "dolma"
+        with tokformats.open(path) as reader:
+            assert isinstance(reader, dolma.Reader)
+            assert reader.dtype == np.dtype(facts["dtype"])  # inferred: neither file records it
+            assert [d.tolist() for d in reader] == facts["documents"]
+            assert reader.document_metadata(1) == {"id": "doc-1", "src": f"s3://bucket/{name}.json.gz", "loc": "1"}
+
+
+def test_golden_folder_mixing_dtypes_is_refused_and_a_glob_reads_one_dtype(goldens: Path) -> None:
+    facts = _expected(goldens)
+    with pytest.raises(FormatError, match="mix token dtypes"):
+        tokformats.open(goldens / "dolma")
+    with tokformats.open(str(goldens / "dolma" / "part-0-*.npy")) as reader:
+        assert [d.tolist() for d in reader] == facts["part-0-00000"]["documents"] + facts["part-0-00001"]["documents"]
+
+
+def test_writer_rolls_over_before_max_tokens_as_dolma_does(tmp_path: Path) -> None:
+    with tokformats.create(tmp_path / "d", "dolma", vocab_size=100, max_tokens=10) as writer:
+        writer.write_batch(np.arange(19) % 100, [4, 5, 1, 9])  # 4 + 5 + 1 = 10 reaches max_tokens: new file
+    files = sorted((tmp_path / "d").glob("*.npy"))
+    assert [f.name for f in files] == ["part-0-00000.npy", "part-0-00001.npy", "part-0-00002.npy"]
+    assert [f.stat().st_size // 2 for f in files] == [9, 1, 9]
+    rows = gzip.decompress((tmp_path / "d" / "part-0-00001.csv.gz").read_bytes()).decode()
+    assert rows == "0,1,2,,2\r\n"  # start,end,id,src,loc with csv's line ending, as dolma's csv.writer writes
+
+
+def test_rows_must_tile_the_file(tmp_path: Path) -> None:
+    with tokformats.create(tmp_path / "d", "dolma", vocab_size=100) as writer:
+        writer.write_batch(np.arange(6), [2, 4])
+    csv = tmp_path / "d" / "part-0-00000.csv.gz"
+    csv.write_bytes(gzip.compress(b"0,2,a,s,0\r\n3,6,b,s,1\r\n"))
+    with tokformats.open(tmp_path / "d" / "part-0-00000.npy") as reader:
+        with pytest.raises(FormatError, match=r"row 2 starts at token 3, not where the previous document ends"):
+            reader[0]
+    csv.write_bytes(gzip.compress(b"0,2,a,s,0\r\n2,5,b,s,1\r\n"))
+    with pytest.raises(SizeMismatchError, match="ends at token 5"):
+        tokformats.open(tmp_path / "d" / "part-0-00000.npy")
+
+
+def test_without_metadata_dtype_and_eos_are_needed(tmp_path: Path) -> None:
+    with tokformats.create(tmp_path / "d", "dolma", vocab_size=100, eos=0) as writer:
+        writer.write_batch(np.array([5, 6, 7]), [2, 1])
+    (tmp_path / "d" / "part-0-00000.csv.gz").unlink()
+    path = tmp_path / "d" / "part-0-00000.npy"
+    with pytest.raises(DTypeError, match="pass dtype='uint16'"):
+        dolma.Reader(path)
+    with dolma.Reader(path, dtype="uint16", eos=0) as reader:
+        assert [d.tolist() for d in reader] == [[5, 6, 0], [7, 0]]
+
+
+def test_numpy_npy_is_not_dolma(tmp_path: Path) -> None:
+    np.save(tmp_path / "a.npy", np.arange(5))
+    (tmp_path / "a.csv.gz").write_bytes(gzip.compress(b"0,5,x,y,0\n"))
+    assert not dolma.detect(tmp_path / "a.npy")
+
+
+def test_olmo_core_reads_ours(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    numpy_dataset = pytest.importorskip("olmo_core.data.numpy_dataset")
+    from olmo_core.data.utils import get_document_indices
+
+    flat, lengths = random_corpus(np.random.default_rng(9), 300, low=0, high=50_000)
+    with tokformats.create(tmp_path / "d", "dolma", vocab_size=50_280, max_tokens=3_000, eos=50_279) as writer:
+        writer.write_batch(flat, lengths)
+    with tokformats.open(tmp_path / "d") as reader:
+        paths = [str(p) for p in reader.files]
+        assert len(paths) > 1
+        for path in paths:
+            with tokformats.open(path) as one:
+                assert get_document_indices(path) == list(zip(one.offsets[:-1].tolist(), one.offsets[1:].tolist()))
+        dataset = numpy_dataset.NumpyFSLDataset(
+            *paths, sequence_length=64, pad_token_id=0, eos_token_id=50_279, vocab_size=50_280, dtype=np.uint16
+        )
+        dataset.work_dir = tmp_path / "work"
+        dataset.prepare()
+        # OLMo-core cuts each file into size // 64 instances, never crossing files.
+        instances = np.concatenate([np.asarray(s[: len(s) // 64 * 64]).reshape(-1, 64) for s in reader.shards])
+        assert len(dataset) == len(instances)
+        for k in range(len(dataset)):
+            np.testing.assert_array_equal(dataset[k]["input_ids"].numpy(), instances[k])
+
+
+def test_dolma_writer_output_equals_ours(goldens: Path, tmp_path: Path) -> None:
+    """Same documents, same fields: the .npy bytes and the decompressed rows equal what dolma wrote."""
+    facts = _expected(goldens)["part-0-00000"]
+    source = "s3://bucket/part-0-00000.json.gz"
+    with tokformats.create(tmp_path / "d", "dolma", dtype=facts["dtype"], max_tokens=10_000) as writer:
+        for k, document in enumerate(facts["documents"]):
+            writer.write(document, id=f"doc-{k}", src=source, loc=k)
+    golden = goldens / "dolma" / "part-0-00000"
+    assert (tmp_path / "d" / "part-0-00000.npy").read_bytes() == golden.with_suffix(".npy").read_bytes()
+    ours = gzip.decompress((tmp_path / "d" / "part-0-00000.csv.gz").read_bytes())
+    assert ours == gzip.decompress(Path(f"{golden}.csv.gz").read_bytes())
+
+
+def test_tokenize_into_dolma(tmp_path: Path, tokenizer_path: Path) -> None:
+    texts = ["hello world", "", "second document"]
+    tokformats.tokenize(texts, tokenizer_path, tmp_path / "out", "dolma", progress=False)
+    with tokformats.open(tmp_path / "out") as reader:
+        assert reader.format == "dolma" and len(reader) == 3
