@@ -103,7 +103,7 @@ def _dolma_modules() -> tuple[type, type]:
 
 
 def dolma() -> None:
-    TokenizerOutput, MemmapWriter = _dolma_modules()  # noqa: N806 - the owner's class names
+    TokenizerOutput, MemmapWriter = _dolma_modules()
 
     folder = _fresh("dolma")
     small = _documents(1, 40, 50_000, "uint16")

@@ -346,6 +346,8 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
             on_error=args.on_error,
             executor=executor,
             overwrite=args.overwrite,
+            engine=args.engine,
+            verify_fraction=args.verify_fraction,
             **{k: _number(v) for k, v in writer_options.items()},
         )
     except KeyboardInterrupt:
@@ -364,6 +366,7 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
     seconds = summary["seconds"]
     rate = f", {summary['bytes'] / seconds / 1e6:.1f} MB/s" if summary["bytes"] and seconds else ""
     print(f"tokenized {summary['documents']:,} documents into {summary['tokens']:,} tokens in {seconds:.1f} s{rate}")
+    print(f"engine: {summary['engine']} ({summary['engine_reason']})")
     if summary["skipped"]:
         print(f"skipped {summary['skipped']:,} bad records, e.g. {summary['errors'][0]}")
     for name, output in summary["outputs"].items():
@@ -583,6 +586,19 @@ def build_parser() -> argparse.ArgumentParser:
     tok.add_argument("--workers", type=int, default=0, help="encode partitions of the inputs in N processes")
     tok.add_argument(
         "--on-error", choices=["raise", "skip"], default="raise", help="on a bad record: stop (raise) or skip it"
+    )
+    tok.add_argument(
+        "--engine",
+        choices=("auto", "tokenizers", "fastokens"),
+        default="auto",
+        help="encoder: fastokens where it passes the identity gate (auto, the default), or one of the two",
+    )
+    tok.add_argument(
+        "--verify-fraction",
+        type=float,
+        default=0.01,
+        metavar="F",
+        help="fraction of batches a faster engine's ids are checked against tokenizers' during the run (0.01)",
     )
     tok.add_argument("--resume", action="store_true", help="continue an interrupted run")
     tok.add_argument("--overwrite", action="store_true", help="replace existing outputs and a failed run's work")

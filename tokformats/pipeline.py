@@ -31,7 +31,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Executor
 from dataclasses import asdict, dataclass, field
-from itertools import chain, pairwise
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ import numpy as np
 from . import api
 from .documents import add_delimiter, document_runs, offsets_from_lengths
 from .dtypes import dtype_for_vocab
+from .engines import EngineMismatchError, TokenizersEngine, first_difference, select_engine
 from .errors import ConfigError, FormatError, OutputExistsError, option
 from .protocol import TokenWriter
 from .sources import Input, Record, SourceError, iter_records, resolve_inputs
@@ -315,12 +316,38 @@ def _batches(
         out.put(exc)
 
 
-def _encode(tokenizer: Any, texts: list[str], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    encodings = tokenizer.encode_batch_fast(texts, add_special_tokens=False)
-    ids = [e.ids for e in encodings]
-    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-    flat = np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum()))
-    return flat, lengths
+class Encoder:
+    """The run's engine, checked against ``tokenizers`` on the first batch and on a random ``verify_fraction`` of
+    the others (reproducibly: the draw depends on the seed and the partition only)."""
+
+    def __init__(self, tokenizer: Any, engine: str, verify_fraction: float, seed: int, partition: int) -> None:
+        self.reference = TokenizersEngine(tokenizer)
+        self.engine, self.reason = select_engine(tokenizer, engine)
+        self.explicit = engine != "auto"
+        self.verify_fraction = verify_fraction
+        self._draws = np.random.default_rng([seed, partition])
+        self.batches = 0
+        #: Batches re-encoded with tokenizers to check the engine.
+        self.verified = 0
+
+    def encode(self, texts: list[str], dtype: np.dtype, where: Any) -> tuple[np.ndarray, np.ndarray]:
+        """``texts`` as ``(ids in dtype, lengths)``; ``where(k)`` names text k's record for an error."""
+        flat, lengths = self.engine.encode(texts)
+        if self.engine is not self.reference and (self.batches == 0 or self._draws.random() < self.verify_fraction):
+            want, want_lengths = self.reference.encode(texts)
+            self.verified += 1
+            if not (np.array_equal(lengths, want_lengths) and np.array_equal(flat, want)):
+                k = first_difference(self.reference, self.engine, texts) or 0
+                message = f"{self.engine.name} gave other ids than tokenizers for {where(k)} ({texts[k][:60]!r})"
+                if self.batches or self.explicit:
+                    raise EngineMismatchError(
+                        f"{message}; nothing wrong was written. Resume with {option('engine', repr('tokenizers'))}: "
+                        "the output is the same whichever engine runs."
+                    )
+                self.engine, self.reason = self.reference, f"{message} on the first batch: tokenizers runs instead"
+                flat, lengths = want, want_lengths
+        self.batches += 1
+        return flat.astype(dtype, copy=False), lengths
 
 
 def _add_eos(
@@ -335,7 +362,7 @@ def _add_eos(
 
 def _encode_partition(
     plan: Plan,
-    tokenizer: Any,
+    encoder: Encoder,
     inputs: list[Input],
     first_input: int,
     folder: Path,
@@ -345,7 +372,8 @@ def _encode_partition(
     progress: Progress | None,
     checkpoint_every: float = 5.0,
 ) -> Stats:
-    """Encode ``inputs`` (global numbers ``first_input...``) into spools in ``folder``; resumable."""
+    """Encode ``inputs`` (global numbers ``first_input...``) into spools in ``folder`` with ``encoder``;
+    resumable."""
     dtype = dtype_for_vocab(plan.vocab_size)
     checkpoint = folder / CHECKPOINT
     state: dict[str, Any] = {}
@@ -441,7 +469,11 @@ def _encode_partition(
                     fractions,
                 )
                 for k, key in enumerate(plan.keys):
-                    flat, lengths = _encode(tokenizer, [r.texts[k] for r in good if r.texts], dtype)
+                    flat, lengths = encoder.encode(
+                        [r.texts[k] for r in good if r.texts],
+                        dtype,
+                        lambda n, good=good: f"{inputs[good[n].input].name}, record {good[n].index}",
+                    )
                     flat, lengths = _add_eos(plan, flat, lengths, delimit_empty)
                     if len(fractions) == 1:
                         spools[(key, plan.splits[0])].append(flat, lengths)
@@ -489,14 +521,15 @@ def _partition(inputs: list[Input], parts: int) -> list[tuple[int, list[Input]]]
 
 def _partition_job(args: tuple[Any, ...]) -> dict[str, Any]:
     """Run in an executor worker: encode one partition. Module-level, so that it pickles by reference."""
-    plan_dict, tokenizer_json, paths, first_input, folder, batch_size, resume, checkpoint_every = args
+    plan_dict, tokenizer_json, paths, first_input, folder, batch_size, resume, checkpoint_every, engine = args
     from tokenizers import Tokenizer
 
     plan = Plan(**plan_dict)
-    tokenizer = Tokenizer.from_str(tokenizer_json)
+    name, fraction = engine
+    encoder = Encoder(Tokenizer.from_str(tokenizer_json), name, fraction, seed=plan.seed, partition=first_input)
     stats = _encode_partition(
         plan,
-        tokenizer,
+        encoder,
         [Input(Path(p)) for p in paths],
         first_input,
         Path(folder),
@@ -531,6 +564,8 @@ def tokenize(
     partitions: int | None = None,
     overwrite: bool = False,
     checkpoint_every: float = 5.0,
+    engine: str = "auto",
+    verify_fraction: float = 0.01,
     **writer_options: Any,
 ) -> dict[str, Any]:
     """Tokenize text into ``format`` files; returns a summary (documents, tokens, bytes, seconds, per output).
@@ -556,6 +591,12 @@ def tokenize(
         partitions: how many partitions (default: one per input file, at most 64).
         overwrite: replace existing outputs.
         checkpoint_every: seconds between checkpoints (spools fsynced, position recorded): what a crash can lose.
+        engine: ``auto`` (fastokens when installed and it passes the identity gate, else tokenizers),
+            ``fastokens`` (the same gate; an error when it is missing or differs) or ``tokenizers``. See
+            :mod:`tokformats.engines`; the output is the same whichever engine runs.
+        verify_fraction: the fraction of batches (beyond the first, always checked) that a faster engine's ids are
+            checked against tokenizers' during the run; a difference stops the run with
+            :class:`~tokformats.engines.EngineMismatchError`.
         **writer_options: passed to the format's writer (``shard_size``, ``tokens_per_shard``, ``dtype``, ...).
     """
     started = time.perf_counter()
@@ -566,6 +607,8 @@ def tokenize(
         raise ValueError(f"eos must be one of {EOS_MODES}, not {eos!r}")
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+    if not 0 <= verify_fraction <= 1:
+        raise ConfigError(f"verify_fraction must be between 0 and 1, found {verify_fraction}.")
     resolved = resolve_inputs(inputs)
     loaded = load_tokenizer(tokenizer)
     vocab_size = loaded.get_vocab_size(with_added_tokens=True)
@@ -607,11 +650,14 @@ def tokenize(
     show = sys.stderr.isatty() if progress is None else progress
     counters: list[Any] = []
     monitor = Progress(show, total_bytes, counters)
+    encoder = Encoder(loaded, engine, verify_fraction, seed=plan.seed, partition=0)
+    if show:
+        print(f"tokformats: encoding with {encoder.engine.name}: {encoder.reason}", file=sys.stderr)
 
     if executor is None:
         stats = _encode_partition(
             plan,
-            loaded,
+            encoder,
             resolved,
             0,
             work / "part-0000",
@@ -637,6 +683,8 @@ def tokenize(
                 batch_size,
                 resume,
                 checkpoint_every,
+                # The workers run the engine the gate chose here (and gate it again).
+                (encoder.engine.name if engine == "auto" else engine, verify_fraction),
             )
             for (first, group), part in zip(groups, parts)
         ]
@@ -679,5 +727,7 @@ def tokenize(
         "seconds": round(seconds, 3),
         "skipped": total.skipped,
         "errors": total.errors,
+        "engine": encoder.engine.name,
+        "engine_reason": encoder.reason,
         "outputs": outputs,
     }

@@ -1,0 +1,204 @@
+"""Encoding engines: the identity gate, the fallback, the explicit refusal, checking during the run, byte-identical
+outputs whichever engine runs (every corpus format), and resuming after an engine switch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tokformats
+from tokformats import pipeline
+from tokformats.api import corpus_writers
+from tokformats.engines import (
+    Engine,
+    EngineError,
+    EngineMismatchError,
+    TokenizersEngine,
+    adversarial_texts,
+    first_difference,
+    select_engine,
+)
+from tokformats.samples import sample_texts
+
+
+def _tokenizer(path: Path) -> Any:
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(path))
+
+
+def _corpus(tmp_path: Path, count: int = 400) -> Path:
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in sample_texts(count)))
+    return corpus
+
+
+class Lying(Engine):
+    """tokenizers' ids, except for texts containing ``marker``: one id changed."""
+
+    name = "lying"
+
+    def __init__(self, tokenizer: Any, marker: str) -> None:
+        self.reference = TokenizersEngine(tokenizer)
+        self.marker = marker
+
+    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        flat, lengths = self.reference.encode(texts)
+        flat = flat.copy()
+        ends = np.cumsum(lengths)
+        for k, text in enumerate(texts):
+            if self.marker in text and lengths[k]:
+                flat[ends[k] - 1] += 1
+        return flat, lengths
+
+
+def _lying(monkeypatch: pytest.MonkeyPatch, marker: str) -> None:
+    def choose(tokenizer: Any, engine: str = "auto") -> tuple[Engine, str]:
+        if engine == "tokenizers":
+            return TokenizersEngine(tokenizer), "asked for"
+        return Lying(tokenizer, marker), "a test engine"
+
+    monkeypatch.setattr(pipeline, "select_engine", choose)
+
+
+def test_tokenizers_engine_is_the_reference(tokenizer_path: Path) -> None:
+    tokenizer = _tokenizer(tokenizer_path)
+    texts = adversarial_texts(tokenizer)
+    flat, lengths = TokenizersEngine(tokenizer).encode(texts)
+    assert flat.dtype == np.uint32 and lengths.sum() == len(flat)
+    assert [tokenizer.encode(t, add_special_tokens=False).ids for t in texts] == [
+        flat[e - n : e].tolist() for e, n in zip(np.cumsum(lengths), lengths)
+    ]
+    assert first_difference(TokenizersEngine(tokenizer), Lying(tokenizer, "family"), texts) == next(
+        k for k, t in enumerate(texts) if "family" in t
+    )
+
+
+def test_unknown_engine_is_refused(tokenizer_path: Path) -> None:
+    with pytest.raises(tokformats.ConfigError, match="engine must be one of auto, tokenizers, fastokens"):
+        select_engine(_tokenizer(tokenizer_path), "fast")
+
+
+def test_fastokens_missing(monkeypatch: pytest.MonkeyPatch, tokenizer_path: Path) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "fastokens", None)  # import fastokens raises ImportError
+    engine, reason = select_engine(_tokenizer(tokenizer_path), "auto")
+    assert engine.name == "tokenizers" and "pip install 'tokformats[fast]'" in reason
+    with pytest.raises(EngineError, match=r"not installed: pip install 'tokformats\[fast\]'"):
+        select_engine(_tokenizer(tokenizer_path), "fastokens")
+
+
+def test_gate_passes_byte_level_bpe_and_own_tokenizers(tokenizer_path: Path, fixtures: Path) -> None:
+    pytest.importorskip("fastokens")
+    for path in (tokenizer_path, fixtures / "llmc" / "bytelevel_bpe.tokenizer.json"):
+        engine, reason = select_engine(_tokenizer(path), "auto")
+        assert engine.name == "fastokens", reason
+        assert "passed the identity gate" in reason
+
+
+def test_refused_component_falls_back_or_raises(tokenizer_path: Path) -> None:
+    pytest.importorskip("fastokens")
+    from tokenizers import normalizers
+
+    tokenizer = _tokenizer(tokenizer_path)
+    tokenizer.normalizer = normalizers.NFKC()
+    engine, reason = select_engine(tokenizer, "auto")
+    assert engine.name == "tokenizers" and "fastokens refuses this tokenizer" in reason and "NFKC" in reason
+    with pytest.raises(EngineError, match="NFKC"):
+        select_engine(tokenizer, "fastokens")
+
+
+def test_first_batch_difference_falls_back_under_auto(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path
+) -> None:
+    corpus = _corpus(tmp_path)
+    reference = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "ref", "raw", engine="tokenizers",
+                                    progress=False)  # fmt: skip
+    marker = sample_texts(400)[3][:12]
+    _lying(monkeypatch, marker)
+    summary = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "auto", "raw", progress=False)
+    assert summary["engine"] == "tokenizers"
+    assert "on the first batch: tokenizers runs instead" in summary["engine_reason"]
+    assert (tmp_path / "auto.bin").read_bytes() == (tmp_path / "ref.bin").read_bytes()
+    assert reference["tokens"] == summary["tokens"]
+    with pytest.raises(EngineMismatchError, match=r"corpus\.jsonl, record 4 "):
+        tokformats.tokenize(corpus, tokenizer_path, tmp_path / "explicit", "raw", engine="fastokens", progress=False)
+
+
+def test_difference_during_the_run_stops_it_and_resume_after_switching_engines_is_identical(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path
+) -> None:
+    corpus = _corpus(tmp_path, 3000)
+    reference = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "ref", "megatron", engine="tokenizers",
+                                    progress=False, batch_size=100)  # fmt: skip
+    texts = sample_texts(3000)
+    late = next(k for k in range(2500, 3000) if texts[k] and all(texts[k][:15] not in t for t in texts[:2500]))
+    _lying(monkeypatch, texts[late][:15])
+    with pytest.raises(EngineMismatchError, match=rf"record {late + 1} .*engine='tokenizers'"):
+        tokformats.tokenize(corpus, tokenizer_path, tmp_path / "run", "megatron", progress=False, batch_size=100,
+                            verify_fraction=1.0, checkpoint_every=0.0)  # fmt: skip
+    assert not list(tmp_path.glob("run*.bin")) and (tmp_path / "run.tokenize").is_dir()
+    summary = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "run", "megatron", progress=False,
+                                  batch_size=100, resume=True, engine="tokenizers")  # fmt: skip
+    assert summary["documents"] == 3000
+    ours = [Path(f) for output in summary["outputs"].values() for f in output["files"]]
+    theirs = [Path(f) for output in reference["outputs"].values() for f in output["files"]]
+    assert len(ours) == len(theirs) == 2
+    for a, b in zip(ours, theirs):
+        assert a.read_bytes() == b.read_bytes(), a.name
+
+
+def test_verify_fraction_must_be_a_fraction(tmp_path: Path, tokenizer_path: Path) -> None:
+    with pytest.raises(tokformats.ConfigError, match="verify_fraction must be between 0 and 1"):
+        tokformats.tokenize(["a"], tokenizer_path, tmp_path / "x", "raw", verify_fraction=2.0, progress=False)
+
+
+# Files that record when they were written (not what): compared without their time fields.
+_TIMESTAMPED = {"manifest.json", "checkpoints.json", "index.json"}
+
+
+def _without_times(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: _without_times(v) for k, v in data.items() if k not in ("created_at", "updated_at", "timestamp")}
+    if isinstance(data, list):
+        return [_without_times(v) for v in data]
+    return data
+
+
+@pytest.mark.parametrize("format", sorted(corpus_writers()))
+def test_outputs_are_byte_identical_whichever_engine_runs(format: str, tmp_path: Path, tokenizer_path: Path) -> None:
+    pytest.importorskip("fastokens")
+    if format == "hf":
+        pytest.importorskip("pyarrow")
+    texts = [*sample_texts(300), *adversarial_texts(_tokenizer(tokenizer_path))]
+    outputs = {}
+    for engine in ("tokenizers", "fastokens"):
+        folder = tmp_path / engine
+        summary = tokformats.tokenize(texts, tokenizer_path, folder / "out", format, engine=engine, progress=False)
+        assert summary["engine"] == engine
+        outputs[engine] = {p.relative_to(folder): p for p in folder.rglob("*") if p.is_file()}
+    assert sorted(outputs["tokenizers"]) == sorted(outputs["fastokens"])
+    for name, path in outputs["tokenizers"].items():
+        other = outputs["fastokens"][name]
+        if path.name in _TIMESTAMPED:
+            assert _without_times(json.loads(path.read_text())) == _without_times(json.loads(other.read_text()))
+        else:
+            assert path.read_bytes() == other.read_bytes(), name
+
+
+def test_command_line_names_the_engine(
+    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tokformats.cli import main
+
+    corpus = _corpus(tmp_path, 50)
+    code = main(["tokenize", str(corpus), "-t", str(tokenizer_path), "-o", str(tmp_path / "o"), "-f", "raw",
+                 "--engine", "tokenizers", "--verify-fraction", "0.5", "-q", "--json"])  # fmt: skip
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["engine"] == "tokenizers" and summary["engine_reason"] == "asked for"
