@@ -1,15 +1,22 @@
-"""tokformats.tokenize end to end against ``Tokenizer.encode_batch_fast`` alone, same text, same threads.
+"""tokformats.tokenize end to end against the encoders alone and against Megatron-LM's preprocess_data.py.
 
-Run: ``python benchmarks/bench_tokenize.py [--megabytes 220]``. The corpus is real text on every machine: the
-``.py``, ``.rst`` and ``.txt`` files under Python's library folder (standard library first, then installed packages),
-one document per file, written once as JSONL (and gzipped JSONL). A byte-level BPE (32,000 tokens) is trained on
-the first 20 MB. Then, in this order, all in the same process and on the same cores:
+Run: ``python benchmarks/bench_tokenize.py [--megabytes 220] [--tokenizer FILE] [--megatron-lm DIR] [--repeat 3]``.
 
-(a) ``encode_batch_fast`` alone on the pre-loaded texts, in batches of 1,000 (the pipeline's batch size);
-(b) ``tokformats.tokenize`` from ``.jsonl`` into each format;
-(c) the same from ``.jsonl.gz``.
+The corpus is real text on every machine: the ``.py``, ``.rst`` and ``.txt`` files under Python's library folder
+(standard library first, then installed packages), one document per file, written once as JSONL (and gzipped
+JSONL). The tokenizer is ``--tokenizer`` (a byte-level BPE ``tokenizer.json``) or a 32,000-token byte-level BPE
+trained on the first 20 MB. In the same process, on the same cores, alternating and repeated:
 
-Peak RSS of (b) is measured in fresh processes on the corpus and on a 5x larger one (the same files repeated).
+(a)  ``tokenizers``' ``encode_batch_fast`` alone on the pre-loaded texts, batches of 1,000 (the pipeline's size);
+(a') ``fastokens``' ``encode_batch_flat`` alone, the same batches;
+(b)  ``tokformats.tokenize`` ``.jsonl`` -> megatron, ``engine="auto"``;
+(c)  the same from ``.jsonl.gz``.
+
+Then once each: (b) into every other format, (b) with ``engine="tokenizers"``, and (d) Megatron-LM's
+``tools/preprocess_data.py --workers 2 --append-eod`` (``--megatron-lm``: a checkout of Megatron-LM at tag
+``core_v0.16.1``, e.g. ``git clone -b core_v0.16.1 https://github.com/NVIDIA/Megatron-LM``; it needs torch, triton,
+nltk and regex) with its GPT-2 BPE tokenizer on the same vocabulary and merges; its ``.bin``/``.idx`` must be
+byte-identical to (b)'s. Peak RSS of (b) is measured in fresh processes on the corpus and on 5x it.
 """
 
 from __future__ import annotations
@@ -17,18 +24,22 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, scratch, table
 
 import tokformats
-
-FORMATS = ("megatron", "llmc", "raw", "pt", "timemoe")
+from tokformats.api import corpus_writers
+from tokformats.engines import FastokensEngine, TokenizersEngine
 
 
 def corpus_files(megabytes: float) -> list[Path]:
@@ -78,11 +89,51 @@ def peak_rss(jsonl: Path, tokenizer: Path, output: Path) -> float:
     return float(out.stdout.strip())
 
 
+def encode_all(engine: Any, texts: list[str]) -> int:
+    tokens = 0
+    for k in range(0, len(texts), 1000):
+        flat, _ = engine.encode(texts[k : k + 1000])
+        tokens += len(flat)
+    return tokens
+
+
+def timed(function: Callable[..., Any], *args: Any) -> tuple[float, Any]:
+    started = time.perf_counter()
+    result = function(*args)
+    return time.perf_counter() - started, result
+
+
+def spread(values: list[float]) -> str:
+    return f"{min(values):.2f}/{statistics.median(values):.2f}/{max(values):.2f}"
+
+
+def megatron_lm(checkout: Path, jsonl: Path, tokenizer_path: Path, prefix: Path, workers: int) -> float:
+    """Run Megatron-LM's preprocess_data.py (its GPT-2 BPE on the tokenizer's vocabulary and merges); seconds."""
+    from tokenizers import Tokenizer
+
+    vocab = prefix.parent / "megatron-lm-vocab"
+    vocab.mkdir(parents=True, exist_ok=True)
+    Tokenizer.from_file(str(tokenizer_path)).model.save(str(vocab))
+    command = [
+        sys.executable, str(checkout / "tools" / "preprocess_data.py"), "--input", str(jsonl),
+        "--output-prefix", str(prefix), "--tokenizer-type", "GPT2BPETokenizer", "--legacy-tokenizer",
+        "--vocab-file", str(vocab / "vocab.json"), "--merge-file", str(vocab / "merges.txt"),
+        "--workers", str(workers), "--append-eod", "--log-interval", "1000000",
+    ]  # fmt: skip
+    environment = {**os.environ, "PYTHONPATH": str(checkout)}
+    started = time.perf_counter()
+    subprocess.run(command, check=True, env=environment, capture_output=True)
+    return time.perf_counter() - started
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--megabytes", type=float, default=220)
+    parser.add_argument("--tokenizer", type=Path, help="a byte-level BPE tokenizer.json (default: train a 32k one)")
+    parser.add_argument("--megatron-lm", type=Path, help="a Megatron-LM checkout (tag core_v0.16.1) for (d)")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--skip-formats", action="store_true", help="only megatron for (b)")
     parser.add_argument("--skip-rss", action="store_true")
-    parser.add_argument("--rss-only", action="store_true", help="only the peak-RSS comparison")
     args = parser.parse_args()
     folder = scratch("tokenize")
     files = corpus_files(args.megabytes)
@@ -90,69 +141,85 @@ def main() -> None:
     with open(jsonl, encoding="utf-8") as handle:
         texts = [json.loads(line)["text"] for line in handle]
     tokenizer_path = folder / "tokenizer.json"
-    if args.rss_only:
-        tokformats.train_tokenizer(texts[:2000], 32000, progress=False).save(str(tokenizer_path))
-        print_rss(folder, files, jsonl, tokenizer_path)
-        return
-    sample, size = [], 0
-    for text in texts:
-        sample.append(text)
-        size += len(text)
-        if size > 20e6:
-            break
-    tokenizer = tokformats.train_tokenizer(sample, 32000, progress=False)
-    tokenizer.save(str(tokenizer_path))
+    if args.tokenizer:
+        shutil.copy(args.tokenizer, tokenizer_path)
+    else:
+        sample, size = [], 0
+        for text in texts:
+            sample.append(text)
+            size += len(text)
+            if size > 20e6:
+                break
+        tokformats.train_tokenizer(sample, 32000, progress=False).save(str(tokenizer_path))
+    tokenizer = tokformats.tokenizer.load_tokenizer(tokenizer_path)
+    reference, fast = TokenizersEngine(tokenizer), FastokensEngine(tokenizer.to_str())
 
-    started = time.perf_counter()
-    tokens = empty = 0
-    for k in range(0, len(texts), 1000):
-        for encoding in tokenizer.encode_batch_fast(texts[k : k + 1000], add_special_tokens=False):
-            tokens += len(encoding.ids)
-            empty += not encoding.ids
-    baseline = time.perf_counter() - started
-    rows = [
-        {
-            "run": "(a) encode_batch_fast alone, pre-loaded texts",
-            "MB/s": f"{text_bytes / baseline / 1e6:.1f}",
-            "tokens/s": f"{tokens / baseline / 1e6:.2f} M",
-            "seconds": f"{baseline:.1f}",
-            "(b)/(a)": "1.00",
-        }
-    ]
+    times: dict[str, list[float]] = {"a": [], "a'": [], "b": [], "c": []}
+    tokens = 0
+    for _ in range(args.repeat):  # alternate the sides so that machine noise hits all alike
+        seconds, tokens = timed(encode_all, reference, texts)
+        times["a"].append(seconds)
+        seconds, fast_tokens = timed(encode_all, fast, texts)
+        times["a'"].append(seconds)
+        assert fast_tokens == tokens
+        for label, source in (("b", jsonl), ("c", gz)):
+            summary = tokformats.tokenize(source, tokenizer_path, folder / "out" / "mega", "megatron", progress=False,
+                                          overwrite=True)  # fmt: skip
+            assert summary["engine"] == "fastokens", summary["engine_reason"]
+            times[label].append(summary["seconds"])
+    documents = len(texts)
     del texts
-    for source, label in ((jsonl, "(b) .jsonl"), (gz, "(c) .jsonl.gz")):
-        for name in FORMATS if source == jsonl else ("megatron",):
-            summary = tokformats.tokenize(
-                source, tokenizer, folder / "out" / name, name, progress=False, overwrite=True
-            )
-            seconds = summary["seconds"]
-            # one end-of-text per document (Megatron's preprocess_data gives empty documents none)
-            assert summary["tokens"] == tokens + summary["documents"] - (empty if name == "megatron" else 0)
-            rows.append(
-                {
-                    "run": f"{label} -> {name}",
-                    "MB/s": f"{text_bytes / seconds / 1e6:.1f}",
-                    "tokens/s": f"{summary['tokens'] / seconds / 1e6:.2f} M",
-                    "seconds": f"{seconds:.1f}",
-                    "(b)/(a)": f"{baseline / seconds:.2f}",
-                }
-            )
-            print(rows[-1], flush=True)
+    medians = {key: statistics.median(values) for key, values in times.items()}
+    encoders, fast_alone = medians["a"], medians["a'"]
+    rows = []
+    names = {"a": "(a) encode_batch_fast alone", "a'": "(a') fastokens alone", "b": "(b) tokenize .jsonl -> megatron",
+             "c": "(c) tokenize .jsonl.gz -> megatron"}  # fmt: skip
+    for key, label in names.items():
+        median = medians[key]
+        rows.append({
+            "run": label, "seconds min/med/max": spread(times[key]), "MB/s": f"{text_bytes / median / 1e6:.1f}",
+            "Mtokens/s": f"{tokens / median / 1e6:.2f}", "docs/s": f"{documents / median:,.0f}",
+            "x (a)": f"{encoders / median:.2f}", "x (a')": f"{fast_alone / median:.2f}",
+        })  # fmt: skip
+    once = [("engine=tokenizers", "megatron", "tokenizers")]
+    if not args.skip_formats:
+        once += [(f"-> {name}", name, "auto") for name in sorted(corpus_writers()) if name != "megatron"]
+    for label, name, engine in once:
+        summary = tokformats.tokenize(jsonl, tokenizer_path, folder / "out" / name, name, progress=False,
+                                      overwrite=True, engine=engine)  # fmt: skip
+        seconds = summary["seconds"]
+        rows.append({
+            "run": f"(b) {label}", "seconds min/med/max": f"{seconds:.2f}", "MB/s": f"{text_bytes / seconds / 1e6:.1f}",
+            "Mtokens/s": f"{summary['tokens'] / seconds / 1e6:.2f}", "docs/s": f"{documents / seconds:,.0f}",
+            "x (a)": f"{encoders / seconds:.2f}", "x (a')": f"{fast_alone / seconds:.2f}",
+        })  # fmt: skip
+        print(rows[-1], flush=True)
+    if args.megatron_lm:
+        prefix = folder / "out" / "megatron-lm"
+        seconds = megatron_lm(args.megatron_lm, jsonl, tokenizer_path, prefix, 2)
+        ours = tokformats.tokenize(jsonl, tokenizer_path, folder / "out" / "mega", "megatron", progress=False,
+                                   overwrite=True)  # fmt: skip
+        identical = all(
+            Path(f"{prefix}_text_document{s}").read_bytes() == Path(ours["outputs"]["text"]["path"] + s).read_bytes()
+            for s in (".bin", ".idx")
+        )
+        rows.append({
+            "run": "(d) Megatron-LM preprocess_data.py --workers 2", "seconds min/med/max": f"{seconds:.1f}",
+            "MB/s": f"{text_bytes / seconds / 1e6:.2f}", "Mtokens/s": f"{tokens / seconds / 1e6:.3f}",
+            "docs/s": f"{documents / seconds:,.0f}", "x (a)": f"{encoders / seconds:.2f}",
+            "x (a')": f"(b)/(d) = {seconds / medians['b']:.1f}x; output identical: {identical}",
+        })  # fmt: skip
     print(
-        f"machine: {machine()}; corpus: {len(files):,} files, {text_bytes / 1e6:.0f} MB of text, "
-        f"{tokens:,} tokens (32,000-token byte-level BPE)\n"
+        f"machine: {machine()}; corpus: {len(files):,} files, {text_bytes / 1e6:.0f} MB of text, {tokens:,} tokens "
+        f"({tokenizer.get_vocab_size():,}-token tokenizer); {args.repeat} alternating repeats\n"
     )
     print(table(rows))
     if not args.skip_rss:
-        print_rss(folder, files, jsonl, tokenizer_path)
+        big, _, _ = write_corpus(folder, files, repeat=5)
+        one = peak_rss(jsonl, tokenizer_path, folder / "rss1" / "c")
+        five = peak_rss(big, tokenizer_path, folder / "rss5" / "c")
+        print(f"\npeak RSS of (b) -> megatron in a fresh process: {one:.0f} MB on the corpus, {five:.0f} MB on 5x it")
     shutil.rmtree(folder)
-
-
-def print_rss(folder: Path, files: list[Path], jsonl: Path, tokenizer_path: Path) -> None:
-    big, _, _ = write_corpus(folder, files, repeat=5)
-    one = peak_rss(jsonl, tokenizer_path, folder / "rss1" / "c")
-    five = peak_rss(big, tokenizer_path, folder / "rss5" / "c")
-    print(f"\npeak RSS of (b) -> megatron in a fresh process: {one:.0f} MB on the corpus, {five:.0f} MB on 5x it")
 
 
 if __name__ == "__main__":

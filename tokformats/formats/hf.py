@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..dtypes import little_endian, resolve_dtype
-from ..errors import FormatError, NoFilesError
+from ..errors import DTypeError, FormatError, NoFilesError
 from ..limits import read_json_object
 from ..parts import Part, PartsReader, checked_offsets
 from ..protocol import PathLike, TokenWriter
@@ -227,7 +227,7 @@ class Writer(TokenWriter):
     ) -> None:
         chosen = resolve_dtype(dtype, vocab_size, format=self.format, default="int32", rule=lambda _: np.int32)
         if chosen.kind not in "iu":
-            raise FormatError(f"hf: a token column holds integers; {chosen.name} was asked for.")
+            raise DTypeError(f"hf: a token column holds integers; {chosen.name} was asked for.")
         super().__init__(path, dtype=chosen, vocab_size=vocab_size, overwrite=overwrite)
         self._pa = _pyarrow()
         self.column = column
