@@ -196,3 +196,35 @@ def test_formats_register_through_the_entry_point_group(monkeypatch: pytest.Monk
         assert "plugin-raw" in tokformats.formats
     finally:
         registry._REGISTRY.pop("plugin-raw", None)
+
+
+def test_merge_of_any_format_keeps_every_document(tmp_path: Path) -> None:
+    from tokformats.testing import random_corpus
+
+    parts = []
+    for k in range(3):
+        flat, lengths = random_corpus(np.random.default_rng(k), 20, low=0, high=900)
+        with tokformats.create(tmp_path / f"part{k}", "litdata", vocab_size=1000, chunk_size=200) as writer:
+            writer.write_batch(flat, lengths)
+        parts.append((flat, lengths))
+    with tokformats.api.merge([tmp_path / f"part{k}" for k in range(3)], tmp_path / "all") as merged:
+        assert merged.format == "litdata" and merged.dtype == np.dtype("<u2")
+        want = [d.tolist() for flat, lengths in parts for d in np.split(flat, np.cumsum(lengths)[:-1])]
+        assert [d.tolist() for d in merged] == want
+    with pytest.raises(tokformats.OutputExistsError):
+        tokformats.api.merge([tmp_path / "part0"], tmp_path / "all")
+
+
+def test_vocabulary_export_is_generic(tmp_path: Path, tokenizer_path: Path) -> None:
+    assert tokformats.api.vocabulary_formats() == ["llmc-vocab"]
+    path = tokformats.api.export_tokenizer(tokenizer_path, tmp_path / "v.bin", "llmc-vocab")
+    with tokformats.open(path) as vocabulary:
+        assert vocabulary.format == "llmc-vocab" and len(vocabulary) > 256
+    with pytest.raises(tokformats.UnknownFormatError, match="stores no tokenizer vocabulary; the ones that do: llmc"):
+        tokformats.api.export_tokenizer(tokenizer_path, tmp_path / "x", "megatron")
+
+
+def test_public_names_list_every_format_module() -> None:
+    names = dir(tokformats)
+    for module in ("megatron", "llmc", "datatrove", "dolma", "hf", "litdata", "open", "tokenize"):
+        assert module in names

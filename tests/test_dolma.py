@@ -82,7 +82,8 @@ def test_without_metadata_dtype_and_eos_are_needed(tmp_path: Path) -> None:
 def test_numpy_npy_is_not_dolma(tmp_path: Path) -> None:
     np.save(tmp_path / "a.npy", np.arange(5))
     (tmp_path / "a.csv.gz").write_bytes(gzip.compress(b"0,5,x,y,0\n"))
-    assert not dolma.detect(tmp_path / "a.npy")
+    assert not tokformats.formats["dolma"].detect(tmp_path / "a.npy")
+    assert tokformats.detect(tmp_path / "a.npy") == "sequences"
 
 
 def test_olmo_core_reads_ours(tmp_path: Path) -> None:

@@ -252,8 +252,8 @@ def test_cli_train_tokenizer_and_head(tmp_path: Path, capsys: pytest.CaptureFixt
         "350",
         "-o",
         str(out),
-        "--llmc-vocab",
-        str(tmp_path / "v.bin"),
+        "--export",
+        f"llmc-vocab={tmp_path / 'v.bin'}",
         "-q",
     ]
     assert main(args) == 0

@@ -6,8 +6,8 @@
 ...     w.write([50256, 15496, 995])
 
 ``tokformats.formats`` is the read-only table of formats (name -> descriptor). The modules holding
-each format's reader and writer live in the ``tokformats.formats`` *package*; their public faces
-are the attributes ``tokformats.raw``, ``tokformats.llmc``, ... below.
+each format's reader and writer live in the ``tokformats.formats`` *package*; each is also the attribute
+``tokformats.NAME`` (``tokformats.megatron``, ...), imported on first use; ``dir(tokformats)`` lists them.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ formats = _format_table
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from .formats import llmc, megatron, pt, raw, timemoe
     from .pipeline import tokenize
     from .tokenizer import train_tokenizer
 
@@ -64,6 +63,12 @@ def __getattr__(name: str) -> Any:
         globals()[name] = module
         return module
     raise AttributeError(f"module 'tokformats' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The public names, with every built-in format module (``tokformats.NAME``)."""
+    modules = [n for n, d in _format_table.items() if d.module.startswith(f"{__name__}.formats.") and n.isidentifier()]
+    return sorted({*__all__, *modules})
 
 
 __all__ = [
@@ -90,11 +95,6 @@ __all__ = [
     "UnsafePickleError",
     "ConfigError",
     "DataWarning",
-    "raw",
-    "llmc",
-    "megatron",
-    "pt",
-    "timemoe",
     "train_tokenizer",
     "tokenize",
     "__version__",

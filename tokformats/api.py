@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from .boundaries import choose_delimiter, delimit
 from .documents import document_runs
-from .errors import DTypeError, FormatError, UnknownFormatError
+from .errors import DTypeError, FormatError, NoFilesError, UnknownFormatError
 from .journal import recover_near
 from .protocol import PathLike, Reader, TokenReader, TokenWriter, Writer
 from .registry import descriptor, detect, formats
 
-__all__ = ["open", "create", "convert"]
+__all__ = ["open", "create", "convert", "merge", "export_tokenizer", "vocabulary_formats", "corpus_writers"]
 
 
 def open(path: Any, format: str | None = None, **options: Any) -> Reader[Any]:
@@ -159,3 +161,55 @@ def convert(
             "delimiters_added": added,
             "read_with": read_with,
         }
+
+
+def vocabulary_formats() -> list[str]:
+    """The formats a tokenizer's vocabulary can be exported to (their module defines ``export_tokenizer``)."""
+    return [name for name, entry in formats.items() if hasattr(entry.load(), "export_tokenizer")]
+
+
+def export_tokenizer(tokenizer: Any, path: PathLike, format: str, *, overwrite: bool = False) -> Path:
+    """Write ``tokenizer``'s vocabulary (a ``tokenizers.Tokenizer`` or a tokenizer.json) in vocabulary ``format``."""
+    from .tokenizer import load_tokenizer
+
+    module = descriptor(format).load()
+    exporter = getattr(module, "export_tokenizer", None)
+    if exporter is None:
+        names = ", ".join(vocabulary_formats()) or "none"
+        raise UnknownFormatError(f"format {format!r} stores no tokenizer vocabulary; the ones that do: {names}.")
+    written: Path = exporter(load_tokenizer(tokenizer), path, overwrite=overwrite)
+    return written
+
+
+def merge(sources: Sequence[Any], destination: PathLike, *, overwrite: bool = False, **writer_options: Any) -> Reader:
+    """Concatenate datasets of one format into one dataset of that format, in order, and open it.
+
+    A format whose module defines ``merge`` (Megatron: byte-identical to its ``add_index`` chain, the ``.bin`` files
+    copied by the operating system) does it its own way; any other corpus format is read and written again with
+    the first dataset's dtype, keeping every document.
+    """
+    if not sources:
+        raise NoFilesError("merge needs at least one dataset.")
+    name = detect(sources[0])
+    module = descriptor(name).load()
+    if hasattr(module, "merge"):
+        merged: Reader = module.merge(sources, destination, overwrite=overwrite)
+        return merged
+    readers = [open(source) for source in sources]
+    try:
+        others = {r.format for r in readers} - {name}
+        if others:
+            raise FormatError(f"merge takes datasets of one format: {sources[0]} is {name}, others are {others}.")
+        tokens = [r for r in readers if isinstance(r, TokenReader)]
+        if len(tokens) != len(readers):
+            raise UnknownFormatError(f"{name} datasets are not token corpora; only corpora merge.")
+        options = {"dtype": tokens[0].dtype, **writer_options}
+        with create(destination, name, overwrite=overwrite, **options) as writer:
+            assert isinstance(writer, TokenWriter)
+            for corpus in tokens:
+                writer.write_all(corpus.tokens, corpus.lengths)
+    finally:
+        for reader in readers:
+            reader.close()
+    path = destination if Path(destination).exists() else writer.written[0]
+    return open(path)

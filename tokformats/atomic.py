@@ -77,6 +77,8 @@ class AtomicFiles:
         self._stale: list[Path] = []
         self._stale_sources: list[Callable[[], Iterable[Path]]] = []
         self._scratch: list[Path] = []
+        #: The final paths of the last commit.
+        self.committed: list[Path] = []
         self._finalizer = weakref.finalize(
             self, _cleanup, self._handles, self._temporaries, self._made_dirs, self._scratch
         )
@@ -85,11 +87,15 @@ class AtomicFiles:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
-        """Commit when the block ends normally, abort (nothing appears) when it raises."""
-        if exc_type is None:
-            self.commit()
-        else:
+        """Commit when the block ends normally, abort (nothing appears) when it raises or the commit fails."""
+        if exc_type is not None:
             self.abort()
+            return
+        try:
+            self.commit()
+        except BaseException:
+            self.abort()
+            raise
 
     def check_destination(self, final: str | os.PathLike[str]) -> None:
         """Refuse ``final`` if it exists and overwriting was not allowed (after completing any commit a killed
@@ -202,6 +208,7 @@ class AtomicFiles:
         self._finals.clear()
         self._final_set.clear()
         self._finalizer.detach()
+        self.committed = finals
         return finals
 
     def abort(self) -> None:

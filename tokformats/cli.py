@@ -19,8 +19,9 @@ from typing import Any
 from . import __version__, api
 from .errors import FormatError, OutputExistsError, UnknownFormatError, command_line_flags
 from .inspect import describe
+from .protocol import TokenReader
 from .quickstart import format_table
-from .registry import formats
+from .registry import default_corpus_format, formats
 
 __all__ = ["main", "build_parser"]
 
@@ -262,12 +263,12 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
-    from .formats.megatron import merge
-
-    with merge(args.prefixes, args.output, overwrite=args.overwrite) as merged:
+    with api.merge(args.inputs, args.output, overwrite=args.overwrite) as merged:
+        assert isinstance(merged, TokenReader)
         summary = {
             "path": str(merged.path),
-            "inputs": len(args.prefixes),
+            "format": merged.format,
+            "inputs": len(args.inputs),
             "documents": len(merged),
             "tokens": merged.num_tokens,
             "dtype": merged.dtype.name,
@@ -277,15 +278,22 @@ def _cmd_merge(args: argparse.Namespace) -> int:
         _print_json(summary)
     else:
         print(
-            f"merged {summary['inputs']} datasets into {summary['path']}: {summary['documents']:,} documents, "
-            f"{summary['tokens']:,} tokens, {summary['dtype']}"
+            f"merged {summary['inputs']} {summary['format']} datasets into {summary['path']}: "
+            f"{summary['documents']:,} documents, {summary['tokens']:,} tokens, {summary['dtype']}"
         )
     return 0
 
 
 def _cmd_train_tokenizer(args: argparse.Namespace) -> int:
-    from .formats.llmc_vocab import Vocab
     from .tokenizer import padded_vocab_size, train_tokenizer
+
+    exports = []
+    for item in args.export:
+        format, _, path = item.partition("=")
+        if not path or format not in api.vocabulary_formats():
+            names = ", ".join(api.vocabulary_formats())
+            raise FormatError(f"--export takes FORMAT=PATH with FORMAT one of {names}; found {item!r}.")
+        exports.append((format, path))
 
     output = Path(args.output)
     if output.exists() and not args.overwrite:
@@ -302,9 +310,9 @@ def _cmd_train_tokenizer(args: argparse.Namespace) -> int:
     tokenizer.save(str(output))
     size = tokenizer.get_vocab_size(with_added_tokens=True)
     print(f"vocabulary size {size:,} (padded to a multiple of 64: {padded_vocab_size(size):,}) -> {output}")
-    if args.llmc_vocab:
-        path = Vocab.from_tokenizer(tokenizer).save(args.llmc_vocab, overwrite=args.overwrite)
-        print(f"llm.c vocabulary -> {path}")
+    for format, path in exports:
+        written = api.export_tokenizer(tokenizer, path, format, overwrite=args.overwrite)
+        print(f"{format} vocabulary -> {written}")
     return 0
 
 
@@ -443,7 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tokformats", description="Read, write and convert tokenized training data.")
     parser.add_argument("--version", action="version", version=f"tokformats {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    corpus_formats = sorted(n for n, d in formats.items() if d.writable and n != "llmc-vocab")
+    corpus_formats = sorted(api.corpus_writers())
 
     info = _command(
         commands,
@@ -530,12 +538,12 @@ def build_parser() -> argparse.ArgumentParser:
     merging = _command(
         commands,
         "merge",
-        "merge Megatron datasets (byte-identical to Megatron's add_index)",
+        "merge datasets of one format into one, in order (Megatron's: byte-identical to its add_index)",
         "tokformats merge data/a data/b -o data/ab",
         _cmd_merge,
     )
-    merging.add_argument("prefixes", nargs="+", help="dataset prefixes, in order")
-    merging.add_argument("--output", "-o", required=True, help="the merged dataset's prefix")
+    merging.add_argument("inputs", nargs="+", help="datasets (paths, prefixes or folders), in order")
+    merging.add_argument("--output", "-o", required=True, help="where the merged dataset goes")
     merging.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --output")
     _add_json(merging)
 
@@ -543,7 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
         commands,
         "train-tokenizer",
         "train a byte-level BPE tokenizer on any input tokenize reads",
-        "tokformats train-tokenizer corpus.jsonl.gz --vocab-size 32000 -o tokenizer.json --llmc-vocab tok.bin",
+        "tokformats train-tokenizer corpus.jsonl.gz --vocab-size 32000 -o tokenizer.json --export llmc-vocab=tok.bin",
         _cmd_train_tokenizer,
     )
     train.add_argument("inputs", nargs="+", help=".txt/.json/.jsonl/.parquet files (.gz/.zst), globs or folders")
@@ -554,7 +562,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--sample-docs", type=int, help="learn merges from the first N documents only")
     train.add_argument("--output", "-o", required=True, help="where to write tokenizer.json")
-    train.add_argument("--llmc-vocab", help="also write llm.c's vocabulary (gpt2_tokenizer.bin format) here")
+    train.add_argument(
+        "--export",
+        action="append",
+        default=[],
+        metavar="FORMAT=PATH",
+        help="also write the vocabulary in a vocabulary format (tokformats formats lists them), repeatable",
+    )
     train.add_argument("--overwrite", action="store_true", help="replace existing outputs")
     train.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
@@ -568,13 +582,14 @@ def build_parser() -> argparse.ArgumentParser:
     tok.add_argument("inputs", nargs="+", help=".txt/.json/.jsonl/.parquet files (.gz/.zst), globs or folders")
     tok.add_argument("--tokenizer", "-t", required=True, help="tokenizer.json or its folder")
     tok.add_argument("--output", "-o", required=True, help="output path prefix (names: see the README)")
-    tok.add_argument("--format", "-f", default="megatron", choices=corpus_formats, help="output format (megatron)")
+    default = default_corpus_format()
+    tok.add_argument("--format", "-f", default=default, choices=corpus_formats, help=f"output format ({default})")
     tok.add_argument("--text-key", action="append", help="JSON/Parquet key(s) holding the text (default: text)")
     tok.add_argument(
         "--eos",
         choices=["append", "prepend", "none"],
         help="add the end-of-text id after each document, before it, or not (default: the format's convention: "
-        "prepend for llmc, append for the others)",
+        "prepend where documents start with a delimiter, append elsewhere)",
     )
     tok.add_argument("--eos-id", type=int, metavar="ID", help="end-of-text id (default: the tokenizer's <|endoftext|>)")
     tok.add_argument("--split", help="split by document, e.g. 8:1:1 (train:val:test) or 0.9,0.1")

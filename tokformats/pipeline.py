@@ -38,11 +38,13 @@ from typing import Any
 import numpy as np
 
 from . import api
+from .atomic import AtomicFiles
 from .documents import add_delimiter, document_runs, offsets_from_lengths
 from .dtypes import dtype_for_vocab
 from .engines import EngineMismatchError, TokenizersEngine, first_difference, select_engine
 from .errors import ConfigError, FormatError, OutputExistsError, option
 from .protocol import TokenWriter
+from .registry import default_corpus_format
 from .sources import Input, Record, SourceError, iter_records, resolve_inputs
 from .tokenizer import END_OF_TEXT, load_tokenizer
 
@@ -241,12 +243,10 @@ def _discard(work: Path) -> None:
 
 
 def _write_json_atomically(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(data, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    """Replace ``path`` with ``data`` as one commit: the old checkpoint or the new one, never half of either (the
+    file and its folder are fsynced)."""
+    with AtomicFiles(overwrite=True) as files:
+        files.create(path).write(json.dumps(data).encode("utf-8"))
 
 
 @dataclass
@@ -548,7 +548,7 @@ def tokenize(
     inputs: Any,
     tokenizer: Any,
     output: Any,
-    format: str = "megatron",
+    format: str | None = None,
     *,
     text_key: str | list[str] = "text",
     eos: str | None = None,
@@ -575,7 +575,8 @@ def tokenize(
             iterable of strings (a ``datasets.Dataset`` column works).
         tokenizer: a ``tokenizers.Tokenizer``, a ``tokenizer.json``, or a folder holding one.
         output: the output path prefix (see :func:`output_paths` for the names).
-        format: any corpus format with a writer (``tokformats.formats`` lists them).
+        format: any corpus format with a writer (``tokformats.formats`` lists them); by default the registry's
+            default corpus format (Megatron's indexed dataset).
         text_key: JSON/Parquet key(s) holding the text; several keys give several outputs.
         eos: ``append`` the end-of-text id after each document, ``prepend`` it, or ``none``; by default the
             format's own convention (llm.c: ``prepend``, as its writers do; the others: ``append``).
@@ -600,6 +601,7 @@ def tokenize(
         **writer_options: passed to the format's writer (``shard_size``, ``tokens_per_shard``, ``dtype``, ...).
     """
     started = time.perf_counter()
+    format = format or default_corpus_format()
     writer_class = api.corpus_writer(format)
     if eos is None:
         eos = "prepend" if writer_class.boundaries == "bos" else "append"

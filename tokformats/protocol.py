@@ -370,17 +370,17 @@ class Writer(ABC, Generic[Item]):
             return []
         self._check_open()
         try:
-            self._finish()
-            paths = self._files.commit()
+            with self._files:  # commits when _finish returns, removes every temporary when anything raises
+                self._finish()
         except OSError as error:
-            self.abort()
+            self.abort()  # the files are gone already; a writer's own resources (a spool) are released here
             raise naming_output(error, self.path) from None
         except BaseException:
             self.abort()
             raise
         self._state = "committed"
-        self.written = paths
-        return paths
+        self.written = self._files.committed
+        return self.written
 
     def abort(self) -> None:
         """Discard everything written; nothing appears under a final name."""

@@ -1,9 +1,9 @@
 """``tokformats quickstart``: the whole job on built-in sample data, offline, in seconds.
 
-It generates a deterministic multi-script text corpus (Latin, CJK, emoji), trains a byte-level BPE on
-it, exports llm.c's vocabulary, tokenizes the corpus (``tokformats.tokenize``) into every corpus format, opens
-each result again (by detection where the format allows), decodes every document and checks it is the
-original text, and returns one row per format for the summary table.
+It generates a deterministic multi-script text corpus (Latin, CJK, emoji), trains a byte-level BPE on it, exports
+its vocabulary to every vocabulary format (llm.c's), tokenizes the corpus (``tokformats.tokenize``) into every
+corpus format, opens each result again (by detection where the format allows), decodes every document and checks it
+is the original text, and returns one row per format for the summary table.
 """
 
 from __future__ import annotations
@@ -18,12 +18,11 @@ import numpy as np
 
 from . import api
 from .errors import NoFilesError, UnknownFormatError
-from .formats.llmc_vocab import Vocab
 from .inspect import describe
 from .protocol import TokenReader, TokenWriter
 from .registry import formats
 from .samples import sample_texts
-from .tokenizer import train_tokenizer
+from .tokenizer import text_decoder, train_tokenizer
 
 __all__ = ["run", "format_table", "FormatTrip"]
 
@@ -80,11 +79,18 @@ def run(output: Path | None = None, *, documents: int = 2000, vocab_size: int = 
         started = time.perf_counter()
         tokenizer = train_tokenizer(texts, vocab_size, progress=False)
         size = tokenizer.get_vocab_size(with_added_tokens=True)
-        vocab_path = Vocab.from_tokenizer(tokenizer).save(root / "llmc-vocab" / "tokenizer.bin", overwrite=True)
         (root / "tokenizer.json").write_text(tokenizer.to_str(), encoding="utf-8")
-        with api.open(vocab_path) as vocab:
-            assert isinstance(vocab, Vocab) and len(vocab) == size
-            rows.append(_row("llmc-vocab", [vocab_path], "", size, "bytes", time.perf_counter() - started))
+        decode = text_decoder(tokenizer=tokenizer)
+        for name in api.vocabulary_formats():  # documents are decoded with the exported vocabulary when it can
+            suffix = formats[name].suffixes[0] if formats[name].suffixes else ""
+            path = api.export_tokenizer(tokenizer, root / name / f"vocabulary{suffix}", name, overwrite=True)
+            vocabulary = api.open(path)
+            if len(vocabulary) != size:
+                raise AssertionError(f"{name}: exported {size} tokens, read {len(vocabulary)}")
+            if hasattr(vocabulary, "decode"):
+                decode = vocabulary.decode
+            rows.append(_row(name, [path], "", size, "bytes", time.perf_counter() - started))
+            started = time.perf_counter()
         for trip in _trips():
             started = time.perf_counter()
             output = root / trip.format / "sample"
@@ -96,7 +102,7 @@ def run(output: Path | None = None, *, documents: int = 2000, vocab_size: int = 
                 if len(reader) != documents:
                     raise AssertionError(f"{trip.format}: wrote {documents} documents, read {len(reader)}")
                 for k, text in enumerate(texts):
-                    if vocab.decode(trip.strip(reader[k])) != text:
+                    if decode(trip.strip(reader[k])) != text:
                         raise AssertionError(f"{trip.format}: document {k} did not come back as its text")
                 info = describe(reader, scan=False)
             files = [Path(f) for f in written["files"]]

@@ -1,7 +1,8 @@
 """The table of formats: names, detection by content, and lazy access to reader/writer classes.
 
-Each format module exposes ``Reader``, optionally ``Writer``, and a ``detect(path) -> bool`` that
-looks at bytes and layout only (a header, sibling files, a folder's contents). Modules are imported
+Each format module exposes ``Reader``, optionally ``Writer``, and a ``detect(probe) -> bool`` that
+looks at bytes and layout only (a header, sibling files, a folder's contents) through a :class:`Probe` made once
+per detection. Modules are imported
 the first time a format is used, so ``import tokformats`` stays cheap. :data:`formats` is a read-only
 view of the table.
 """
@@ -25,8 +26,13 @@ __all__ = [
     "descriptor",
     "detect",
     "expand_paths",
+    "is_pattern",
+    "pattern_matches",
     "read_head",
+    "Probe",
     "load_plugins",
+    "default_corpus_format",
+    "set_default_corpus_format",
     "ENTRY_POINT_GROUP",
 ]
 
@@ -68,15 +74,17 @@ class FormatDescriptor(NamedTuple):
         """The format's Writer class, or None when the format is read-only."""
         return getattr(self.load(), "Writer", None) if self.writable else None
 
-    def detect(self, path: Path) -> bool:
-        """True if ``path`` is, by its bytes and layout, a dataset of this format."""
+    def detect(self, path: Any) -> bool:
+        """True if ``path`` (a path, or a :class:`Probe` shared with the other formats' detectors) is, by its bytes
+        and layout, a dataset of this format."""
         if not self.detectable:
             return False
-        probe: Callable[[Path], bool] = self.load().detect
-        return probe(path)
+        detector: Callable[[Probe], bool] = self.load().detect
+        return detector(path if isinstance(path, Probe) else Probe(path))
 
 
 _REGISTRY: dict[str, FormatDescriptor] = {}
+_DEFAULT_CORPUS_FORMAT: list[str] = []
 
 #: Read-only mapping of format name to :class:`FormatDescriptor`, in detection order.
 formats: Mapping[str, FormatDescriptor] = MappingProxyType(_REGISTRY)
@@ -87,6 +95,18 @@ def register(descriptor: FormatDescriptor) -> None:
     if descriptor.name in _REGISTRY:
         raise ValueError(f"a format named {descriptor.name!r} is already registered")
     _REGISTRY[descriptor.name] = descriptor
+
+
+def set_default_corpus_format(name: str) -> None:
+    """Name the corpus format ``tokenize`` writes when none is given (the built-in table sets it)."""
+    _DEFAULT_CORPUS_FORMAT[:] = [name]
+
+
+def default_corpus_format() -> str:
+    """The corpus format ``tokenize`` writes when none is given."""
+    if not _DEFAULT_CORPUS_FORMAT:
+        raise UnknownFormatError("no default corpus format is registered; name one with format=.")
+    return _DEFAULT_CORPUS_FORMAT[0]
 
 
 _plugins_loaded = False
@@ -136,6 +156,77 @@ def descriptor(name: str) -> FormatDescriptor:
         raise UnknownFormatError(f"there is no format named {name!r}.{hint} The formats are: {known}.") from None
 
 
+class Probe:
+    """What detection learns about a path, gathered once per ``open``/``detect`` and handed to every format's
+    ``detect``: one ``stat``, the first bytes (one read, shared by every detector whatever prefix it needs), the
+    folder's entries (one listing), and probes of sibling files (so two formats asking for ``PREFIX.idx`` read it
+    once)."""
+
+    #: Bytes read on the first :meth:`head` call; larger requests read again.
+    HEAD_BYTES = 4096
+
+    def __init__(self, path: Any, _siblings: dict[Path, Probe] | None = None) -> None:
+        self.path = Path(os.fspath(path))
+        try:
+            self._stat: os.stat_result | None = os.stat(self.path)
+        except (OSError, ValueError):
+            self._stat = None
+        self._head: bytes | None = None
+        self._entries: list[str] | None = None
+        self._siblings = _siblings if _siblings is not None else {self.path: self}
+
+    @property
+    def exists(self) -> bool:
+        """Whether anything is at the path."""
+        return self._stat is not None
+
+    @property
+    def is_dir(self) -> bool:
+        """Whether the path is a folder."""
+        import stat
+
+        return self._stat is not None and stat.S_ISDIR(self._stat.st_mode)
+
+    @property
+    def is_file(self) -> bool:
+        """Whether the path is a regular file (a FIFO or device is never read by detection)."""
+        import stat
+
+        return self._stat is not None and stat.S_ISREG(self._stat.st_mode)
+
+    @property
+    def size(self) -> int:
+        """The file's size in bytes (0 when it is not a regular file)."""
+        return self._stat.st_size if self._stat is not None and self.is_file else 0
+
+    def head(self, size: int) -> bytes:
+        """The first ``size`` bytes (fewer if the file is shorter; empty if it is not a readable regular file)."""
+        if self._head is None or (len(self._head) < size and self.size > len(self._head)):
+            self._head = read_head(self.path, max(self.HEAD_BYTES, size)) if self.is_file else b""
+        return self._head[:size]
+
+    @property
+    def entries(self) -> list[str]:
+        """A folder's entry names, sorted (empty for anything else)."""
+        if self._entries is None:
+            try:
+                self._entries = sorted(os.listdir(self.path)) if self.is_dir else []
+            except OSError:
+                self._entries = []
+        return self._entries
+
+    def sibling(self, path: Any) -> Probe:
+        """The probe of another path (a sibling or child file), made once per detection."""
+        key = Path(os.fspath(path))
+        if key not in self._siblings:
+            self._siblings[key] = Probe(key, self._siblings)
+        return self._siblings[key]
+
+    def child(self, name: str) -> Probe:
+        """The probe of ``name`` inside this folder."""
+        return self.sibling(self.path / name)
+
+
 def read_head(path: Path, size: int) -> bytes:
     """The first ``size`` bytes of ``path`` (fewer if it is shorter; empty if it cannot be read or is not a regular
     file: opening a FIFO would block): for detection."""
@@ -153,6 +244,17 @@ def read_head(path: Path, size: int) -> bytes:
 _GLOB_CHARS = set("*?[")
 
 
+def is_pattern(text: str) -> bool:
+    """Whether ``text`` is a glob pattern rather than a path: it holds ``*``, ``?`` or ``[`` and nothing exists under
+    that exact name (a file may be called ``a[1].bin``). The one rule every path argument follows."""
+    return bool(_GLOB_CHARS & set(text)) and not os.path.exists(text)
+
+
+def pattern_matches(text: str, *, recursive: bool = False) -> list[Path]:
+    """The paths glob pattern ``text`` matches, sorted (``recursive``: ``**`` spans folders)."""
+    return [Path(m) for m in sorted(glob.glob(text, recursive=recursive))]
+
+
 def expand_paths(path: Any) -> list[Path]:
     """A path, a glob pattern or a list of paths as a list of paths (globs sorted).
 
@@ -160,11 +262,11 @@ def expand_paths(path: Any) -> list[Path]:
     """
     if isinstance(path, (str, os.PathLike)):
         text = os.fspath(path)
-        if _GLOB_CHARS & set(text) and not os.path.exists(text):
-            matches = sorted(glob.glob(text))
+        if is_pattern(text):
+            matches = pattern_matches(text)
             if not matches:
                 raise NoFilesError(f"the pattern {text!r} matches no file.")
-            return [Path(m) for m in matches]
+            return matches
         return [Path(text)]
     paths = [Path(os.fspath(p)) for p in path]
     if not paths:
@@ -206,14 +308,15 @@ def detect(path: Any) -> str:
     load_plugins()
     paths = expand_paths(path)
     first = paths[0]
-    if first.exists() and not first.is_dir():
+    probe = Probe(first)
+    if probe.exists and not probe.is_dir and not probe.is_file:
         from .limits import require_regular
 
         require_regular(first)  # a FIFO or device: refused before any format opens it
     for candidate in _candidates(first):
-        if candidate.detect(first):
+        if candidate.detect(probe):
             return candidate.name
-    if not first.exists():
+    if not probe.exists:
         raise NoFilesError(f"{first} does not exist.{_did_you_mean(first)}")
     from .formats.raw import describe_headerless
 

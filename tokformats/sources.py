@@ -8,7 +8,6 @@ reproducibly. A record holds one text per requested key (one text for ``.txt`` a
 
 from __future__ import annotations
 
-import glob
 import gzip
 import io
 import json
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .errors import FormatError, NoFilesError
+from .registry import is_pattern, pattern_matches
 
 __all__ = ["Record", "Input", "resolve_inputs", "iter_records", "SourceError", "TEXT_SUFFIXES", "UNITS"]
 
@@ -69,7 +69,7 @@ def _exists(text: str) -> bool:
     if not text.strip():  # Path("") is the current folder; an empty text is a document
         return False
     try:
-        return Path(text).exists() or bool(set("*?[") & set(text) and glob.glob(text, recursive=True))
+        return Path(text).exists() or (is_pattern(text) and bool(pattern_matches(text, recursive=True)))
     except OSError:  # a "name" too long for the file system is text
         return False
 
@@ -104,7 +104,7 @@ def resolve_inputs(inputs: Any) -> list[Input]:
     if texts and not any(existing) and not any(isinstance(i, os.PathLike) for i in items):
         if all(_looks_like_path(t) for t in texts):
             missing = texts[0]
-            if set("*?[") & set(missing):
+            if is_pattern(missing):
                 raise NoFilesError(f"the pattern {missing!r} matches no file.")
             raise NoFilesError(f"{missing} does not exist.")
         return [Input(None, items)]
@@ -119,11 +119,11 @@ def resolve_inputs(inputs: Any) -> list[Input]:
             resolved.extend(Input(p) for p in files)
         elif path.is_file():
             resolved.append(Input(path))
-        elif set("*?[") & set(text):
-            matches = sorted(glob.glob(text, recursive=True))
+        elif is_pattern(text):
+            matches = pattern_matches(text, recursive=True)
             if not matches:
                 raise NoFilesError(f"the pattern {text!r} matches no file.")
-            resolved.extend(Input(Path(m)) for m in matches if Path(m).is_file())
+            resolved.extend(Input(m) for m in matches if m.is_file())
         else:
             raise NoFilesError(f"{path} does not exist.")
     return resolved

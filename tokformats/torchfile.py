@@ -251,9 +251,10 @@ def _unpickle(stream: BinaryIO, where: str) -> Any:
 # -- reading -------------------------------------------------------------------------------------
 
 
-def is_torch_file(path: Path) -> bool:
-    """True when the file starts like a ``torch.save`` output (zip with ``data.pkl``, or legacy magic)."""
-    head = read_head(path, 30 + 256)
+def is_torch_file(path: Path, head: bytes | None = None) -> bool:
+    """True when the file starts like a ``torch.save`` output (zip with ``data.pkl``, or legacy magic); ``head``:
+    its first bytes when the caller has them."""
+    head = read_head(path, 30 + 256) if head is None else head
     if head.startswith(LEGACY_MAGIC):
         return True
     if not head.startswith(ZIP_MAGIC) or len(head) < 30:

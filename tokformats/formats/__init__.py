@@ -7,7 +7,7 @@ point).
 
 from __future__ import annotations
 
-from ..registry import FormatDescriptor, register
+from ..registry import FormatDescriptor, register, set_default_corpus_format
 
 # The built-in formats, in detection order: formats with magic numbers first, layouts after, and
 # headerless raw last (never detected: its bytes say nothing).
@@ -32,3 +32,5 @@ _BUILTIN = (
 for _name, _description, _suffixes, _detectable in _BUILTIN:
     _module = f"{__name__}.{_name.replace('-', '_')}"
     register(FormatDescriptor(_name, _description, _suffixes, _module, _detectable, writable=_name != "sequences"))
+# What tokenize writes unless told: Megatron's indexed dataset, the format most pretraining stacks read.
+set_default_corpus_format("megatron")

@@ -31,7 +31,7 @@ from ..errors import DTypeError, FormatError, NoFilesError, SizeMismatchError, o
 from ..limits import read_file
 from ..parts import Part, PartsReader, checked_offsets
 from ..protocol import PathLike, TokenWriter
-from ..registry import expand_paths
+from ..registry import Probe, expand_paths
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -126,11 +126,14 @@ def _is_output(path: Path) -> bool:
         return False
 
 
-def detect(path: Path) -> bool:
+def detect(probe: Probe) -> bool:
     """True for a ``.ds`` file (or any of its siblings) whose ``.ds.index`` matches its size, or a folder of them."""
-    if path.is_dir():
-        return any(_is_output(p) for p in _folder_files(path)[:4])
-    return _is_output(_data_path(path))
+    if probe.is_dir:
+        direct = [probe.path / n for n in probe.entries if n.endswith(".ds")]
+        return any(_is_output(p) for p in (direct or _folder_files(probe.path))[:4])
+    if not probe.path.name.endswith((".ds", INDEX, LOSS, METADATA)):
+        return False
+    return _is_output(_data_path(probe.path))
 
 
 class Reader(PartsReader):

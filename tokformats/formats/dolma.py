@@ -31,7 +31,7 @@ from ..errors import DTypeError, FormatError, NoFilesError, SizeMismatchError, o
 from ..limits import MAX_DEFLATE_RATIO, require_regular
 from ..parts import Part, PartsReader, checked_offsets
 from ..protocol import PathLike, TokenWriter
-from ..registry import expand_paths, read_head
+from ..registry import Probe, expand_paths
 from ..shards import DocumentShards
 
 if TYPE_CHECKING:
@@ -86,23 +86,27 @@ def _last_end(path: Path) -> int | None:
     return int(ends[-1]) if len(ends) else None
 
 
-def _is_memmap(path: Path) -> bool:
-    if not path.name.endswith(".npy") or not path.is_file() or not metadata_path(path).is_file():
+def _is_memmap(path: Path | Probe) -> bool:
+    probe = path if isinstance(path, Probe) else Probe(path)
+    if not probe.path.name.endswith(".npy") or not probe.is_file:
         return False
-    if read_head(path, len(_NUMPY_MAGIC)) == _NUMPY_MAGIC:
+    if probe.head(len(_NUMPY_MAGIC)) == _NUMPY_MAGIC:
         return False  # NumPy's own .npy (the "sequences" format)
-    return read_head(metadata_path(path), 2) == b"\x1f\x8b"
+    return probe.sibling(metadata_path(probe.path)).head(2) == b"\x1f\x8b"
 
 
 def _folder_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*.npy") if not p.name.startswith(".") and _is_memmap(p))
 
 
-def detect(path: Path) -> bool:
+def detect(probe: Probe) -> bool:
     """True for a headerless ``.npy`` with a gzip ``.csv.gz`` beside it, or a folder of them."""
-    if path.is_dir():
-        return bool(_folder_files(path)[:1])
-    return _is_memmap(path)
+    if probe.is_dir:
+        direct = [n for n in probe.entries if n.endswith(".npy")]
+        if direct:
+            return any(_is_memmap(probe.child(n)) for n in direct[:4])
+        return bool(_folder_files(probe.path)[:1])
+    return _is_memmap(probe)
 
 
 class Reader(PartsReader):

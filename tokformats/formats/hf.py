@@ -31,6 +31,7 @@ from ..errors import DTypeError, FormatError, NoFilesError
 from ..limits import read_json_object
 from ..parts import Part, PartsReader, checked_offsets
 from ..protocol import PathLike, TokenWriter
+from ..registry import Probe
 from ..shards import DocumentShards
 
 if TYPE_CHECKING:
@@ -59,13 +60,14 @@ def _pyarrow() -> Any:
     return pyarrow
 
 
-def detect(path: Path) -> bool:
+def detect(probe: Probe) -> bool:
     """True for a folder with ``state.json`` listing ``.arrow`` files, or a ``DatasetDict`` folder."""
-    if not path.is_dir():
+    if not probe.is_dir:
         return False
-    if (path / DICT).is_file():
+    names = probe.entries
+    if DICT in names:
         return True
-    return (path / STATE).is_file() and (path / INFO).is_file() and any(path.glob("*.arrow"))
+    return STATE in names and INFO in names and any(n.endswith(".arrow") for n in names)
 
 
 def _feature_dtype(feature: Any) -> str | None:

@@ -30,6 +30,7 @@ from ..errors import FormatError, NoFilesError, SizeMismatchError
 from ..limits import read_json_object
 from ..parts import Part, PartsReader, checked_offsets
 from ..protocol import PathLike, TokenWriter
+from ..registry import Probe
 from ..shards import DocumentShards
 
 if TYPE_CHECKING:
@@ -54,12 +55,14 @@ def _index(folder: Path) -> dict[str, Any] | None:
     return read_json_object(path) if path.is_file() else None
 
 
-def detect(path: Path) -> bool:
+def detect(probe: Probe) -> bool:
     """True for a folder whose ``index.json`` names litdata's ``TokensLoader``."""
-    if not path.is_dir() or not (path / INDEX).is_file():
+    if not probe.is_dir or INDEX not in probe.entries:
+        return False
+    if b'"TokensLoader"' not in probe.child(INDEX).head(1 << 20):  # litdata writes the name as a JSON string
         return False
     try:
-        index = _index(path)
+        index = _index(probe.path)
     except FormatError:
         return False
     config = (index or {}).get("config")

@@ -33,7 +33,8 @@ from ..documents import add_delimiter, split_offsets
 from ..dtypes import check_id, resolve_dtype
 from ..errors import FormatError, HeaderError, NoFilesError, SizeMismatchError
 from ..protocol import PathLike, TokenReader, TokenWriter
-from ..registry import expand_paths, read_head
+from ..registry import Probe, expand_paths
+from ..shards import StreamShards
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -156,9 +157,9 @@ def folder_shards(folder: Path) -> list[Path]:
     return shards
 
 
-def _is_shard(path: Path) -> bool:
-    """Whether ``path`` starts with an llm.c token-shard magic and its version."""
-    head = read_head(path, 8)
+def _is_shard(path: Path | Probe) -> bool:
+    """Whether the file starts with an llm.c token-shard magic and its version."""
+    head = (path if isinstance(path, Probe) else Probe(path)).head(8)
     if len(head) < 8:
         return False
     magic, version = (int(v) for v in np.frombuffer(head, dtype="<i4"))
@@ -166,11 +167,11 @@ def _is_shard(path: Path) -> bool:
     return family is not None and family.version == version
 
 
-def detect(path: Path) -> bool:
+def detect(probe: Probe) -> bool:
     """True for a file starting with an llm.c token-shard magic and its version, or a folder of such shards."""
-    if path.is_dir():
-        return any(_is_shard(p) for p in sorted(path.glob("*.bin"))[:8])
-    return _is_shard(path)
+    if probe.is_dir:
+        return any(_is_shard(probe.child(name)) for name in [n for n in probe.entries if n.endswith(".bin")][:8])
+    return _is_shard(probe)
 
 
 class Reader(TokenReader):
@@ -353,47 +354,34 @@ class Writer(TokenWriter):
         self.bos = check_id(bos, chosen, vocab_size, "bos")
         self._header = np.zeros(HEADER_INTS, dtype="<i4")
         self._header[:2] = (self.family.magic, self.family.version)
-        self._shard: Any = None
-        self._shard_tokens = 0
+        self._shards = StreamShards(self.shard_size, self._open_shard, self._close_shard)
         self.shard_paths: list[Path] = []
         self._files.check_destination(shard_name(self.path, split, 0))
         if overwrite:
             pattern = shard_name(Path(self.path).name, split, 0).name.replace("000000", _INDEX_GLOB)
             self._files.remove_on_commit(lambda: sorted(Path(self.path).parent.glob(pattern)))
 
-    def _open_shard(self) -> None:
-        final = shard_name(self.path, self.split, len(self.shard_paths))
-        self._shard = self._files.create(final)
-        self._shard.write(self._header.tobytes())
-        self._shard_tokens = 0
+    def _open_shard(self, index: int) -> Any:
+        final = shard_name(self.path, self.split, index)
+        shard = self._files.create(final)
+        shard.write(self._header.tobytes())  # ntok is patched when the shard is closed
         self.shard_paths.append(final)
+        return shard
 
-    def _close_shard(self) -> None:
+    def _close_shard(self, shard: Any, tokens: int) -> None:
         header = self._header.copy()
-        header[2] = self._shard_tokens
-        self._shard.seek(0)
-        self._shard.write(header.tobytes())
-        self._files.finish(self._shard)
+        header[2] = tokens
+        shard.seek(0)
+        shard.write(header.tobytes())
+        self._files.finish(shard)
 
     def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
         if self.bos is not None:
             flat, _ = add_delimiter(flat, lengths, self.bos, before=True)
-        position = 0
-        while position < len(flat):
-            if self._shard is None or self._shard_tokens == self.shard_size:
-                if self._shard is not None:
-                    self._close_shard()
-                self._open_shard()
-            room = self.shard_size - self._shard_tokens
-            piece = flat[position : position + room]
-            self._shard.write(np.ascontiguousarray(piece).data)
-            self._shard_tokens += len(piece)
-            position += len(piece)
+        self._shards.write(flat)
 
     def _finish(self) -> None:
-        if self._shard is None:  # an empty corpus is one empty shard, as write_datafile would write
-            self._open_shard()
-        self._close_shard()
+        self._shards.finish()  # an empty corpus is one empty shard, as write_datafile would write
 
 
 # The vocabulary is llm.c's too: ``tokformats.llmc.Vocab`` (its own module holds the format).

@@ -27,12 +27,12 @@ from ..limits import read_file
 from ..protocol import PathLike
 from ..protocol import Reader as BaseReader
 from ..protocol import Writer as BaseWriter
-from ..registry import read_head
+from ..registry import Probe
 
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-__all__ = ["Vocab", "Reader", "Writer", "detect", "MAGIC", "GPT2_EOT", "GPT2_VOCAB_SIZE"]
+__all__ = ["Vocab", "Reader", "Writer", "detect", "export_tokenizer", "MAGIC", "GPT2_EOT", "GPT2_VOCAB_SIZE"]
 
 MAGIC = 20240328
 HEADER_BYTES = 1024
@@ -42,9 +42,9 @@ GPT2_EOT = 50256
 _MAX_TOKEN_BYTES = 255
 
 
-def detect(path: Path) -> bool:
+def detect(probe: Probe) -> bool:
     """True for a file starting with the vocabulary magic and version 1 or 2."""
-    head = read_head(path, 8)
+    head = probe.head(8)
     if len(head) < 8:
         return False
     magic, version = (int(v) for v in np.frombuffer(head, dtype="<u4"))
@@ -242,6 +242,12 @@ class Vocab(BaseReader[bytes]):
 
 
 Reader = Vocab  # the registry looks for ``Reader``
+
+
+def export_tokenizer(tokenizer: Any, path: PathLike, *, overwrite: bool = False) -> Path:
+    """Write ``tokenizer``'s vocabulary as llm.c's ``gpt2_tokenizer.bin`` (the hook ``tokformats.api.export_tokenizer``
+    and ``tokformats train-tokenizer --export llmc-vocab=PATH`` use)."""
+    return Vocab.from_tokenizer(tokenizer).save(path, overwrite=overwrite)
 
 
 class Writer(BaseWriter[bytes]):

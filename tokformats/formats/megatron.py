@@ -39,7 +39,7 @@ from ..dtypes import as_token_array, little_endian, resolve_dtype
 from ..errors import DTypeError, FormatError, HeaderError, NoFilesError, SizeMismatchError
 from ..oscopy import append_file
 from ..protocol import PathLike, TokenReader, TokenWriter, checked_position
-from ..registry import read_head
+from ..registry import Probe
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -93,9 +93,9 @@ def resolve_prefix(path: PathLike) -> Path:
     return Path(text)
 
 
-def detect(path: Path) -> bool:
-    """True when ``path`` (a prefix, ``.bin`` or ``.idx``) has an ``.idx`` starting with Megatron's magic."""
-    return read_head(Path(str(resolve_prefix(path)) + ".idx"), len(MAGIC)) == MAGIC
+def detect(probe: Probe) -> bool:
+    """True when the path (a prefix, ``.bin`` or ``.idx``) has an ``.idx`` starting with Megatron's magic."""
+    return probe.sibling(str(resolve_prefix(probe.path)) + ".idx").head(len(MAGIC)) == MAGIC
 
 
 class Sequences(Sequence[np.ndarray]):

@@ -35,10 +35,12 @@ from .. import torchfile
 from ..arrays import ConcatenatedArray, TokenArray, map_file
 from ..atomic import AtomicFiles
 from ..documents import add_delimiter, split_offsets
-from ..dtypes import check_id, check_tokens, parse_dtype
+from ..dtypes import check_id, check_tokens, resolve_dtype
 from ..errors import DTypeError, FormatError, NoFilesError, OutputExistsError, option
 from ..limits import read_json_object
 from ..protocol import PathLike, TokenReader, TokenWriter
+from ..registry import Probe
+from ..shards import StreamShards
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -115,11 +117,11 @@ def shard_files(folder: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def detect(path: Path) -> bool:
+def detect(probe: Probe) -> bool:
     """A ``torch.save`` file, or a folder holding ``shard_N.pt`` files (or a shard manifest)."""
-    if path.is_dir():
-        return (path / MANIFEST).is_file() or any(SHARD_PATTERN.match(p.name) for p in path.iterdir())
-    return torchfile.is_torch_file(path)
+    if probe.is_dir:
+        return MANIFEST in probe.entries or any(SHARD_PATTERN.match(name) for name in probe.entries)
+    return probe.is_file and torchfile.is_torch_file(probe.path, probe.head(30 + 256))
 
 
 def read_manifest(folder: PathLike) -> dict[str, Any] | None:
@@ -341,12 +343,8 @@ class FolderReader(Reader):
 
 
 def _pt_dtype(dtype: npt.DTypeLike | None, vocab_size: int | None) -> np.dtype:
-    chosen = parse_dtype(dtype if dtype is not None else "int64")
-    if chosen.name not in WRITABLE:
-        raise DTypeError(f"pt: torch has no tensor type tokformats writes for {chosen.name}; use one of {WRITABLE}.")
-    if vocab_size is not None and chosen.kind in "iu" and vocab_size - 1 > np.iinfo(chosen).max:
-        raise DTypeError(f"pt: dtype {chosen.name} cannot hold ids up to vocab_size {vocab_size:,}.")
-    return chosen
+    """int64 (what ``nn.Embedding`` takes, and what Genesis shards hold) unless ``dtype`` says otherwise."""
+    return resolve_dtype(dtype, vocab_size, format="pt", allowed=WRITABLE, default="int64", rule=lambda _: np.int64)
 
 
 class Writer(TokenWriter):
@@ -495,7 +493,7 @@ class FolderWriter(Writer):
             self._manifest, self._checkpoints = {}, {}
         self._next_index = (existing[-1][0] + 1) if existing else 0
         self._buffer = np.empty(tokens_per_shard, dtype=chosen)
-        self._filled = 0
+        self._shards = StreamShards(tokens_per_shard, self._start_shard, self._end_shard, self._fill)
         self._new_shards: list[Path] = []
         #: Genesis v3 manifest entries of the shards written here (kept ones come from the old manifest).
         self._shard_entries: list[dict[str, Any]] = []
@@ -504,16 +502,17 @@ class FolderWriter(Writer):
         self._append(leftover)
 
     def _append(self, tokens: np.ndarray) -> None:
-        position = 0
-        while position < len(tokens):
-            room = self.tokens_per_shard - self._filled
-            piece = tokens[position : position + room]
-            self._buffer[self._filled : self._filled + len(piece)] = piece
-            self._filled += len(piece)
-            position += len(piece)
-            if self._filled == self.tokens_per_shard:
-                self._emit(self._buffer)
-                self._filled = 0
+        self._shards.write(tokens)
+
+    # A shard is gathered in a buffer and written whole: a tensor's header needs its size.
+    def _start_shard(self, index: int) -> np.ndarray:
+        return self._buffer
+
+    def _fill(self, buffer: np.ndarray, piece: np.ndarray) -> None:
+        buffer[self._shards.filled : self._shards.filled + len(piece)] = piece
+
+    def _end_shard(self, buffer: np.ndarray, tokens: int) -> None:
+        self._emit(buffer[:tokens])
 
     def _emit(self, tokens: np.ndarray) -> None:
         index = self._next_index
@@ -547,16 +546,18 @@ class FolderWriter(Writer):
         handle.write((json.dumps(data, indent=2) + "\n").encode("utf-8"))
 
     def _finish(self) -> None:
-        if self.final_shard and self._filled:
-            self._emit(self._buffer[: self._filled].copy())
-            self._filled = 0
+        # The tail that does not fill a shard is a shard of its own (final_shard) or kept in checkpoints.json for a
+        # resumed run (the Genesis packer's way); a full last shard is always written.
+        whole = self._shards.filled == self.tokens_per_shard
+        self._shards.finish(empty_shard=False, last=self.final_shard or whole)
+        leftover = self._buffer[: self._shards.filled] if self._shards.current is not None else self._buffer[:0]
         now = utc_now()
         last_shard = self._next_index - 1
         documents = self._documents_before + self.num_documents
         self._checkpoints[self.source] = {
             "documents_processed": documents,
             "last_shard_id": last_shard,
-            "leftover_tokens": self._buffer[: self._filled].tolist(),
+            "leftover_tokens": leftover.tolist(),
             "timestamp": now,
         }
         manifest = self._manifest

@@ -23,7 +23,7 @@ from ..dtypes import parse_dtype
 from ..errors import FormatError, NoFilesError, UnsafePickleError
 from ..limits import MAX_DEFLATE_RATIO, read_npy, require_regular
 from ..protocol import PathLike, TokenReader
-from ..registry import read_head
+from ..registry import Probe
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -34,12 +34,12 @@ SUFFIXES = (".json", ".jsonl", ".npy", ".npz", ".npy.gz")
 _NPY_MAGIC = b"\x93NUMPY"
 
 
-def detect(path: Path) -> bool:
+def detect(probe: Probe) -> bool:
     """A file with a sequence-file suffix whose first bytes fit it (JSON, .npy magic, zip, gzip)."""
-    name = path.name.lower()
-    if not path.is_file() or not name.endswith(SUFFIXES):
+    name = probe.path.name.lower()
+    if not probe.is_file or not name.endswith(SUFFIXES):
         return False
-    head = read_head(path, 8)
+    head = probe.head(8)
     if name.endswith((".json", ".jsonl")):
         return head.lstrip()[:1] in (b"[", b"{")
     if name.endswith(".npy"):

@@ -37,10 +37,12 @@ import numpy as np
 
 from ..arrays import ConcatenatedArray, GrowableArray, TokenArray
 from ..documents import offsets_from_lengths
-from ..dtypes import as_token_array, dtype_for_vocab, parse_dtype
+from ..dtypes import as_token_array, parse_dtype, resolve_dtype
 from ..errors import ConfigError, DTypeError, FormatError, HeaderError, NoFilesError, SizeMismatchError
 from ..limits import read_json_object
 from ..protocol import PathLike, TokenReader, TokenWriter, checked_position
+from ..registry import Probe
+from ..shards import StreamShards
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -64,11 +66,13 @@ MAX_SHARD_ELEMENTS = 1 << 30
 _SHARD_NAME = re.compile(r"^data-(\d+)-of-(\d+)\.bin$")
 
 
-def detect(path: Path) -> bool:
+def detect(probe: Probe) -> bool:
     """A folder holding ``meta.json`` and a ``.bin``, or a tree with such folders in it."""
-    if not path.is_dir():
+    if not probe.is_dir:
         return False
-    return bool(_dataset_folders(path, limit=1))
+    if META in probe.entries and any(name.endswith(".bin") for name in probe.entries):
+        return True
+    return bool(_dataset_folders(probe.path, limit=1))
 
 
 def _is_dataset(folder: Path) -> bool:
@@ -587,12 +591,7 @@ class Writer(TokenWriter):
         overwrite: bool = False,
     ) -> None:
         # float32 for series (every Time-300B folder); token ids (a vocab_size given) get the smallest that fits
-        if dtype is not None:
-            chosen = parse_dtype(dtype)
-        else:
-            chosen = dtype_for_vocab(vocab_size) if vocab_size is not None else np.dtype("<f4")
-        if chosen.kind not in "iuf":
-            raise DTypeError(f"timemoe stores numbers; {chosen.name} is not numeric.")
+        chosen = resolve_dtype(dtype, vocab_size, format=self.format, default="float32")
         super().__init__(path, dtype=chosen, vocab_size=vocab_size, overwrite=overwrite)
         if max_shard_elements <= 0:
             raise ValueError(f"max_shard_elements must be positive, not {max_shard_elements}")
@@ -609,10 +608,10 @@ class Writer(TokenWriter):
         self._means = GrowableArray(np.float64)
         self._stds = GrowableArray(np.float64)
         self._ids: dict[int, Any] = {}
-        self._handles: list[Any] = []
-        self._in_shard = 0
         self._offset = 0
         self._shard_sizes: list[int] = []
+        # Provisional shard names; the real ones (data-K-of-N.bin) are given at commit, when N is known.
+        self._shards = StreamShards(max_shard_elements, self._start_shard, self._end_shard)
 
     def write(
         self,
@@ -650,32 +649,20 @@ class Writer(TokenWriter):
         self._store(flat)
 
     def _store(self, flat: np.ndarray) -> None:
-        position = 0
-        while position < len(flat):
-            if not self._handles or self._in_shard == self.max_shard_elements:
-                self._new_shard()
-            room = self.max_shard_elements - self._in_shard
-            piece = flat[position : position + room]
-            self._handles[-1].write(np.ascontiguousarray(piece).data)
-            self._in_shard += len(piece)
-            position += len(piece)
+        self._shards.write(flat)
         self._offset += len(flat)
 
-    def _new_shard(self) -> None:
-        if self._handles:
-            self._shard_sizes.append(self._in_shard)
-            self._files.finish(self._handles[-1])
-        # Provisional name; the real one (data-K-of-N.bin) is given at commit, when N is known.
-        self._handles.append(self._files.create(self.path / f"data-{len(self._handles) + 1}-of-0.bin"))
-        self._in_shard = 0
+    def _start_shard(self, index: int) -> Any:
+        return self._files.create(self.path / f"data-{index + 1}-of-0.bin")
+
+    def _end_shard(self, handle: Any, elements: int) -> None:
+        self._shard_sizes.append(elements)
+        self._files.finish(handle)
 
     def _finish(self) -> None:
-        if self._handles:
-            self._shard_sizes.append(self._in_shard)
-        else:  # an empty dataset still has one (empty) shard: Time-MoE recognises a folder by its .bin
-            self._handles.append(self._files.create(self.path / "data-1-of-0.bin"))
-            self._shard_sizes.append(0)
-        total = len(self._handles)
+        # An empty dataset still has one (empty) shard: Time-MoE recognises a folder by its .bin files.
+        self._shards.finish()
+        total = len(self._shard_sizes)
         width = len(str(total))
         files = {}
         for k, size in enumerate(self._shard_sizes, start=1):
