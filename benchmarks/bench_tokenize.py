@@ -40,6 +40,7 @@ from common import machine, scratch, table
 import tokformats
 from tokformats.api import corpus_writers
 from tokformats.engines import FastokensEngine, TokenizersEngine
+from tokformats.tokenizer import SPECIAL_TOKENS
 
 
 def corpus_files(megabytes: float) -> list[Path]:
@@ -56,12 +57,17 @@ def corpus_files(megabytes: float) -> list[Path]:
 
 
 def write_corpus(folder: Path, files: list[Path], repeat: int = 1) -> tuple[Path, Path, int]:
+    """The files as JSONL, one document each, leaving out the few that spell a special token (``<|endoftext|>`` in
+    tokenizer code): ``tokenizers`` reads those as the special token and Megatron-LM's GPT-2 BPE as text, so (d)
+    and (b) would differ by design, not by either pipeline."""
     jsonl, gz = folder / f"corpus{repeat}.jsonl", folder / f"corpus{repeat}.jsonl.gz"
     size = 0
     with open(jsonl, "w", encoding="utf-8") as out:
         for _ in range(repeat):
             for path in files:
                 text = path.read_text(encoding="utf-8", errors="replace")
+                if any(token in text for token in SPECIAL_TOKENS):
+                    continue
                 size += len(text.encode("utf-8"))
                 out.write(json.dumps({"text": text}) + "\n")
     if repeat == 1:

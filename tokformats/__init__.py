@@ -43,6 +43,7 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from .pipeline import tokenize
+    from .remote import publish
     from .tokenizer import train_tokenizer
 
 
@@ -55,6 +56,10 @@ def __getattr__(name: str) -> Any:
         from .pipeline import tokenize
 
         return tokenize
+    if name == "publish":
+        from .remote import publish
+
+        return publish
     # Format modules are exposed as ``tokformats.NAME`` and imported on first use, so that ``import tokformats``
     # stays cheap (a script that only opens ``.pt`` shards never imports the Megatron code).
     entry = _format_table.get(name)
@@ -97,5 +102,6 @@ __all__ = [
     "DataWarning",
     "train_tokenizer",
     "tokenize",
+    "publish",
     "__version__",
 ]

@@ -20,13 +20,22 @@ def open(path: Any, format: str | None = None, **options: Any) -> Reader[Any]:
     """Open a dataset for reading; the format is detected from content unless ``format=`` is given.
 
     Args:
-        path: a file, a prefix (Megatron), a folder (Time-MoE, ``.pt`` shards), a glob or a list of files.
+        path: a file, a prefix (Megatron), a folder (Time-MoE, ``.pt`` shards), a glob or a list of files; or a URL
+            (``https://``, ``s3://``, ``gs://``, ``hf://``: fetched into a verified local cache first, see
+            :mod:`tokformats.remote`; ``cache_dir=``, ``max_cache_bytes=`` and ``offline=`` configure the cache).
         format: a name from :data:`tokformats.formats`; required for headerless raw streams.
         **options: passed to the format's reader (``dtype=``, ``eos=``, ``bos=``, ...).
 
     Returns:
         The format's reader. Use it as a context manager, or call ``close()``.
     """
+    from .remote.backends import is_url
+
+    if is_url(path):
+        from .remote import open_url
+
+        remote: Reader[Any] = open_url(path, format=format, **options)
+        return remote
     if format is None:
         recover_near(path)  # detection reads the files: a killed writer's commit is completed first
     name = format if format is not None else detect(path)

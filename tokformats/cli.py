@@ -382,6 +382,20 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_publish(args: argparse.Namespace) -> int:
+    from .remote import publish
+
+    summary = publish(args.folder, args.url, dry_run=args.dry_run)
+    if args.json:
+        _print_json(summary)
+        return 0
+    verb = "would upload" if args.dry_run else "uploaded"
+    print(f"{verb} {len(summary['uploaded'])} files ({summary['bytes']:,} bytes); {len(summary['skipped'])} unchanged")
+    for name in summary["uploaded"]:
+        print(f"  {name}")
+    return 0
+
+
 def _cmd_formats(args: argparse.Namespace) -> int:
     rows = [
         {
@@ -534,6 +548,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     convert.add_argument("--overwrite", action="store_true", help="replace an existing destination")
     _add_json(convert)
+
+    publishing = _command(
+        commands,
+        "publish",
+        "upload a dataset folder: data files first, SHA256SUMS, then the index files readers key on",
+        "tokformats publish out/shards s3://bucket/genesis/",
+        _cmd_publish,
+    )
+    publishing.add_argument("folder", help="the dataset folder")
+    publishing.add_argument("url", help="where to publish it (https://, s3://, gs://, hf://)")
+    publishing.add_argument("--dry-run", action="store_true", help="say what would be uploaded, upload nothing")
+    _add_json(publishing)
 
     merging = _command(
         commands,

@@ -138,9 +138,16 @@ class Reader(ABC, Generic[Item]):
     # -- lifetime ------------------------------------------------------------------------------
     def close(self) -> None:
         """Drop the reader's lazily created maps of its data (the OS unmaps a file once no array still views
-        it). Using the reader afterwards maps them again."""
+        it), and release what it holds (a remote cache's lease). Using the reader afterwards maps them again."""
         for name in self._cached_maps():
             self.__dict__.pop(name, None)
+        for resource in self.__dict__.pop("_held", []):
+            resource.release()
+
+    def hold(self, resource: Any) -> None:
+        """Keep ``resource`` (anything with ``release()``) until :meth:`close`: the remote cache's lease on the
+        files this reader maps."""
+        self.__dict__.setdefault("_held", []).append(resource)
 
     def _cached_maps(self) -> Sequence[str]:
         """Names of ``cached_property`` attributes holding memory maps, dropped by :meth:`close`."""

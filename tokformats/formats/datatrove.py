@@ -136,6 +136,15 @@ def detect(probe: Probe) -> bool:
     return _is_output(_data_path(probe.path))
 
 
+#: Uploaded last by ``publish``.
+PUBLISHED_LAST = ("*.ds.index", "*.ds.metadata")
+
+
+def remote_companions(name: str) -> list[tuple[str, bool]]:
+    """A ``.ds`` file's index, loss mask and metadata (each when it exists)."""
+    return [(name + suffix, False) for suffix in (INDEX, METADATA, LOSS)] if name.endswith(".ds") else []
+
+
 class Reader(PartsReader):
     """A datatrove ``.ds`` file, several (a glob or list), or a folder of them, as one corpus.
 

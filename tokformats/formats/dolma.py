@@ -109,6 +109,15 @@ def detect(probe: Probe) -> bool:
     return _is_memmap(probe)
 
 
+#: Uploaded last by ``publish``: the rows readers take the dtype and documents from.
+PUBLISHED_LAST = ("*.csv.gz",)
+
+
+def remote_companions(name: str) -> list[tuple[str, bool]]:
+    """A memmap's ``.csv.gz`` rows (when there are any)."""
+    return [(name[: -len(".npy")] + METADATA_SUFFIX, False)] if name.endswith(".npy") else []
+
+
 class Reader(PartsReader):
     """dolma memmaps: a ``.npy`` (with its ``.csv.gz``), several (a glob or list), or a folder, as one corpus.
 

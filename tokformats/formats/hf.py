@@ -79,6 +79,18 @@ def _feature_dtype(feature: Any) -> str | None:
     return None
 
 
+#: The index a folder URL is read from, and uploaded last by ``publish``.
+REMOTE_INDEX = (STATE,)
+PUBLISHED_LAST = (STATE, INFO)
+
+
+def remote_files(folder: Path) -> list[dict[str, Any]]:
+    """``dataset_info.json`` and the ``.arrow`` files ``state.json`` lists."""
+    state = read_json_object(folder / STATE)
+    files = [e["filename"] for e in state.get("_data_files", []) if isinstance(e, dict) and "filename" in e]
+    return [{"name": INFO, "required": False}] + [{"name": name} for name in files]
+
+
 class Reader(PartsReader):
     """A ``save_to_disk`` folder's token column as a corpus: one document per row.
 

@@ -83,6 +83,20 @@ def data_format_dtype(data_format: Any, where: str) -> np.dtype:
     return np.dtype(name).newbyteorder("<")
 
 
+#: The index a folder URL is read from, and uploaded last by ``publish``.
+REMOTE_INDEX = (INDEX,)
+PUBLISHED_LAST = (INDEX,)
+
+
+def remote_files(folder: Path) -> list[dict[str, Any]]:
+    """The chunks ``index.json`` lists, with their sizes."""
+    chunks = (_index(folder) or {}).get("chunks")
+    listed = chunks if isinstance(chunks, list) else []
+    return [
+        {"name": c["filename"], "size": c.get("chunk_bytes")} for c in listed if isinstance(c, dict) and "filename" in c
+    ]
+
+
 class Reader(PartsReader):
     """A litdata ``TokensLoader`` folder as a corpus: the documents each chunk records, chunks in index order.
 

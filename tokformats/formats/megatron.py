@@ -135,6 +135,19 @@ class Sequences(Sequence[np.ndarray]):
         return self._reader.sequence_lengths
 
 
+#: Uploaded last by ``publish``: the ``.idx`` is what readers key on.
+PUBLISHED_LAST = ("*.idx",)
+
+
+def remote_companions(name: str) -> list[tuple[str, bool]]:
+    """The files fetched with ``name`` from a URL: a prefix's ``.idx`` and ``.bin``, a ``.bin``'s ``.idx`` (when
+    there is one: an llm.c ``.bin`` has none)."""
+    for suffix, other in ((".bin", ".idx"), (".idx", ".bin")):
+        if name.endswith(suffix):
+            return [(name[: -len(suffix)] + other, suffix == ".idx")]
+    return [] if "." in Path(name).name else [(f"{name}.idx", False), (f"{name}.bin", False)]
+
+
 class Reader(TokenReader):
     """A Megatron indexed dataset, memory-mapped; documents are Megatron documents.
 

@@ -172,6 +172,38 @@ def _flat(path: Path, array: np.ndarray) -> np.ndarray:
     return flat
 
 
+#: The index a folder URL is read from (Genesis publishes it), and uploaded last by ``publish``.
+REMOTE_INDEX = (MANIFEST,)
+PUBLISHED_LAST = (MANIFEST, CHECKPOINTS)
+
+
+def remote_files(folder: Path) -> list[dict[str, Any]]:
+    """The shards a Genesis manifest lists, with the size and SHA-256 it records (v3), or ``total_shards`` of them
+    (older manifests), plus the optional checkpoints and tokenizer."""
+    manifest = read_manifest(folder) or {}
+    entries = manifest.get("shards")
+    files: list[dict[str, Any]] = []
+    if isinstance(entries, list) and entries:
+        for entry in entries:
+            if isinstance(entry, dict) and isinstance(entry.get("shard_id"), int):
+                size, digest = entry.get("size_bytes"), entry.get("hash")
+                files.append({
+                    "name": f"shard_{entry['shard_id']}.pt",
+                    "size": size if isinstance(size, int) else None,
+                    "sha256": digest if isinstance(digest, str) else None,
+                })  # fmt: skip
+    else:
+        files = [{"name": f"shard_{k}.pt"} for k in range(int(manifest.get("total_shards") or 0))]
+    return [*files, {"name": CHECKPOINTS, "required": False}, {"name": TOKENIZER, "required": False}]
+
+
+def remote_adopt(root: Path, name: str) -> Path | None:
+    """NeuroShard's own cache name for shard ``name`` (``genesis_shard_N.pt`` in ``~/.neuroshard/data_cache``): used
+    only when it verifies against the manifest."""
+    match = SHARD_PATTERN.match(name)
+    return root / f"genesis_shard_{match.group(1)}.pt" if match else None
+
+
 class Reader(TokenReader):
     """A ``.pt`` file (:class:`FileReader`) or a folder of ``shard_N.pt`` (:class:`FolderReader`).
 

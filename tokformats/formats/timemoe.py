@@ -264,6 +264,23 @@ def denormalized(values: np.ndarray, std: float, mean: float) -> np.ndarray:
     return values * std + mean
 
 
+#: The index a folder URL is read from, and uploaded last by ``publish``.
+REMOTE_INDEX = (META,)
+PUBLISHED_LAST = (META,)
+
+
+def remote_files(folder: Path) -> list[dict[str, Any]]:
+    """The shards ``meta.json`` lists, with their sizes (elements times the dtype's size)."""
+    meta = read_json_object(folder / META)
+    try:
+        itemsize = np.dtype(str(meta.get("dtype"))).itemsize
+    except TypeError:
+        itemsize = 0
+    files = meta.get("files")
+    listed: dict[str, Any] = files if isinstance(files, dict) else {}
+    return [{"name": name, "size": int(count) * itemsize if itemsize else None} for name, count in listed.items()]
+
+
 class Reader(TokenReader):
     """A Time-MoE sequence folder (or a tree of them), memory-mapped.
 

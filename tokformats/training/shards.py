@@ -25,7 +25,9 @@ class ShardRotation(Iterator[np.ndarray]):
     one at a time. The iterator never ends; :meth:`state_dict` / :meth:`load_state_dict` resume it exactly.
 
     Args:
-        folder: the shard folder (``shard_N.pt`` + ``manifest.json``), or a node's cache of part of it.
+        folder: the shard folder (``shard_N.pt`` + ``manifest.json``), a node's cache of part of it, or its URL
+            (``https://.../genesis/``, ``s3://...``): then only the manifest and the node's shards are downloaded,
+            into the verified cache (``remote=`` options: ``cache_dir``, ``max_cache_bytes``, ``offline``).
         node_id: the node's id, as Genesis hashes it.
         batch_size / sequence_length: the shape of each batch (rows of ``sequence_length + 1`` ids).
         count: how many shards a node takes (Genesis: 10).
@@ -42,9 +44,19 @@ class ShardRotation(Iterator[np.ndarray]):
         *,
         count: int = 10,
         num_shards: int | None = None,
+        remote: dict[str, Any] | None = None,
     ) -> None:
         if batch_size <= 0 or sequence_length <= 0:
             raise ConfigError(f"batch_size ({batch_size}) and sequence_length ({sequence_length}) must be positive.")
+        from ..remote import fetch, is_url
+
+        if is_url(folder):
+            url = str(folder) if str(folder).endswith("/") else f"{folder}/"
+            index = fetch(url, names=[], **(remote or {}))  # the manifest alone
+            manifest = pt.read_manifest(index.cache.folder) or {}
+            total = num_shards or int(manifest.get("total_shards") or 0)
+            assigned = pt.assigned_shards(node_id, total, count) if total > 0 else []
+            folder = fetch(url, names=[f"shard_{s}.pt" for s in assigned], **(remote or {})).cache.folder
         self.folder = Path(folder)
         if not self.folder.is_dir():
             raise NoFilesError(f"{self.folder} is not a shard folder.")

@@ -1,0 +1,334 @@
+"""Datasets by URL, offline on this machine: an HTTP server on 127.0.0.1 with injected faults, and moto's S3.
+
+Every download goes through the cache: complete and verified files only, resumed after a cut or a kill, one download
+per file across processes, eviction of what no reader holds, offline mode, publishing in a safe order.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tokformats
+from tokformats.remote import Cache, ChecksumError, NotFoundError, RemoteError, publish
+from tokformats.testing import random_corpus
+
+from .http_server import FileServer
+
+
+@pytest.fixture(autouse=True)
+def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retries back off a few milliseconds here (the same bounded count)."""
+    monkeypatch.setattr(tokformats.remote.backends, "BACKOFF", 0.005)
+    monkeypatch.setattr(tokformats.remote.backends, "MAX_BACKOFF", 0.02)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[FileServer]:
+    root = tmp_path / "served"
+    root.mkdir()
+    running = FileServer(root)
+    yield running
+    running.stop()
+
+
+def _genesis(folder: Path, shards: int = 6, per_shard: int = 5000) -> np.ndarray:
+    flat = np.random.default_rng(3).integers(1, 60_000, shards * per_shard)
+    lengths = np.array([len(flat)])
+    with tokformats.create(folder, "pt", tokens_per_shard=per_shard, final_shard=False) as writer:
+        writer.write_batch(flat, lengths)
+    return flat
+
+
+def _tokens(reader: Any) -> np.ndarray:
+    return np.asarray(reader.tokens)
+
+
+def test_publish_then_open_a_genesis_folder(tmp_path: Path, server: FileServer) -> None:
+    flat = _genesis(tmp_path / "shards")
+    summary = publish(tmp_path / "shards", f"{server.url}/genesis/")
+    assert summary["uploaded"][-3:] == ["SHA256SUMS", "checkpoints.json", "manifest.json"]  # the index last
+    assert server.puts[-1] == "/genesis/manifest.json"
+    again = publish(tmp_path / "shards", f"{server.url}/genesis/")
+    assert again["uploaded"] == [] and len(again["skipped"]) == len(summary["uploaded"])
+    with tokformats.open(f"{server.url}/genesis/", cache_dir=tmp_path / "cache") as reader:
+        assert reader.format == "pt" and reader.num_shards == 6
+        np.testing.assert_array_equal(_tokens(reader), flat)
+    gets = dict(server.gets)
+    with tokformats.open(f"{server.url}/genesis/", cache_dir=tmp_path / "cache") as reader:  # from the cache
+        np.testing.assert_array_equal(_tokens(reader), flat)
+    assert {k: v for k, v in server.gets.items() if k.endswith(".pt")} == {
+        k: v for k, v in gets.items() if k.endswith(".pt")
+    }
+
+
+def test_dry_run_uploads_nothing(tmp_path: Path, server: FileServer) -> None:
+    _genesis(tmp_path / "shards", shards=2)
+    summary = publish(tmp_path / "shards", f"{server.url}/g/", dry_run=True)
+    assert summary["dry_run"] and "manifest.json" in summary["uploaded"] and server.puts == []
+
+
+def test_megatron_prefix_llmc_file_and_datatrove_file_by_url(tmp_path: Path, server: FileServer) -> None:
+    flat, lengths = random_corpus(np.random.default_rng(4), 50, low=1, high=900)
+    root = Path(server.root)
+    with tokformats.create(root / "mega" / "corpus", "megatron", vocab_size=1000) as writer:
+        writer.write_batch(flat, lengths)
+    with tokformats.create(root / "llmc" / "c", "llmc", vocab_size=1000, bos=0) as writer:
+        writer.write_batch(flat, lengths)
+    with tokformats.create(root / "dt" / "c.ds", "datatrove", vocab_size=1000) as writer:
+        writer.write_batch(flat, lengths)
+    cache = tmp_path / "cache"
+    with tokformats.open(f"{server.url}/mega/corpus", cache_dir=cache) as reader:
+        assert reader.format == "megatron" and reader.lengths.tolist() == lengths.tolist()
+    with tokformats.open(f"{server.url}/llmc/c_000000.bin", cache_dir=cache) as reader:
+        assert reader.format == "llmc" and reader.num_tokens == len(flat) + len(lengths)
+    with tokformats.open(f"{server.url}/dt/c.ds", cache_dir=cache) as reader:
+        assert reader.format == "datatrove" and reader.lengths.tolist() == lengths.tolist()
+    with pytest.raises(NotFoundError, match="does not exist"):
+        tokformats.open(f"{server.url}/mega/nothing", cache_dir=cache)
+
+
+def test_cut_connection_resumes_with_range(tmp_path: Path, server: FileServer) -> None:
+    flat = _genesis(tmp_path / "shards", shards=2, per_shard=200_000)
+    publish(tmp_path / "shards", f"{server.url}/g/")
+    server.fault("/g/shard_0.pt", "cut", 300_000)
+    server.fault("/g/shard_1.pt", "cut", 1000)
+    with tokformats.open(f"{server.url}/g/", cache_dir=tmp_path / "cache") as reader:
+        np.testing.assert_array_equal(_tokens(reader), flat)
+    assert ("/g/shard_0.pt", "bytes=300000-") in server.ranges
+    assert server.gets["/g/shard_0.pt"] == 2
+
+
+def test_range_ignored_restarts_and_a_changed_file_restarts(tmp_path: Path, server: FileServer) -> None:
+    flat = _genesis(tmp_path / "shards", shards=1, per_shard=100_000)
+    publish(tmp_path / "shards", f"{server.url}/g/")
+    server.fault("/g/shard_0.pt", "cut", 5000)
+    server.fault("/g/shard_0.pt", "ignore-range")  # the resumed request gets the whole file (200)
+    with tokformats.open(f"{server.url}/g/", cache_dir=tmp_path / "cache") as reader:
+        np.testing.assert_array_equal(_tokens(reader), flat)
+    assert server.gets["/g/shard_0.pt"] == 3
+
+
+def test_corrupted_byte_is_never_used(tmp_path: Path, server: FileServer) -> None:
+    flat = _genesis(tmp_path / "shards", shards=2)
+    publish(tmp_path / "shards", f"{server.url}/g/")
+    for _ in range(8):  # every retry gets a corrupted body
+        server.fault("/g/shard_1.pt", "corrupt")
+    with pytest.raises(ChecksumError, match=r"shard_1\.pt: its SHA-256 is .* the published one is"):
+        tokformats.open(f"{server.url}/g/", cache_dir=tmp_path / "cache")
+    cached = [p for p in (tmp_path / "cache").rglob("shard_1.pt*") if ".tokformats-locks" not in p.parts]
+    assert cached == [], "a download that fails verification is deleted"
+    server.faults.clear()
+    with tokformats.open(f"{server.url}/g/", cache_dir=tmp_path / "cache") as reader:
+        np.testing.assert_array_equal(_tokens(reader), flat)
+
+
+def test_a_republished_file_that_disagrees_with_the_manifest_is_refused(tmp_path: Path, server: FileServer) -> None:
+    _genesis(tmp_path / "shards", shards=2)
+    publish(tmp_path / "shards", f"{server.url}/g/")
+    shard = Path(server.root) / "g" / "shard_1.pt"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1
+    shard.write_bytes(bytes(data))
+    (Path(server.root) / "g" / "SHA256SUMS").unlink()
+    with pytest.raises(ChecksumError, match="the published one is"):
+        tokformats.open(f"{server.url}/g/", cache_dir=tmp_path / "cache")
+
+
+def test_errors_name_the_url_and_the_manifest(tmp_path: Path, server: FileServer) -> None:
+    _genesis(tmp_path / "shards", shards=2)
+    publish(tmp_path / "shards", f"{server.url}/g/")
+    (Path(server.root) / "g" / "shard_1.pt").unlink()
+    with pytest.raises(NotFoundError, match=r"shard_1\.pt does not exist \(HTTP 404\)\. It is listed by manifest"):
+        tokformats.open(f"{server.url}/g/", cache_dir=tmp_path / "cache")
+    server.fault("/g/shard_0.pt", "status", 500)
+    server.fault("/g/shard_0.pt", "status", 503)
+    server.fault("/g/shard_0.pt", "slow", 0.3)
+    dataset = tokformats.remote.fetch(f"{server.url}/g/shard_0.pt", cache_dir=tmp_path / "c2")
+    assert dataset.files == ["shard_0.pt"]
+    for _ in range(10):
+        server.fault("/g/manifest.json", "status", 500)
+    with pytest.raises(RemoteError, match=r"manifest\.json .*HTTP 500"):
+        tokformats.remote.fetch(f"{server.url}/g/manifest.json", cache_dir=tmp_path / "c3")
+
+
+def test_offline_uses_only_the_cache(tmp_path: Path, server: FileServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    flat = _genesis(tmp_path / "shards", shards=2)
+    publish(tmp_path / "shards", f"{server.url}/g/")
+    url = f"{server.url}/g/"
+    tokformats.open(url, cache_dir=tmp_path / "cache").close()
+    server.stop()
+    monkeypatch.setenv("TOKFORMATS_OFFLINE", "1")
+    with tokformats.open(url, cache_dir=tmp_path / "cache") as reader:
+        np.testing.assert_array_equal(_tokens(reader), flat)
+    with pytest.raises(RemoteError, match="offline mode is on"):
+        tokformats.open(f"{server.url}/other/x.bin", cache_dir=tmp_path / "cache")
+
+
+def test_eviction_spares_files_an_open_reader_holds(tmp_path: Path, server: FileServer) -> None:
+    _genesis(tmp_path / "a", shards=2, per_shard=50_000)
+    _genesis(tmp_path / "b", shards=2, per_shard=50_000)
+    publish(tmp_path / "a", f"{server.url}/a/")
+    publish(tmp_path / "b", f"{server.url}/b/")
+    cache = tmp_path / "cache"
+    limit = 600_000  # room for one dataset (each shard is ~400 KB)
+    first = tokformats.open(f"{server.url}/a/", cache_dir=cache, max_cache_bytes=limit)
+    with tokformats.open(f"{server.url}/b/", cache_dir=cache, max_cache_bytes=limit) as second:
+        assert len(list(cache.rglob("shard_*.pt"))) == 4  # over the limit, but every file is held
+        assert second.num_tokens == first.num_tokens
+    first.close()
+    Cache(f"{server.url}/a", cache_dir=cache, max_cache_bytes=limit).evict()
+    assert sum(p.stat().st_size for p in cache.rglob("*") if p.is_file() and ".tokformats" not in str(p)) <= limit
+
+
+def _open_in_child(url: str, cache: str, ready: Any) -> None:
+    ready.wait(10)
+    with tokformats.open(url, cache_dir=cache) as reader:
+        reader.tokens[-1]
+
+
+def test_four_processes_download_each_file_once(tmp_path: Path, server: FileServer) -> None:
+    _genesis(tmp_path / "shards", shards=3, per_shard=100_000)
+    publish(tmp_path / "shards", f"{server.url}/g/")
+    for name in ("shard_0.pt", "shard_1.pt", "shard_2.pt"):
+        server.fault(f"/g/{name}", "slow", 0.3)  # long enough for the others to find the download under way
+    context = multiprocessing.get_context("spawn")
+    ready = context.Event()
+    children = [
+        context.Process(target=_open_in_child, args=(f"{server.url}/g/", str(tmp_path / "cache"), ready))
+        for _ in range(4)
+    ]
+    for child in children:
+        child.start()
+    ready.set()
+    for child in children:
+        child.join(60)
+        assert child.exitcode == 0
+    assert {k: v for k, v in server.gets.items() if k.endswith(".pt")} == {
+        "/g/shard_0.pt": 1,
+        "/g/shard_1.pt": 1,
+        "/g/shard_2.pt": 1,
+    }
+
+
+def _download_forever(url: str, cache: str) -> None:
+    tokformats.remote.fetch(url, cache_dir=cache)
+
+
+def test_killed_download_resumes_and_verifies(tmp_path: Path, server: FileServer) -> None:
+    flat = _genesis(tmp_path / "shards", shards=1, per_shard=400_000)
+    publish(tmp_path / "shards", f"{server.url}/g/")
+    server.fault("/g/shard_0.pt", "throttle", 0.05)
+    context = multiprocessing.get_context("spawn")
+    child = context.Process(target=_download_forever, args=(f"{server.url}/g/", str(tmp_path / "cache")))
+    child.start()
+    deadline = time.monotonic() + 30
+    partial: list[Path] = []
+    while time.monotonic() < deadline:
+        partial = [p for p in (tmp_path / "cache").rglob("shard_0.pt.partial") if p.stat().st_size > 200_000]
+        if partial:
+            break
+        time.sleep(0.02)
+    assert partial, "the download never started"
+    os.kill(child.pid, signal.SIGKILL)
+    child.join(10)
+    kept = partial[0].stat().st_size
+    with tokformats.open(f"{server.url}/g/", cache_dir=tmp_path / "cache") as reader:
+        np.testing.assert_array_equal(_tokens(reader), flat)
+    assert any(path == "/g/shard_0.pt" and int(r.split("=")[1].rstrip("-")) >= kept - (1 << 16)
+               for path, r in server.ranges)  # fmt: skip
+
+
+def test_neuroshard_cache_files_are_verified_before_use(tmp_path: Path, server: FileServer) -> None:
+    flat = _genesis(tmp_path / "shards", shards=3)
+    publish(tmp_path / "shards", f"{server.url}/genesis/")
+    node_cache = tmp_path / "data_cache"  # ~/.neuroshard/data_cache
+    node_cache.mkdir()
+    (node_cache / "genesis_shard_0.pt").write_bytes((tmp_path / "shards" / "shard_0.pt").read_bytes())
+    broken = bytearray((tmp_path / "shards" / "shard_1.pt").read_bytes())
+    (node_cache / "genesis_shard_1.pt").write_bytes(bytes(broken[: len(broken) // 2]))  # an interrupted download
+    with tokformats.open(f"{server.url}/genesis/", cache_dir=node_cache) as reader:
+        np.testing.assert_array_equal(_tokens(reader), flat)
+    assert server.gets.get("/genesis/shard_0.pt", 0) == 0  # adopted: it verified
+    assert server.gets["/genesis/shard_1.pt"] == 1  # truncated: downloaded again
+
+
+def test_rotation_over_a_url_downloads_only_the_assigned_shards(tmp_path: Path, server: FileServer) -> None:
+    from tokformats import training
+
+    _genesis(tmp_path / "shards", shards=6, per_shard=2000)
+    publish(tmp_path / "shards", f"{server.url}/genesis/")
+    rotation = training.ShardRotation(
+        f"{server.url}/genesis/", "node-7", 2, 16, count=2, remote={"cache_dir": tmp_path / "cache"}
+    )
+    batch = next(rotation)
+    assert batch.shape == (2, 17)
+    downloaded = sorted(k for k in server.gets if k.endswith(".pt"))
+    assert downloaded == sorted(f"/genesis/shard_{s}.pt" for s in rotation.shards) and len(downloaded) == 2
+
+
+def test_command_line_publish_and_info(tmp_path: Path, server: FileServer, capsys: pytest.CaptureFixture[str]) -> None:
+    from tokformats.cli import main
+
+    _genesis(tmp_path / "shards", shards=2)
+    assert main(["publish", str(tmp_path / "shards"), f"{server.url}/g/", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["uploaded"][-1] == "manifest.json"
+    os.environ["TOKFORMATS_CACHE"] = str(tmp_path / "cache")
+    try:
+        assert main(["info", f"{server.url}/g/", "--json"]) == 0
+    finally:
+        del os.environ["TOKFORMATS_CACHE"]
+    assert json.loads(capsys.readouterr().out)["format"] == "pt"
+
+
+# -- S3 through fsspec, against moto's server on 127.0.0.1 -------------------------------------------------
+
+
+@pytest.fixture
+def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    pytest.importorskip("s3fs")
+    moto_server = pytest.importorskip("moto.server")
+    boto3 = pytest.importorskip("boto3")
+    running = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    running.start()
+    host, port = running.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ENDPOINT_URL_S3": endpoint,
+    }.items():
+        monkeypatch.setenv(key, value)
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="tokformats-test")
+    import fsspec
+
+    fsspec.filesystem("s3").invalidate_cache()
+    yield endpoint
+    running.stop()
+
+
+def test_s3_publish_open_and_glob(tmp_path: Path, s3: str) -> None:
+    flat = _genesis(tmp_path / "shards", shards=3)
+    summary = publish(tmp_path / "shards", "s3://tokformats-test/genesis/")
+    assert summary["uploaded"][-1] == "manifest.json"
+    with tokformats.open("s3://tokformats-test/genesis/", cache_dir=tmp_path / "cache") as reader:
+        np.testing.assert_array_equal(_tokens(reader), flat)
+    corpus, lengths = random_corpus(np.random.default_rng(8), 60, low=1, high=900)
+    with tokformats.create(tmp_path / "llmc" / "c", "llmc", vocab_size=1000, bos=0, split="train",
+                           shard_size=300) as writer:  # fmt: skip
+        writer.write_batch(corpus, lengths)
+    publish(tmp_path / "llmc", "s3://tokformats-test/llmc/")
+    with tokformats.open("s3://tokformats-test/llmc/c_train_*.bin", cache_dir=tmp_path / "cache") as reader:
+        assert reader.format == "llmc" and reader.num_shards > 1
+        assert reader.num_tokens == len(corpus) + len(lengths)

@@ -1,0 +1,287 @@
+"""Datasets by URL: ``tokformats.open("https://...")`` fetches into a verified local cache and opens the copy;
+``tokformats.publish(folder, url)`` uploads a dataset so that readers never see it half published.
+
+Which files a URL means is the formats' knowledge, asked through optional hooks of each format module:
+
+- ``remote_companions(name) -> [(name, required), ...]``: files that go with a file or prefix (Megatron's ``.idx``
+  and ``.bin``, datatrove's ``.ds.index``);
+- ``REMOTE_INDEX`` and ``remote_files(folder) -> [{"name", "size", "sha256"}, ...]``: a folder's index file(s) and
+  the data files (with sizes and checksums) they list (a NeuroShard ``manifest.json``, litdata's ``index.json``);
+- ``PUBLISHED_LAST``: file name patterns uploaded after every other file (the index readers key on).
+
+A folder URL on a store that lists (S3, GCS, the Hub) is its listing; over HTTP it is its ``SHA256SUMS`` (which
+``publish`` writes) or a format's index. Index files are fetched first, then the data files, each verified against
+the size and SHA-256 its index records, else ``SHA256SUMS``, else the store's own checksum.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..registry import formats
+from .backends import Backend, NotFoundError, RemoteError, backend_for, is_url
+from .cache import Cache, ChecksumError, Lease, default_cache_dir, file_sha256
+
+__all__ = ["open_url", "fetch", "publish", "is_url", "Cache", "RemoteError", "NotFoundError", "ChecksumError",
+           "default_cache_dir", "Dataset"]  # fmt: skip
+
+SUMS = "SHA256SUMS"
+_CACHE_OPTIONS = ("cache_dir", "max_cache_bytes", "offline", "backend")
+
+
+@dataclass
+class Entry:
+    """One file of a remote dataset, with what its records say it is."""
+
+    name: str
+    size: int | None = None
+    sha256: str | None = None
+    required: bool = True
+    #: The index or sidecar that names the file (for errors).
+    listed_by: str | None = None
+
+
+@dataclass
+class Dataset:
+    """A remote dataset fetched into the cache: the local path to open, its files, the cache, and the lease that
+    keeps the files out of eviction (taken file by file as they arrive; released when dropped)."""
+
+    target: Path | list[Path]
+    files: list[str]
+    cache: Cache
+    lease: Lease
+
+
+def _hooks(name: str) -> list[Any]:
+    """Every registered format module defining hook ``name`` (modules are imported on first use)."""
+    found = []
+    for descriptor in formats.values():
+        module = descriptor.load()
+        if hasattr(module, name):
+            found.append(getattr(module, name))
+    return found
+
+
+def _index_readers() -> list[tuple[tuple[str, ...], Any]]:
+    """``(index file names, remote_files)`` of every format that lists its data files in an index."""
+    found = []
+    for descriptor in formats.values():
+        module = descriptor.load()
+        if hasattr(module, "REMOTE_INDEX") and hasattr(module, "remote_files"):
+            found.append((tuple(module.REMOTE_INDEX), module.remote_files))
+    return found
+
+
+def _adopted(root: Path, name: str) -> Path | None:
+    """A file already under the cache root that a format says may be ``name`` (NeuroShard's own cache names)."""
+    for hook in _hooks("remote_adopt"):
+        found = hook(root, name)
+        if found is not None:
+            return Path(found)
+    return None
+
+
+def _companions(name: str) -> list[tuple[str, bool]]:
+    seen: dict[str, bool] = {}
+    for hook in _hooks("remote_companions"):
+        for other, required in hook(name):
+            seen[other] = seen.get(other, False) or required
+    return list(seen.items())
+
+
+def published_last(name: str) -> bool:
+    """Whether file ``name`` is an index a format's readers key on (uploaded last, fetched first)."""
+    return any(fnmatch.fnmatch(Path(name).name, p) for patterns in _hooks("PUBLISHED_LAST") for p in patterns)
+
+
+def _split_pattern(url: str) -> tuple[str, str] | None:
+    """``(base URL, pattern)`` for a URL whose path holds a glob, else None."""
+    scheme, rest = url.split("://", 1)
+    if not set("*?[") & set(rest):
+        return None
+    parts = rest.split("/")
+    first = next(k for k, part in enumerate(parts) if set("*?[") & set(part))
+    return f"{scheme}://{'/'.join(parts[:first])}", "/".join(parts[first:])
+
+
+def _folder_entries(cache: Cache, sums: dict[str, str]) -> list[Entry]:
+    """The files of a folder URL: the store's listing, else ``SHA256SUMS``, else a format's index."""
+    listing = None if cache.offline else cache.backend.listing(cache.url)
+    if listing:
+        return [Entry(n, sha256=sums.get(n)) for n in listing if n != SUMS and not n.startswith(".")]
+    if sums:
+        return [Entry(n, sha256=s, listed_by=SUMS) for n, s in sums.items()]
+    for index_names, reader in _index_readers():
+        for index in index_names:
+            try:
+                cache.fetch(index)
+            except NotFoundError:
+                continue
+            return [Entry(index)] + [Entry(**item, listed_by=index) for item in reader(cache.folder)]
+    raise RemoteError(
+        f"{cache.url}/ cannot be listed: publish it with tokformats publish (which writes {SUMS}), or open one of "
+        "its files, or an index the formats know."
+    )
+
+
+def _entries_with_records(cache: Cache, entries: list[Entry]) -> list[Entry]:
+    """Add the sizes and checksums the dataset's own index records (fetched first) to ``entries``."""
+    records: dict[str, Entry] = {}
+    names = {e.name for e in entries}
+    for index_names, reader in _index_readers():
+        for index in index_names:
+            if index in names:
+                cache.fetch(index)
+                records.update({item["name"]: Entry(**item, listed_by=index) for item in reader(cache.folder)})
+    merged = []
+    for entry in entries:
+        record = records.get(entry.name)
+        size = entry.size if entry.size is not None else (record.size if record else None)
+        sha256 = (record.sha256 if record and record.sha256 else None) or entry.sha256
+        listed_by = record.listed_by if record else entry.listed_by
+        merged.append(Entry(entry.name, size, sha256, entry.required, listed_by))
+    return merged
+
+
+def fetch(
+    url: str,
+    *,
+    names: list[str] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    max_cache_bytes: float | None = None,
+    offline: bool | None = None,
+    backend: Backend | None = None,
+    adopt: dict[str, Path] | None = None,
+) -> Dataset:
+    """Fetch the dataset at ``url`` (a folder ``.../``, a file, a Megatron prefix, or a glob on a store that lists)
+    into the cache, index files first, each file verified; ``names`` limits a folder to those files (plus its
+    index). ``adopt`` maps file names to files already on disk that are used when they verify."""
+    pattern = _split_pattern(url)
+    if pattern is not None:
+        base, glob_pattern = pattern
+        cache = Cache(base, cache_dir=cache_dir, max_cache_bytes=max_cache_bytes, offline=offline, backend=backend)
+        sums = cache.sums()
+        listing = (None if cache.offline else cache.backend.listing(base)) or list(sums)
+        chosen = sorted(n for n in listing if fnmatch.fnmatch(n, glob_pattern))
+        if not chosen:
+            raise NotFoundError(f"the pattern {url!r} matches no file.")
+        entries = [Entry(n, sha256=sums.get(n)) for n in chosen]
+        for name in chosen:
+            entries += [Entry(c, required=r) for c, r in _companions(name) if c not in chosen]
+        target: Path | list[Path] = [cache.path(n) for n in chosen]
+    elif url.endswith("/"):
+        cache = Cache(url, cache_dir=cache_dir, max_cache_bytes=max_cache_bytes, offline=offline, backend=backend)
+        sums = cache.sums()
+        entries = _entries_with_records(cache, _folder_entries(cache, sums))
+        if names is not None:
+            wanted = set(names)
+            entries = [e for e in entries if e.name in wanted or published_last(e.name)]
+        target = cache.folder
+    else:
+        base, name = url.rsplit("/", 1)
+        cache = Cache(base, cache_dir=cache_dir, max_cache_bytes=max_cache_bytes, offline=offline, backend=backend)
+        sums = cache.sums()
+        entries = [Entry(name, sha256=sums.get(name), required=False)]
+        entries += [Entry(c, sha256=sums.get(c), required=r) for c, r in _companions(name)]
+        target = cache.path(name)
+    # Index files first: a reader keys on them, and their records check the data files.
+    entries.sort(key=lambda e: not published_last(e.name))
+    fetched = []
+    lease = Lease()
+    missing: NotFoundError | None = None
+    for entry in entries:
+        try:
+            candidate = (adopt or {}).get(entry.name) or _adopted(cache.root, entry.name)
+            cache.fetch(entry.name, size=entry.size, sha256=entry.sha256, adopt=candidate)
+        except NotFoundError as error:
+            if entry.required:
+                listed = f" It is listed by {entry.listed_by}." if entry.listed_by else ""
+                raise type(error)(f"{error}{listed}") from None
+            missing = missing or error
+            continue
+        lease.add(cache.lock_path(entry.name))  # held from now on: eviction spares it
+        fetched.append(entry.name)
+        cache.evict()
+    if not fetched:
+        raise missing or NotFoundError(f"{url} does not exist.")
+    return Dataset(target, fetched, cache, lease)
+
+
+def open_url(url: str, **options: Any) -> Any:
+    """Open the dataset at ``url`` (see :func:`fetch`): the same reader as for a local path, over cached files.
+
+    ``cache_dir``, ``max_cache_bytes``, ``offline`` and ``backend`` configure the cache; every other option goes to
+    the reader (``format=``, ``dtype=``, ...). The reader holds its files against eviction until it is closed.
+    """
+    from ..api import open as open_path
+
+    cache_options = {k: options.pop(k) for k in _CACHE_OPTIONS if k in options}
+    dataset = fetch(url, **cache_options)
+    reader = open_path(dataset.target, **options)
+    reader.hold(dataset.lease)  # released by close() (or when the reader is collected)
+    return reader
+
+
+def publish(
+    folder: str | os.PathLike[str], url: str, *, dry_run: bool = False, backend: Backend | None = None
+) -> dict[str, Any]:
+    """Upload a dataset folder to ``url`` (a folder URL): data files first, then ``SHA256SUMS``, then the index files
+    readers key on, so that no reader ever sees an index pointing at missing files. Files whose published SHA-256
+    already matches are skipped. ``dry_run`` only says what would be uploaded.
+
+    Returns:
+        ``{"uploaded": [...], "skipped": [...], "bytes": N, "dry_run": bool}``.
+    """
+    root = Path(folder)
+    if not root.is_dir():
+        raise NotFoundError(f"{root} is not a folder to publish.")
+    base = url.rstrip("/")
+    store = backend or backend_for(base)
+    files = sorted(
+        p.relative_to(root).as_posix()
+        for p in root.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts) and p.name != SUMS
+    )
+    sums = {name: file_sha256(root / name) for name in files}
+    published = _published_sums(store, f"{base}/{SUMS}")
+    uploaded, skipped, sent = [], [], 0
+    order = [n for n in files if not published_last(n)] + [SUMS] + [n for n in files if published_last(n)]
+    with tempfile.TemporaryDirectory(prefix="tokformats-publish-") as scratch:
+        listing = Path(scratch) / SUMS
+        listing.write_text("".join(f"{sums[n]}  {n}\n" for n in files), encoding="utf-8")
+        for name in order:
+            path = listing if name == SUMS else root / name
+            if name != SUMS and published.get(name) == sums[name]:
+                skipped.append(name)
+                continue
+            if name == SUMS and published == sums:
+                skipped.append(name)
+                continue
+            if not dry_run:
+                store.upload(str(path), f"{base}/{name}")
+            uploaded.append(name)
+            sent += path.stat().st_size
+    return {"uploaded": uploaded, "skipped": skipped, "bytes": sent, "dry_run": dry_run}
+
+
+def _published_sums(store: Backend, url: str) -> dict[str, str]:
+    """The ``SHA256SUMS`` already published at ``url``, or empty."""
+    with tempfile.TemporaryFile() as handle:
+        try:
+            store.download(url, handle, 0, None)
+        except NotFoundError:
+            return {}
+        handle.seek(0)
+        text = handle.read().decode("utf-8", "replace")
+    sums = {}
+    for line in text.splitlines():
+        digest, _, name = line.partition("  ")
+        if len(digest) == 64 and name:
+            sums[name] = digest.lower()
+    return sums
+

@@ -1,0 +1,344 @@
+"""The local cache of remote datasets: files appear only complete and verified, downloads resume, processes share.
+
+Layout: ``CACHE_DIR/{name}-{digest}/`` per dataset URL (``~/.cache/tokformats`` unless ``cache_dir=`` or
+``$TOKFORMATS_CACHE``), mirroring the dataset's relative file names. A file is downloaded to ``NAME.partial`` (with
+``NAME.partial.json`` recording the ETag it came from), checked (size, then SHA-256 from the dataset's own record,
+a ``SHA256SUMS`` sidecar or the store), fsynced and renamed: a name in the cache is always a whole, verified file.
+An interrupted download resumes with a Range request when the object is unchanged (``If-Range``), else restarts.
+
+Processes on one node (ranks, DataLoader workers) take a file lock per file: one downloads, the others wait and
+then map it. Readers hold a shared lock on each file they use (:class:`Lease`); ``max_cache_bytes`` evicts the
+least recently used files no reader holds. ``offline=True`` (or ``TOKFORMATS_OFFLINE=1``) uses only what is cached.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from ..journal import fsync_folder
+from . import backends
+from .backends import RETRIES, Backend, NotFoundError, RemoteError, RemoteStat, _safe, backend_for
+
+__all__ = ["Cache", "Lease", "ChecksumError", "NotCachedError", "default_cache_dir", "offline_default", "file_sha256"]
+
+LOCKS = ".tokformats-locks"
+PARTIAL = ".partial"
+_HASH_BLOCK = 1 << 22
+
+
+class ChecksumError(RemoteError):
+    """A downloaded file is not what was published (size or SHA-256); it was deleted."""
+
+
+class NotCachedError(NotFoundError):
+    """Offline mode, and the file is not in the cache."""
+
+
+def default_cache_dir() -> Path:
+    """``$TOKFORMATS_CACHE``, else ``~/.cache/tokformats``."""
+    return Path(os.environ.get("TOKFORMATS_CACHE") or "~/.cache/tokformats").expanduser()
+
+
+def offline_default() -> bool:
+    """Whether ``$TOKFORMATS_OFFLINE`` asks for cached files only."""
+    return os.environ.get("TOKFORMATS_OFFLINE", "").lower() in ("1", "true", "yes")
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 (hex) of a file, read in blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(_HASH_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _folder_name(url: str) -> str:
+    """A readable, unique folder name for a dataset URL: its last path part plus a digest of the whole URL."""
+    base = url.rstrip("/")
+    tail = re.sub(r"[^A-Za-z0-9._-]+", "_", base.rsplit("/", 1)[-1])[:48] or "dataset"
+    return f"{tail}-{hashlib.sha256(base.encode('utf-8')).hexdigest()[:16]}"
+
+
+class _Hashing:
+    """A file handle that hashes what is written through it."""
+
+    def __init__(self, handle: BinaryIO, digest: Any) -> None:
+        self.handle, self.digest = handle, digest
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        return self.handle.write(data)
+
+
+@contextlib.contextmanager
+def _locked(path: Path, kind: int) -> Iterator[int]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(descriptor, kind)
+        yield descriptor
+    finally:
+        os.close(descriptor)  # closing releases the lock
+
+
+class Lease:
+    """Shared locks on cached files a reader uses, so that eviction leaves them alone; released by :meth:`release`
+    (readers opened from a URL release it when closed or collected)."""
+
+    def __init__(self, locks: list[Path] | None = None) -> None:
+        self._descriptors: list[int] = []
+        for lock in locks or []:
+            self.add(lock)
+
+    def add(self, lock: Path) -> None:
+        """Hold ``lock`` too."""
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(descriptor, fcntl.LOCK_SH)
+        self._descriptors.append(descriptor)
+
+    def release(self) -> None:
+        """Drop the locks."""
+        while self._descriptors:
+            os.close(self._descriptors.pop())
+
+    def __del__(self) -> None:
+        self.release()
+
+
+class Cache:
+    """The cached copy of one remote dataset.
+
+    Args:
+        url: the dataset's base URL (a folder, or the folder holding a file or prefix).
+        cache_dir: the cache root (see :func:`default_cache_dir`).
+        max_cache_bytes: evict least-recently-used files (of every dataset under the root) no reader holds once the
+            root holds more.
+        offline: never touch the network; a file not cached is an error.
+        backend: the store (chosen from the URL's scheme by default).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        cache_dir: str | os.PathLike[str] | None = None,
+        max_cache_bytes: float | None = None,
+        offline: bool | None = None,
+        backend: Backend | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+        self.folder = self.root / _folder_name(self.url)
+        self.max_cache_bytes = None if max_cache_bytes is None else int(max_cache_bytes)
+        self.offline = offline_default() if offline is None else offline
+        self._backend = backend
+        #: GET requests this cache made, by file name (tests and benchmarks read it).
+        self.downloads: dict[str, int] = {}
+
+    @property
+    def backend(self) -> Backend:
+        """The store (made on first use: offline work never needs it)."""
+        if self._backend is None:
+            self._backend = backend_for(self.url)
+        return self._backend
+
+    def url_of(self, name: str) -> str:
+        """The URL of file ``name`` of the dataset."""
+        return f"{self.url}/{name}"
+
+    def path(self, name: str) -> Path:
+        """Where file ``name`` is (or will be) cached."""
+        return self.folder / name
+
+    def lock_path(self, name: str) -> Path:
+        """The lock file guarding ``name``'s download and use."""
+        return self.folder / LOCKS / (name.replace("/", "%2F") + ".lock")
+
+    def lease(self, names: list[str]) -> Lease:
+        """Shared locks on cached files, held while a reader uses them."""
+        return Lease([self.lock_path(n) for n in names])
+
+    def cached(self, name: str) -> Path | None:
+        """The cached file ``name`` when it is there (complete and verified), else None."""
+        path = self.path(name)
+        return path if path.is_file() else None
+
+    # -- fetching ---------------------------------------------------------------------------------------
+    def fetch(
+        self, name: str, *, size: int | None = None, sha256: str | None = None, adopt: Path | None = None
+    ) -> Path:
+        """The local path of file ``name``, downloading it first when it is not cached.
+
+        Args:
+            size / sha256: what the dataset's own records say the file is (checked; a mismatch deletes it).
+            adopt: a file already on disk that may be this one (NeuroShard's ``genesis_shard_N.pt``): used, by
+                copy, only when it verifies against ``size`` and ``sha256``.
+        """
+        target = self.path(name)
+        if target.is_file():
+            os.utime(target)  # least-recently-used order
+            return target
+        if (
+            adopt is not None
+            and sha256 is not None
+            and adopt.is_file()
+            and (size is None or adopt.stat().st_size == size)
+            and file_sha256(adopt) == sha256.lower()
+        ):
+            return self._place_copy(adopt, target)
+        if self.offline:
+            raise NotCachedError(
+                f"{_safe(self.url_of(name))} is not in the cache ({self.folder}) and offline mode is on "
+                "(offline=True or TOKFORMATS_OFFLINE)."
+            )
+        with _locked(self.lock_path(name), fcntl.LOCK_EX):  # one process downloads; the others wait here
+            if target.is_file():
+                os.utime(target)
+                return target
+            self._download(name, target, size, sha256)
+        return target
+
+    def _place_copy(self, source: Path, target: Path) -> Path:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temporary = target.with_name(target.name + PARTIAL)
+        with open(source, "rb") as reader, open(temporary, "wb") as writer:
+            while block := reader.read(_HASH_BLOCK):
+                writer.write(block)
+            writer.flush()
+            os.fsync(writer.fileno())
+        os.replace(temporary, target)
+        fsync_folder(target.parent)
+        return target
+
+    def _download(self, name: str, target: Path, size: int | None, sha256: str | None) -> None:
+        url = self.url_of(name)
+        remote = self.backend.stat(url)
+        if size is not None and remote.size != size:
+            raise ChecksumError(
+                f"{_safe(url)} has {remote.size:,} bytes, but the dataset's records say {size:,}: the store holds "
+                "another version of the file (republished?)."
+            )
+        expected = (sha256 or remote.sha256 or "").lower() or None
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + PARTIAL)
+        record = target.with_name(target.name + PARTIAL + ".json")
+        digest = self._resume_point(partial, record, remote)
+        record.write_text(json.dumps({"etag": remote.etag, "size": remote.size}))
+        restarts = 0
+        for attempt in range(1, RETRIES + 2):
+            start = partial.stat().st_size if partial.exists() else 0
+            try:
+                with open(partial, "ab") as handle:
+                    self.downloads[name] = self.downloads.get(name, 0) + 1
+                    whole = self.backend.download(url, _Hashing(handle, digest), start, remote.etag)  # type: ignore[arg-type]
+                    handle.flush()
+                    os.fsync(handle.fileno())
+            except NotFoundError:
+                raise
+            except (OSError, RemoteError) as error:
+                if attempt > RETRIES or not getattr(error, "transient", True):
+                    raise RemoteError(f"downloading {_safe(url)} failed after {attempt} attempts: {error}") from None
+                digest = self._resume_point(partial, record, remote)  # keep what arrived, resume after it
+                time.sleep(min(backends.BACKOFF * 2**attempt, backends.MAX_BACKOFF))
+                continue
+            if not whole:  # a 200 answer to the Range request, or the object changed: start over
+                restarts += 1
+                partial.unlink(missing_ok=True)
+                digest = hashlib.sha256()
+                if restarts > 2:
+                    raise RemoteError(f"{_safe(url)} keeps changing while it downloads; try again later.")
+                continue
+            if partial.stat().st_size < remote.size:  # the connection ended early without an error
+                digest = self._resume_point(partial, record, remote)
+                continue
+            break
+        else:
+            raise RemoteError(f"downloading {_safe(url)} did not complete after {RETRIES + 1} attempts.")
+        self._verify(url, partial, record, remote.size, expected, digest.hexdigest())
+        os.replace(partial, target)
+        record.unlink(missing_ok=True)
+        fsync_folder(target.parent)
+
+    @staticmethod
+    def _resume_point(partial: Path, record: Path, remote: RemoteStat) -> Any:
+        """A SHA-256 of what a partial download holds when it can be resumed; otherwise the partial is removed."""
+        digest = hashlib.sha256()
+        if not partial.exists():
+            return digest
+        try:
+            before = json.loads(record.read_text())
+        except (OSError, ValueError):
+            before = {}
+        same = before.get("size") == remote.size and before.get("etag") == remote.etag and remote.etag is not None
+        if not same or partial.stat().st_size > remote.size:
+            partial.unlink()
+            return digest
+        with open(partial, "rb") as handle:
+            while block := handle.read(_HASH_BLOCK):
+                digest.update(block)
+        return digest
+
+    @staticmethod
+    def _verify(url: str, partial: Path, record: Path, size: int, expected: str | None, found: str) -> None:
+        actual = partial.stat().st_size
+        problem = None
+        if actual != size:
+            problem = f"{actual:,} bytes arrived, {size:,} were expected"
+        elif expected is not None and found != expected:
+            problem = f"its SHA-256 is {found}, the published one is {expected}"
+        if problem:
+            partial.unlink(missing_ok=True)
+            record.unlink(missing_ok=True)
+            raise ChecksumError(f"{_safe(url)}: {problem}; the download was deleted (nothing wrong is used).")
+
+    def sums(self) -> dict[str, str]:
+        """The dataset's ``SHA256SUMS`` sidecar (``sha256  name`` lines) as ``{name: sha256}``, or empty."""
+        try:
+            path = self.fetch("SHA256SUMS")
+        except NotFoundError:
+            return {}
+        sums = {}
+        for line in path.read_text(encoding="utf-8").splitlines():
+            digest, _, name = line.strip().partition("  ")
+            if re.fullmatch(r"[0-9a-fA-F]{64}", digest) and name:
+                sums[name.lstrip("*")] = digest.lower()
+        return sums
+
+    # -- eviction ---------------------------------------------------------------------------------------
+    def evict(self) -> list[Path]:
+        """Delete least-recently-used cached files, of any dataset under the root, that no reader holds, until the
+        root holds at most ``max_cache_bytes`` (called after each file is fetched and leased); returns what was
+        deleted."""
+        if self.max_cache_bytes is None or not self.root.is_dir():
+            return []
+        files = []
+        for folder in self.root.iterdir():
+            if not folder.is_dir():
+                continue
+            for path in folder.rglob("*"):
+                if path.is_file() and LOCKS not in path.parts and not path.name.endswith((PARTIAL, PARTIAL + ".json")):
+                    files.append(path)
+        total = sum(p.stat().st_size for p in files)
+        removed = []
+        for path in sorted(files, key=lambda p: p.stat().st_mtime):
+            if total <= self.max_cache_bytes:
+                break
+            dataset, *parts = path.relative_to(self.root).parts
+            lock = self.root / dataset / LOCKS / ("%2F".join(parts) + ".lock")
+            with contextlib.suppress(BlockingIOError), _locked(lock, fcntl.LOCK_EX | fcntl.LOCK_NB):
+                size = path.stat().st_size
+                path.unlink()
+                total -= size
+                removed.append(path)
+        return removed
