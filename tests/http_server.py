@@ -70,11 +70,13 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args: Any) -> None:  # quiet
         pass
 
-    def _file(self) -> Path | None:
+    def _content(self) -> bytes | None:
+        """The requested file's bytes, or None after answering 404."""
         path = (self.server.root / self.path.split("?", 1)[0].lstrip("/")).resolve()
         if self.server.root.resolve() not in path.parents or not path.is_file():
+            self.send_error(404)
             return None
-        return path
+        return path.read_bytes()
 
     def _etag(self, data: bytes) -> str:
         return '"' + hashlib.sha256(data).hexdigest()[:32] + '"'
@@ -94,11 +96,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_HEAD(self) -> None:
         if self._faulted():
             return
-        path = self._file()
-        if path is None:
-            self.send_error(404)
+        data = self._content()
+        if data is None:
             return
-        data = path.read_bytes()
         self.send_response(200)
         self.send_header("Content-Length", str(len(data)))
         self.send_header("ETag", self._etag(data))
@@ -109,13 +109,9 @@ class _Handler(BaseHTTPRequestHandler):
         with self.server.lock:
             self.server.gets[self.path] += 1
         fault = self._faulted()
-        if fault == ("answered",):
+        data = None if fault == ("answered",) else self._content()
+        if data is None:
             return
-        path = self._file()
-        if path is None:
-            self.send_error(404)
-            return
-        data = path.read_bytes()
         etag = self._etag(data)
         start = 0
         ranged = self.headers.get("Range")

@@ -16,7 +16,10 @@ from tokformats.cli import main
 
 
 def test_public_names() -> None:
-    assert isinstance(tokformats.formats, type(type.__dict__))  # a read-only mappingproxy, not the package
+    from collections.abc import Mapping, MutableMapping
+
+    # a read-only mapping (the registry's table), not the package
+    assert isinstance(tokformats.formats, Mapping) and not isinstance(tokformats.formats, MutableMapping)
     for name in ("raw", "llmc", "megatron"):
         assert name in tokformats.formats
         assert getattr(tokformats, name).Reader.format == name

@@ -20,7 +20,7 @@ from .arrays import ConcatenatedArray, TokenArray
 from .errors import FormatError
 from .protocol import TokenReader
 
-__all__ = ["Part", "PartsReader", "checked_offsets"]
+__all__ = ["Part", "MappedParts", "PartsReader", "checked_offsets"]
 
 
 class Part(NamedTuple):
@@ -51,9 +51,9 @@ def checked_offsets(offsets: np.ndarray, count: int, where: str, field: str) -> 
     return values
 
 
-class PartsReader(TokenReader):
-    """A corpus of parts (:class:`Part`); a subclass sets them with :meth:`_set_parts` and says where each part's
-    documents are with :meth:`_part_offsets`."""
+class MappedParts(TokenReader):
+    """A token stream stored as parts (:class:`Part`), mapped one by one; a subclass sets them with
+    :meth:`_set_parts` and finds documents its own way (:class:`PartsReader`: per part; llm.c: at a delimiter)."""
 
     _parts: list[Part]
 
@@ -64,11 +64,6 @@ class PartsReader(TokenReader):
             raise FormatError(f"{parts[0].path.parent}: the files mix token dtypes ({listing}); open them apart.")
         self._parts = parts
         self._pin(*dict.fromkeys(p.path for p in parts))
-
-    @abstractmethod
-    def _part_offsets(self, index: int) -> np.ndarray:
-        """``D_k + 1`` offsets of part ``index``'s documents, relative to the part, checked with
-        :func:`checked_offsets`; called once per part, when :attr:`offsets` is first used."""
 
     @property
     def path(self) -> Path:
@@ -104,6 +99,21 @@ class PartsReader(TokenReader):
     def num_tokens(self) -> int:
         return sum(p.tokens for p in self._parts)
 
+    def _summary(self) -> dict[str, Any]:
+        summary = super()._summary()
+        if len(self.files) > 1:
+            summary["files"] = len(self.files)
+        return summary
+
+
+class PartsReader(MappedParts):
+    """Parts that each record their own documents (an index file, a chunk header, Arrow offsets)."""
+
+    @abstractmethod
+    def _part_offsets(self, index: int) -> np.ndarray:
+        """``D_k + 1`` offsets of part ``index``'s documents, relative to the part, checked with
+        :func:`checked_offsets`; called once per part, when :attr:`offsets` is first used."""
+
     def _offsets(self) -> np.ndarray:
         pieces = [np.zeros(1, dtype=np.int64)]
         base = 0
@@ -111,9 +121,3 @@ class PartsReader(TokenReader):
             pieces.append(self._part_offsets(k)[1:] + base)
             base += part.tokens
         return np.concatenate(pieces)
-
-    def _summary(self) -> dict[str, Any]:
-        summary = super()._summary()
-        if len(self.files) > 1:
-            summary["files"] = len(self.files)
-        return summary

@@ -12,9 +12,10 @@ from __future__ import annotations
 import glob
 import importlib
 import os
+import pkgutil
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from types import MappingProxyType, ModuleType
+from types import ModuleType
 from typing import Any, NamedTuple
 
 from .errors import NoFilesError, UnknownFormatError
@@ -32,7 +33,6 @@ __all__ = [
     "Probe",
     "load_plugins",
     "default_corpus_format",
-    "set_default_corpus_format",
     "ENTRY_POINT_GROUP",
 ]
 
@@ -51,6 +51,8 @@ class FormatDescriptor(NamedTuple):
         module: the module holding ``Reader``, ``Writer`` and ``detect``.
         detectable: whether :func:`detect` can recognise it by content (headerless raw cannot).
         writable: whether it has a writer.
+        order: detection order (lower first): formats with magic numbers before layouts, raw last.
+        default: the corpus format ``tokenize`` writes unless told (one format says so).
     """
 
     name: str
@@ -59,6 +61,8 @@ class FormatDescriptor(NamedTuple):
     module: str
     detectable: bool = True
     writable: bool = True
+    order: int = 50
+    default: bool = False
 
     def load(self) -> ModuleType:
         """Import (the first time) and return the format's module."""
@@ -84,29 +88,62 @@ class FormatDescriptor(NamedTuple):
 
 
 _REGISTRY: dict[str, FormatDescriptor] = {}
-_DEFAULT_CORPUS_FORMAT: list[str] = []
+_discovered = False
+
+
+def _table() -> dict[str, FormatDescriptor]:
+    """The registry, with the built-in formats in it: each module of ``tokformats/formats/`` that declares a
+    ``DESCRIPTOR`` is one (found the first time the table is used, so ``import tokformats`` stays cheap)."""
+    global _discovered
+    if not _discovered:
+        _discovered = True
+        package = importlib.import_module("tokformats.formats")
+        found = []
+        for info in pkgutil.iter_modules(package.__path__):
+            module = importlib.import_module(f"{package.__name__}.{info.name}")
+            declared = getattr(module, "DESCRIPTOR", None)
+            if isinstance(declared, FormatDescriptor):
+                found.append(declared)
+        builtin = {d.name: d for d in sorted(found, key=lambda d: (d.order, d.name))}
+        plugins = dict(_REGISTRY)  # formats registered before the first use (plugins, tests) keep their place
+        _REGISTRY.clear()
+        _REGISTRY.update({**builtin, **plugins})
+    return _REGISTRY
+
+
+class _Formats(Mapping[str, FormatDescriptor]):
+    """The read-only table of formats, in detection order (built-in ones found on first use)."""
+
+    def __getitem__(self, name: str) -> FormatDescriptor:
+        return _table()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(_table()))
+
+    def __len__(self) -> int:
+        return len(_table())
+
+    def __repr__(self) -> str:
+        return f"tokformats.formats({', '.join(_table())})"
+
 
 #: Read-only mapping of format name to :class:`FormatDescriptor`, in detection order.
-formats: Mapping[str, FormatDescriptor] = MappingProxyType(_REGISTRY)
+formats: Mapping[str, FormatDescriptor] = _Formats()
 
 
 def register(descriptor: FormatDescriptor) -> None:
     """Add a format to the table (plugins may call this); a name can be registered once."""
-    if descriptor.name in _REGISTRY:
+    if descriptor.name in _table():
         raise ValueError(f"a format named {descriptor.name!r} is already registered")
     _REGISTRY[descriptor.name] = descriptor
 
 
-def set_default_corpus_format(name: str) -> None:
-    """Name the corpus format ``tokenize`` writes when none is given (the built-in table sets it)."""
-    _DEFAULT_CORPUS_FORMAT[:] = [name]
-
-
 def default_corpus_format() -> str:
-    """The corpus format ``tokenize`` writes when none is given."""
-    if not _DEFAULT_CORPUS_FORMAT:
-        raise UnknownFormatError("no default corpus format is registered; name one with format=.")
-    return _DEFAULT_CORPUS_FORMAT[0]
+    """The corpus format ``tokenize`` writes when none is given (the one whose descriptor says ``default``)."""
+    for descriptor in _table().values():
+        if descriptor.default:
+            return descriptor.name
+    raise UnknownFormatError("no default corpus format is registered; name one with format=.")
 
 
 _plugins_loaded = False
@@ -132,7 +169,7 @@ def load_plugins() -> list[str]:
             message = f"tokformats: format plugin {entry.name!r} ({entry.value}) failed to load: {error}"
             warnings.warn(message, stacklevel=2)
             continue
-        if not isinstance(plugin, FormatDescriptor) or plugin.name in _REGISTRY:
+        if not isinstance(plugin, FormatDescriptor) or plugin.name in _table():
             what = "is not a FormatDescriptor" if not isinstance(plugin, FormatDescriptor) else "reuses a format name"
             warnings.warn(f"tokformats: format plugin {entry.name!r} ({entry.value}) {what}; skipped.", stacklevel=2)
             continue
@@ -143,7 +180,7 @@ def load_plugins() -> list[str]:
 
 def descriptor(name: str) -> FormatDescriptor:
     """The descriptor of format ``name``; :class:`UnknownFormatError` listing the names otherwise."""
-    if name not in _REGISTRY:
+    if name not in _table():
         load_plugins()
     try:
         return _REGISTRY[name]
@@ -276,7 +313,7 @@ def expand_paths(path: Any) -> list[Path]:
 
 def _candidates(path: Path) -> Iterator[FormatDescriptor]:
     """Detectable formats, those whose suffixes match ``path`` first (fewer format modules imported)."""
-    detectable = [d for d in _REGISTRY.values() if d.detectable]
+    detectable = [d for d in _table().values() if d.detectable]
     matching = [d for d in detectable if path.suffix and path.suffix in d.suffixes]
     return iter(matching + [d for d in detectable if d not in matching])
 
@@ -303,7 +340,8 @@ def detect(path: Any) -> str:
 
     Raises:
         NoFilesError: nothing exists at ``path``.
-        UnknownFormatError: no format recognises it; headerless streams need ``format="raw"``.
+        UnknownFormatError: no format recognises it; the message carries the hints formats give for a file they
+            almost match (a format module's optional ``undetected_hint(probe)``: the raw stream's dtype table).
     """
     load_plugins()
     paths = expand_paths(path)
@@ -318,8 +356,10 @@ def detect(path: Any) -> str:
             return candidate.name
     if not probe.exists:
         raise NoFilesError(f"{first} does not exist.{_did_you_mean(first)}")
-    from .formats.raw import describe_headerless
-
-    raise UnknownFormatError(
-        f"{first} is not in a format tokformats recognises by its content. " + describe_headerless(first)
-    )
+    hints = []
+    for entry in _table().values():
+        hint = getattr(entry.load(), "undetected_hint", None)
+        text = hint(probe) if hint is not None else None
+        if text:
+            hints.append(text)
+    raise UnknownFormatError(" ".join([f"{first} is not in a format tokformats recognises by its content.", *hints]))

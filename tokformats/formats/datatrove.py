@@ -31,12 +31,21 @@ from ..errors import DTypeError, FormatError, NoFilesError, SizeMismatchError, o
 from ..limits import read_file
 from ..parts import Part, PartsReader, checked_offsets
 from ..protocol import PathLike, TokenWriter
-from ..registry import Probe, expand_paths
+from ..registry import FormatDescriptor, Probe, expand_paths
 
 if TYPE_CHECKING:
     import numpy.typing as npt
 
 __all__ = ["Reader", "Writer", "detect", "metric", "output_filename"]
+
+#: This format's entry in :data:`tokformats.formats` (the registry finds it here).
+DESCRIPTOR = FormatDescriptor(
+    "datatrove",
+    "HF datatrove token files: NAME.ds + NAME.ds.index (+ .ds.loss, .ds.metadata)",
+    (".ds",),
+    __name__,
+    order=60,
+)
 
 INDEX = ".index"
 LOSS = ".loss"

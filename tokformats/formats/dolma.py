@@ -31,13 +31,18 @@ from ..errors import DTypeError, FormatError, NoFilesError, SizeMismatchError, o
 from ..limits import MAX_DEFLATE_RATIO, require_regular
 from ..parts import Part, PartsReader, checked_offsets
 from ..protocol import PathLike, TokenWriter
-from ..registry import Probe, expand_paths
+from ..registry import FormatDescriptor, Probe, expand_paths
 from ..shards import DocumentShards
 
 if TYPE_CHECKING:
     import numpy.typing as npt
 
 __all__ = ["Reader", "Writer", "detect", "read_metadata", "DEFAULT_MAX_TOKENS"]
+
+#: This format's entry in :data:`tokformats.formats` (the registry finds it here).
+DESCRIPTOR = FormatDescriptor(
+    "dolma", "OLMo / dolma token memmaps: headerless NAME.npy + NAME.csv.gz", (".npy",), __name__, order=90
+)
 
 #: dolma's ``MemmapWriter.DEFAULT_MAX_TOKENS``.
 DEFAULT_MAX_TOKENS = 512 * 1024 * 1024

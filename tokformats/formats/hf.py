@@ -31,13 +31,18 @@ from ..errors import DTypeError, FormatError, NoFilesError
 from ..limits import read_json_object
 from ..parts import Part, PartsReader, checked_offsets
 from ..protocol import PathLike, TokenWriter
-from ..registry import Probe
+from ..registry import FormatDescriptor, Probe
 from ..shards import DocumentShards
 
 if TYPE_CHECKING:
     import numpy.typing as npt
 
 __all__ = ["Reader", "Writer", "detect", "DEFAULT_COLUMN"]
+
+#: This format's entry in :data:`tokformats.formats` (the registry finds it here).
+DESCRIPTOR = FormatDescriptor(
+    "hf", "HF datasets save_to_disk folder with a token column (input_ids)", (".arrow",), __name__, order=80
+)
 
 DEFAULT_COLUMN = "input_ids"
 STATE = "state.json"

@@ -30,13 +30,18 @@ from ..errors import FormatError, NoFilesError, SizeMismatchError
 from ..limits import read_json_object
 from ..parts import Part, PartsReader, checked_offsets
 from ..protocol import PathLike, TokenWriter
-from ..registry import Probe
+from ..registry import FormatDescriptor, Probe
 from ..shards import DocumentShards
 
 if TYPE_CHECKING:
     import numpy.typing as npt
 
 __all__ = ["Reader", "Writer", "detect", "data_format_dtype", "NUMPY_DTYPES", "TORCH_DTYPES", "DEFAULT_CHUNK_TOKENS"]
+
+#: This format's entry in :data:`tokformats.formats` (the registry finds it here).
+DESCRIPTOR = FormatDescriptor(
+    "litdata", "litdata TokensLoader folder: index.json + chunk-R-K.bin", (".json",), __name__, order=70
+)
 
 INDEX = "index.json"
 #: litdata's ``_NUMPY_SCTYPES`` (``no_header_numpy:K`` is entry K); only the numeric ones can hold tokens.

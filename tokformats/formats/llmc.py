@@ -22,18 +22,17 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
-from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from ..arrays import ConcatenatedArray, TokenArray
 from ..documents import add_delimiter, split_offsets
 from ..dtypes import check_id, resolve_dtype
 from ..errors import FormatError, HeaderError, NoFilesError, SizeMismatchError
-from ..protocol import PathLike, TokenReader, TokenWriter
-from ..registry import Probe, expand_paths
+from ..parts import MappedParts, Part
+from ..protocol import PathLike, TokenWriter
+from ..registry import FormatDescriptor, Probe, expand_paths
 from ..shards import StreamShards
 
 if TYPE_CHECKING:
@@ -50,6 +49,11 @@ __all__ = [
     "read_header",
     "shard_name",
 ]
+
+#: This format's entry in :data:`tokformats.formats` (the registry finds it here).
+DESCRIPTOR = FormatDescriptor(
+    "llmc", "llm.c token shards (1 KiB header, uint16/uint32)", (".bin",), __name__, order=20
+)
 
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
@@ -174,7 +178,7 @@ def detect(probe: Probe) -> bool:
     return _is_shard(probe)
 
 
-class Reader(TokenReader):
+class Reader(MappedParts):
     """One llm.c shard, or several (a glob or a list) read as one corpus in sorted order.
 
     Args:
@@ -196,7 +200,6 @@ class Reader(TokenReader):
             paths = expand_paths(path)
         if len(paths) > 1:
             paths = sorted(paths, key=lambda p: os.fspath(p))
-        self._paths = paths
         headers = [read_header(p) for p in paths]
         families = {family.name for family, _ in headers}
         if len(families) > 1:
@@ -204,8 +207,7 @@ class Reader(TokenReader):
                 f"{paths[0].parent}: the shards mix model families {sorted(families)}; open them separately."
             )
         self.family: Family = headers[0][0]
-        self._counts = [ntok for _, ntok in headers]
-        self._pin(*paths)
+        self._set_parts([Part(p, HEADER_BYTES, ntok, self.family.dtype) for p, (_, ntok) in zip(paths, headers)])
         self.shards  # noqa: B018 - map now: what was validated is what is read
         if bos == "auto":
             self.bos, self.bos_rule = self._find_delimiter()
@@ -222,7 +224,7 @@ class Reader(TokenReader):
         ``DELIMITER_PROBE`` tokens (a single shard from the middle of a corpus starts mid-document); otherwise the
         stream's first token, since llm.c's writers start every corpus with the delimiter.
         """
-        first_shard = next((k for k, n in enumerate(self._counts) if n), None)
+        first_shard = next((k for k, part in enumerate(self._parts) if part.tokens), None)
         if first_shard is None:
             return self.family.delimiter, "family"
         probe = np.asarray(self.shards[first_shard][:DELIMITER_PROBE])
@@ -231,38 +233,9 @@ class Reader(TokenReader):
         return int(probe[0]), "first token"
 
     @property
-    def path(self) -> Path:
-        return self._paths[0]
-
-    @property
-    def files(self) -> list[Path]:
-        return list(self._paths)
-
-    @property
     def num_shards(self) -> int:
         """Number of shard files."""
-        return len(self._paths)
-
-    @cached_property
-    def shards(self) -> list[np.ndarray]:
-        """Each shard's tokens as its own read-only memory map."""
-        return [self._map(p, self.family.dtype, HEADER_BYTES, n) for p, n in zip(self._paths, self._counts)]
-
-    @cached_property
-    def tokens(self) -> TokenArray:
-        """All shards' tokens: a memmap for one shard, a ConcatenatedArray for several."""
-        return self.shards[0] if len(self.shards) == 1 else ConcatenatedArray(self.shards)
-
-    def _cached_maps(self) -> tuple[str, ...]:
-        return ("tokens", "shards", "_view")
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self.family.dtype
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(self._counts)
+        return len(self._parts)
 
     def _offsets(self) -> np.ndarray:
         return split_offsets(self.tokens, bos=self.bos)
@@ -275,7 +248,7 @@ class Reader(TokenReader):
             "family": self.family.name,
             "bos": self.bos,
             "bos_rule": self.bos_rule,
-            "shards": [{"path": str(p), "ntok": n} for p, n in zip(self._paths, self._counts)],
+            "shards": [{"path": str(p.path), "ntok": p.tokens} for p in self._parts],
         }
 
     def batches(

@@ -27,12 +27,17 @@ from ..limits import read_file
 from ..protocol import PathLike
 from ..protocol import Reader as BaseReader
 from ..protocol import Writer as BaseWriter
-from ..registry import Probe
+from ..registry import FormatDescriptor, Probe
 
 if TYPE_CHECKING:
     import numpy.typing as npt
 
 __all__ = ["Vocab", "Reader", "Writer", "detect", "export_tokenizer", "MAGIC", "GPT2_EOT", "GPT2_VOCAB_SIZE"]
+
+#: This format's entry in :data:`tokformats.formats` (the registry finds it here).
+DESCRIPTOR = FormatDescriptor(
+    "llmc-vocab", "llm.c tokenizer vocabulary (gpt2_tokenizer.bin)", (".bin",), __name__, order=10
+)
 
 MAGIC = 20240328
 HEADER_BYTES = 1024

@@ -39,7 +39,7 @@ from ..dtypes import as_token_array, little_endian, resolve_dtype
 from ..errors import DTypeError, FormatError, HeaderError, NoFilesError, SizeMismatchError
 from ..oscopy import append_file
 from ..protocol import PathLike, TokenReader, TokenWriter, checked_position
-from ..registry import Probe
+from ..registry import FormatDescriptor, Probe
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -57,6 +57,16 @@ __all__ = [
     "DTYPE_CODES",
     "HEADER",
 ]
+
+#: This format's entry in :data:`tokformats.formats` (the registry finds it here).
+DESCRIPTOR = FormatDescriptor(
+    "megatron",
+    "Megatron-LM indexed dataset (PREFIX.bin + PREFIX.idx)",
+    (".bin", ".idx"),
+    __name__,
+    order=30,
+    default=True,  # what tokenize writes unless told: the format most pretraining stacks read
+)
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1

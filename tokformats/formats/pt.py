@@ -39,7 +39,7 @@ from ..dtypes import check_id, check_tokens, resolve_dtype
 from ..errors import DTypeError, FormatError, NoFilesError, OutputExistsError, option
 from ..limits import read_json_object
 from ..protocol import PathLike, TokenReader, TokenWriter
-from ..registry import Probe
+from ..registry import FormatDescriptor, Probe
 from ..shards import StreamShards
 
 if TYPE_CHECKING:
@@ -61,6 +61,11 @@ __all__ = [
     "TOKENS_PER_SHARD",
     "SHARD_PATTERN",
 ]
+
+#: This format's entry in :data:`tokformats.formats` (the registry finds it here).
+DESCRIPTOR = FormatDescriptor(
+    "pt", "PyTorch .pt token shards, or a folder of shard_N.pt + manifest.json", (".pt",), __name__, order=40
+)
 
 TOKENS_PER_SHARD = 2_500_000
 SHARD_PATTERN = re.compile(r"^shard_(\d+)\.pt$")

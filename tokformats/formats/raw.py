@@ -27,11 +27,17 @@ from ..documents import add_delimiter, split_offsets
 from ..dtypes import check_id, parse_dtype, resolve_dtype
 from ..errors import DataWarning, DTypeError, NoFilesError, SizeMismatchError, option
 from ..protocol import PathLike, TokenReader, TokenWriter
+from ..registry import FormatDescriptor, Probe
 
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-__all__ = ["Reader", "Writer", "describe_headerless", "CANDIDATE_DTYPES"]
+__all__ = ["Reader", "Writer", "describe_headerless", "undetected_hint", "CANDIDATE_DTYPES"]
+
+#: This format's entry in :data:`tokformats.formats` (the registry finds it here).
+DESCRIPTOR = FormatDescriptor(
+    "raw", "headerless token stream (dtype must be given)", (".bin",), __name__, detectable=False, order=1000
+)
 
 #: The dtypes headerless token files are written in, in the order we describe them.
 CANDIDATE_DTYPES = ("uint16", "uint32", "int32")
@@ -103,6 +109,11 @@ def describe_headerless(path: Path) -> str:
         lines.append(f"  {name}: {size // dt.itemsize:,} tokens, starting {head}, largest in the first MiB {top}")
     lines.append(f"Hint: {_guess(sample, size)}.")
     return "\n".join(lines)
+
+
+def undetected_hint(probe: Probe) -> str | None:
+    """For a file no format recognises: how to open it as a raw stream, with its bytes under each dtype."""
+    return describe_headerless(probe.path) if probe.is_file else None
 
 
 class Reader(TokenReader):

@@ -23,12 +23,22 @@ from ..dtypes import parse_dtype
 from ..errors import FormatError, NoFilesError, UnsafePickleError
 from ..limits import MAX_DEFLATE_RATIO, read_npy, require_regular
 from ..protocol import PathLike, TokenReader
-from ..registry import Probe
+from ..registry import FormatDescriptor, Probe
 
 if TYPE_CHECKING:
     import numpy.typing as npt
 
 __all__ = ["Reader", "SequenceFile", "from_file", "detect", "SUFFIXES"]
+
+#: This format's entry in :data:`tokformats.formats` (the registry finds it here).
+DESCRIPTOR = FormatDescriptor(
+    "sequences",
+    "single-file sequence dataset (.json, .jsonl, .npy, .npz, .npy.gz)",
+    (".json", ".jsonl", ".npy", ".npz", ".gz"),
+    __name__,
+    writable=False,
+    order=100,
+)
 
 SUFFIXES = (".json", ".jsonl", ".npy", ".npz", ".npy.gz")
 _NPY_MAGIC = b"\x93NUMPY"

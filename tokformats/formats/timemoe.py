@@ -41,7 +41,7 @@ from ..dtypes import as_token_array, parse_dtype, resolve_dtype
 from ..errors import ConfigError, DTypeError, FormatError, HeaderError, NoFilesError, SizeMismatchError
 from ..limits import read_json_object
 from ..protocol import PathLike, TokenReader, TokenWriter, checked_position
-from ..registry import Probe
+from ..registry import FormatDescriptor, Probe
 from ..shards import StreamShards
 
 if TYPE_CHECKING:
@@ -59,6 +59,11 @@ __all__ = [
     "META",
     "MAX_SHARD_ELEMENTS",
 ]
+
+#: This format's entry in :data:`tokformats.formats` (the registry finds it here).
+DESCRIPTOR = FormatDescriptor(
+    "timemoe", "Time-MoE / Time-300B folder: meta.json + data-K-of-N.bin", (), __name__, order=50
+)
 
 META = "meta.json"
 #: Real Time-300B folders cut shards at 2**30 elements (4 GiB of float32).

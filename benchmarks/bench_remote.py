@@ -1,0 +1,109 @@
+"""Downloading a shard folder through tokformats' cache against a plain single-stream copy, on loopback.
+
+Run: ``python benchmarks/bench_remote.py [--megabytes 1000] [--repeat 3]``.
+
+A NeuroShard-style folder of ``shard_N.pt`` files (int64, ~``--megabytes`` in all) is published with
+``tokformats.publish`` to an HTTP server on 127.0.0.1 (the tests' server, which answers Range requests). Then,
+alternating, repeated:
+
+(a) a ``curl``-equivalent copy: one GET per file streamed to disk in 1 MiB blocks (``urllib``), no verification;
+(b) ``tokformats.remote.fetch`` of the folder into an empty cache: HEAD, GET, SHA-256 of every byte (the manifest's
+    and ``SHA256SUMS``), fsync and rename per file.
+
+Also: time to the first document of the first shard with ``tokformats.open(url)`` into an empty cache, and the cost
+of hashing alone (``hashlib.sha256`` over the same bytes), which (b) overlaps with the download.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import shutil
+import statistics
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import machine, scratch, table
+
+import tokformats
+from tests.http_server import FileServer
+from tokformats.remote import fetch, publish
+
+
+def plain_copy(base: str, names: list[str], into: Path) -> None:
+    into.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        with urllib.request.urlopen(f"{base}/{name}") as answer, open(into / name, "wb") as out:  # noqa: S310
+            while block := answer.read(1 << 20):
+                out.write(block)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--megabytes", type=float, default=1000)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    folder = scratch("remote")
+    shutil.rmtree(folder, ignore_errors=True)
+    served = folder / "served"
+    served.mkdir(parents=True)
+    tokens = int(args.megabytes * 1e6 / 8)
+    per_shard = 2_500_000  # Genesis: 20 MB int64 shards
+    flat = np.random.default_rng(0).integers(0, 50_000, tokens)
+    with tokformats.create(folder / "shards", "pt", tokens_per_shard=per_shard) as writer:
+        writer.write_batch(flat, [len(flat)])
+    del flat
+    server = FileServer(served)
+    url = f"{server.url}/genesis"
+    publish(folder / "shards", f"{url}/")
+    names = sorted(p.name for p in (folder / "shards").iterdir())
+    total = sum((folder / "shards" / n).stat().st_size for n in names)
+    times: dict[str, list[float]] = {"copy": [], "fetch": []}
+    try:
+        for k in range(args.repeat):
+            started = time.perf_counter()
+            plain_copy(url, names, folder / f"copy{k}")
+            times["copy"].append(time.perf_counter() - started)
+            shutil.rmtree(folder / f"copy{k}")
+            started = time.perf_counter()
+            fetch(f"{url}/", cache_dir=folder / f"cache{k}")
+            times["fetch"].append(time.perf_counter() - started)
+            shutil.rmtree(folder / f"cache{k}")
+        started = time.perf_counter()
+        with tokformats.open(f"{url}/", cache_dir=folder / "first") as reader:
+            reader[0][:1]
+        first_document = time.perf_counter() - started
+        started = time.perf_counter()
+        for name in names:
+            digest = hashlib.sha256()
+            with open(folder / "shards" / name, "rb") as handle:
+                while block := handle.read(1 << 22):
+                    digest.update(block)
+        hashing = time.perf_counter() - started
+    finally:
+        server.stop()
+    rows = []
+    for key, label in (("copy", "(a) single-stream copy (curl-like)"), ("fetch", "(b) tokformats fetch, verified")):
+        values = times[key]
+        rows.append({
+            "run": label, "seconds min/med/max": "/".join(f"{v:.2f}" for v in (min(values), statistics.median(values),
+                                                                              max(values))),
+            "MB/s (median)": f"{total / statistics.median(values) / 1e6:.0f}",
+            "(a)/run": f"{statistics.median(times['copy']) / statistics.median(values):.2f}",
+        })  # fmt: skip
+    print(f"machine: {machine()}; {len(names)} files, {total / 1e6:.0f} MB, loopback HTTP; {args.repeat} repeats\n")
+    print(table(rows))
+    print(f"\nSHA-256 of the same bytes alone: {hashing:.2f} s ({total / hashing / 1e6:.0f} MB/s)")
+    print(f"time to the first document of tokformats.open(url) into an empty cache: {first_document:.2f} s "
+          "(the whole folder is fetched before opening)")  # fmt: skip
+    shutil.rmtree(folder)
+
+
+if __name__ == "__main__":
+    main()
