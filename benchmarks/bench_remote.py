@@ -3,10 +3,12 @@
 Run: ``python benchmarks/bench_remote.py [--megabytes 1000] [--repeat 3]``.
 
 A NeuroShard-style folder of ``shard_N.pt`` files (int64, ~``--megabytes`` in all) is published with
-``tokformats.publish`` to an HTTP server on 127.0.0.1 (the tests' server, which answers Range requests). Then,
+``tokformats.publish`` to an HTTP server on 127.0.0.1 (the tests' server, which answers Range requests, in its own
+process). Then,
 alternating, repeated:
 
 (a) a ``curl``-equivalent copy: one GET per file streamed to disk in 1 MiB blocks (``urllib``), no verification;
+(a2) the same, each file fsynced (what any copy that survives a crash pays; (b) does it too);
 (b) ``tokformats.remote.fetch`` of the folder into an empty cache: HEAD, GET, SHA-256 of every byte (the manifest's
     and ``SHA256SUMS``), fsync and rename per file.
 
@@ -18,12 +20,15 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import multiprocessing
+import os
 import shutil
 import statistics
 import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -36,12 +41,23 @@ from tests.http_server import FileServer
 from tokformats.remote import fetch, publish
 
 
-def plain_copy(base: str, names: list[str], into: Path) -> None:
+def plain_copy(base: str, names: list[str], into: Path, durable: bool = False) -> None:
     into.mkdir(parents=True, exist_ok=True)
     for name in names:
-        with urllib.request.urlopen(f"{base}/{name}") as answer, open(into / name, "wb") as out:  # noqa: S310
+        with urllib.request.urlopen(f"{base}/{name}") as answer, open(into / name, "wb") as out:
             while block := answer.read(1 << 20):
                 out.write(block)
+            if durable:
+                out.flush()
+                os.fsync(out.fileno())
+
+
+def serve(root: Path, pipe: Any) -> None:
+    """The server in its own process (its threads must not share the client's interpreter lock)."""
+    server = FileServer(root)
+    pipe.send(server.url)
+    pipe.recv()  # until the benchmark is done
+    server.stop()
 
 
 def main() -> None:
@@ -59,18 +75,24 @@ def main() -> None:
     with tokformats.create(folder / "shards", "pt", tokens_per_shard=per_shard) as writer:
         writer.write_batch(flat, [len(flat)])
     del flat
-    server = FileServer(served)
-    url = f"{server.url}/genesis"
+    ours, theirs = multiprocessing.Pipe()
+    process = multiprocessing.get_context("spawn").Process(target=serve, args=(served, theirs), daemon=True)
+    process.start()
+    url = f"{ours.recv()}/genesis"
     publish(folder / "shards", f"{url}/")
     names = sorted(p.name for p in (folder / "shards").iterdir())
     total = sum((folder / "shards" / n).stat().st_size for n in names)
-    times: dict[str, list[float]] = {"copy": [], "fetch": []}
+    times: dict[str, list[float]] = {"copy": [], "durable": [], "fetch": []}
     try:
         for k in range(args.repeat):
             started = time.perf_counter()
             plain_copy(url, names, folder / f"copy{k}")
             times["copy"].append(time.perf_counter() - started)
             shutil.rmtree(folder / f"copy{k}")
+            started = time.perf_counter()
+            plain_copy(url, names, folder / f"durable{k}", durable=True)
+            times["durable"].append(time.perf_counter() - started)
+            shutil.rmtree(folder / f"durable{k}")
             started = time.perf_counter()
             fetch(f"{url}/", cache_dir=folder / f"cache{k}")
             times["fetch"].append(time.perf_counter() - started)
@@ -87,15 +109,22 @@ def main() -> None:
                     digest.update(block)
         hashing = time.perf_counter() - started
     finally:
-        server.stop()
+        ours.send("stop")
+        process.join(10)
     rows = []
-    for key, label in (("copy", "(a) single-stream copy (curl-like)"), ("fetch", "(b) tokformats fetch, verified")):
+    labels = (
+        ("copy", "(a) single-stream copy (curl-like)"),
+        ("durable", "(a2) the same, each file fsynced"),
+        ("fetch", "(b) tokformats fetch, verified"),
+    )
+    for key, label in labels:
         values = times[key]
         rows.append({
             "run": label, "seconds min/med/max": "/".join(f"{v:.2f}" for v in (min(values), statistics.median(values),
                                                                               max(values))),
             "MB/s (median)": f"{total / statistics.median(values) / 1e6:.0f}",
             "(a)/run": f"{statistics.median(times['copy']) / statistics.median(values):.2f}",
+            "(a2)/run": f"{statistics.median(times['durable']) / statistics.median(values):.2f}",
         })  # fmt: skip
     print(f"machine: {machine()}; {len(names)} files, {total / 1e6:.0f} MB, loopback HTTP; {args.repeat} repeats\n")
     print(table(rows))

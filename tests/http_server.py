@@ -37,6 +37,7 @@ class FileServer(ThreadingHTTPServer):
         self.faults: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
         self.gets: dict[str, int] = defaultdict(int)
         self.ranges: list[tuple[str, str]] = []
+        self.etags: dict[tuple[str, int, int], str] = {}
         self.puts: list[str] = []
         self.lock = threading.Lock()
         self._thread = threading.Thread(target=self.serve_forever, daemon=True)
@@ -66,20 +67,34 @@ class FileServer(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     server: FileServer
+    _version: tuple[str, int, int] = ("", 0, 0)
 
     def log_message(self, *args: Any) -> None:  # quiet
         pass
 
-    def _content(self) -> bytes | None:
-        """The requested file's bytes, or None after answering 404."""
+    def _content(self, read: bool = True) -> bytes | None:
+        """The requested file's bytes (empty when not ``read``: HEAD needs only its version), or None after
+        answering 404."""
         path = (self.server.root / self.path.split("?", 1)[0].lstrip("/")).resolve()
         if self.server.root.resolve() not in path.parents or not path.is_file():
             self.send_error(404)
             return None
-        return path.read_bytes()
+        info = path.stat()
+        self._version = (str(path), info.st_size, info.st_mtime_ns)
+        return path.read_bytes() if read else b""
 
-    def _etag(self, data: bytes) -> str:
-        return '"' + hashlib.sha256(data).hexdigest()[:32] + '"'
+    def _etag(self, data: bytes | None = None) -> str:
+        """A strong ETag of the content, remembered per file version (path, size, modification time): hashing every
+        byte on every request would make the server, not the client, the thing measured."""
+        key = self._version
+        with self.server.lock:
+            known = self.server.etags.get(key)
+        if known is None:
+            content = data if data is not None else Path(key[0]).read_bytes()
+            known = '"' + hashlib.sha256(content).hexdigest()[:32] + '"'
+            with self.server.lock:
+                self.server.etags[key] = known
+        return known
 
     def _faulted(self) -> tuple[Any, ...] | None:
         fault = self.server.take_fault(self.path, self.command)
@@ -96,12 +111,11 @@ class _Handler(BaseHTTPRequestHandler):
     def do_HEAD(self) -> None:
         if self._faulted():
             return
-        data = self._content()
-        if data is None:
+        if self._content(read=False) is None:
             return
         self.send_response(200)
-        self.send_header("Content-Length", str(len(data)))
-        self.send_header("ETag", self._etag(data))
+        self.send_header("Content-Length", str(self._version[1]))
+        self.send_header("ETag", self._etag())
         self.send_header("Accept-Ranges", "bytes")
         self.end_headers()
 

@@ -18,7 +18,9 @@ import fcntl
 import hashlib
 import json
 import os
+import queue
 import re
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -70,14 +72,38 @@ def _folder_name(url: str) -> str:
 
 
 class _Hashing:
-    """A file handle that hashes what is written through it."""
+    """A file handle that hashes what is written through it, in a second thread: reading the next block from the
+    network overlaps hashing and writing the previous one (``hashlib`` and file writes release the GIL). The queue is
+    short, so memory stays a few blocks."""
 
     def __init__(self, handle: BinaryIO, digest: Any) -> None:
         self.handle, self.digest = handle, digest
+        self._blocks: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
+        self._error: BaseException | None = None
+        self._worker = threading.Thread(target=self._run, daemon=True)
+        self._worker.start()
+
+    def _run(self) -> None:
+        while (block := self._blocks.get()) is not None:
+            if self._error is None:
+                try:
+                    self.digest.update(block)
+                    self.handle.write(block)
+                except BaseException as error:  # handed to the downloading thread
+                    self._error = error
 
     def write(self, data: bytes) -> int:
-        self.digest.update(data)
-        return self.handle.write(data)
+        if self._error is not None:
+            raise self._error
+        self._blocks.put(bytes(data))
+        return len(data)
+
+    def close(self) -> None:
+        """Wait until every block is hashed and written; raise what the worker met."""
+        self._blocks.put(None)
+        self._worker.join()
+        if self._error is not None:
+            raise self._error
 
 
 @contextlib.contextmanager
@@ -162,8 +188,14 @@ class Cache:
         return self.folder / name
 
     def lock_path(self, name: str) -> Path:
-        """The lock file guarding ``name``'s download and use."""
+        """The lock readers hold (shared) while they use ``name``, and eviction takes (exclusive, never waiting)."""
         return self.folder / LOCKS / (name.replace("/", "%2F") + ".lock")
+
+    def download_lock_path(self, name: str) -> Path:
+        """The lock one process holds while it downloads ``name`` (the others wait on it). Apart from
+        :meth:`lock_path`, so that a download never waits for readers: two processes each holding one file and
+        fetching the other's would otherwise wait for each other forever."""
+        return self.folder / LOCKS / (name.replace("/", "%2F") + ".download")
 
     def lease(self, names: list[str]) -> Lease:
         """Shared locks on cached files, held while a reader uses them."""
@@ -202,7 +234,7 @@ class Cache:
                 f"{_safe(self.url_of(name))} is not in the cache ({self.folder}) and offline mode is on "
                 "(offline=True or TOKFORMATS_OFFLINE)."
             )
-        with _locked(self.lock_path(name), fcntl.LOCK_EX):  # one process downloads; the others wait here
+        with _locked(self.download_lock_path(name), fcntl.LOCK_EX):  # one process downloads; the others wait here
             if target.is_file():
                 os.utime(target)
                 return target
@@ -241,7 +273,11 @@ class Cache:
             try:
                 with open(partial, "ab") as handle:
                     self.downloads[name] = self.downloads.get(name, 0) + 1
-                    whole = self.backend.download(url, _Hashing(handle, digest), start, remote.etag)  # type: ignore[arg-type]
+                    sink = _Hashing(handle, digest)
+                    try:
+                        whole = self.backend.download(url, sink, start, remote.etag)  # type: ignore[arg-type]
+                    finally:
+                        sink.close()  # what arrived is on disk (and hashed) before resuming after it
                     handle.flush()
                     os.fsync(handle.fileno())
             except NotFoundError:
@@ -316,10 +352,10 @@ class Cache:
         return sums
 
     # -- eviction ---------------------------------------------------------------------------------------
-    def evict(self) -> list[Path]:
-        """Delete least-recently-used cached files, of any dataset under the root, that no reader holds, until the
-        root holds at most ``max_cache_bytes`` (called after each file is fetched and leased); returns what was
-        deleted."""
+    def evict(self, keep: frozenset[Path] | set[Path] = frozenset()) -> list[Path]:
+        """Delete least-recently-used cached files, of any dataset under the root, that no reader holds and that are
+        not in ``keep`` (the files a fetch under way is bringing), until the root holds at most ``max_cache_bytes``;
+        returns what was deleted."""
         if self.max_cache_bytes is None or not self.root.is_dir():
             return []
         files = []
@@ -327,7 +363,9 @@ class Cache:
             if not folder.is_dir():
                 continue
             for path in folder.rglob("*"):
-                if path.is_file() and LOCKS not in path.parts and not path.name.endswith((PARTIAL, PARTIAL + ".json")):
+                if path in keep or LOCKS in path.parts or path.name.endswith((PARTIAL, PARTIAL + ".json")):
+                    continue
+                if path.is_file():
                     files.append(path)
         total = sum(p.stat().st_size for p in files)
         removed = []
@@ -335,7 +373,7 @@ class Cache:
             if total <= self.max_cache_bytes:
                 break
             dataset, *parts = path.relative_to(self.root).parts
-            lock = self.root / dataset / LOCKS / ("%2F".join(parts) + ".lock")
+            lock = self.root / dataset / LOCKS / ("%2F".join(parts) + ".lock")  # lock_path() of that dataset
             with contextlib.suppress(BlockingIOError), _locked(lock, fcntl.LOCK_EX | fcntl.LOCK_NB):
                 size = path.stat().st_size
                 path.unlink()
