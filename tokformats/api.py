@@ -11,7 +11,7 @@ from .documents import document_runs
 from .errors import DTypeError, FormatError, NoFilesError, UnknownFormatError
 from .journal import recover_near
 from .protocol import PathLike, Reader, TokenReader, TokenWriter, Writer
-from .registry import descriptor, detect, formats
+from .registry import descriptor, detect, formats, is_url
 
 __all__ = ["open", "create", "convert", "merge", "export_tokenizer", "vocabulary_formats", "corpus_writers"]
 
@@ -29,8 +29,6 @@ def open(path: Any, format: str | None = None, **options: Any) -> Reader[Any]:
     Returns:
         The format's reader. Use it as a context manager, or call ``close()``.
     """
-    from .remote.backends import is_url
-
     if is_url(path):
         from .remote import open_url
 

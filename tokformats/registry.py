@@ -28,6 +28,7 @@ __all__ = [
     "detect",
     "expand_paths",
     "is_pattern",
+    "is_url",
     "pattern_matches",
     "read_head",
     "Probe",
@@ -105,7 +106,8 @@ def _table() -> dict[str, FormatDescriptor]:
             if isinstance(declared, FormatDescriptor):
                 found.append(declared)
         builtin = {d.name: d for d in sorted(found, key=lambda d: (d.order, d.name))}
-        plugins = dict(_REGISTRY)  # formats registered before the first use (plugins, tests) keep their place
+        # formats registered before (plugins, tests) come after the built-in ones
+        plugins = {name: d for name, d in _REGISTRY.items() if name not in builtin}
         _REGISTRY.clear()
         _REGISTRY.update({**builtin, **plugins})
     return _REGISTRY
@@ -178,8 +180,27 @@ def load_plugins() -> list[str]:
     return added
 
 
+def _builtin(name: str) -> FormatDescriptor | None:
+    """The built-in format ``name`` alone, importing just its module (``open(path, format=NAME)`` in a fresh process
+    need not import every format)."""
+    if _discovered or name in _REGISTRY:
+        return _REGISTRY.get(name)
+    try:
+        module = importlib.import_module(f"tokformats.formats.{name.replace('-', '_')}")
+    except ImportError:
+        return None
+    declared = getattr(module, "DESCRIPTOR", None)
+    if isinstance(declared, FormatDescriptor) and declared.name == name:
+        _REGISTRY[name] = declared
+        return declared
+    return None
+
+
 def descriptor(name: str) -> FormatDescriptor:
     """The descriptor of format ``name``; :class:`UnknownFormatError` listing the names otherwise."""
+    found = _builtin(name)
+    if found is not None:
+        return found
     if name not in _table():
         load_plugins()
     try:
@@ -279,6 +300,15 @@ def read_head(path: Path, size: int) -> bytes:
 
 
 _GLOB_CHARS = set("*?[")
+#: The URL schemes ``open`` fetches through :mod:`tokformats.remote`.
+URL_SCHEMES = ("http", "https", "s3", "gs", "gcs", "hf")
+
+
+def is_url(path: Any) -> bool:
+    """Whether ``path`` is a URL tokformats fetches (``https://``, ``s3://``, ...) rather than a local path."""
+    if not isinstance(path, str) or "://" not in path:
+        return False
+    return path.split("://", 1)[0].lower() in URL_SCHEMES
 
 
 def is_pattern(text: str) -> bool:

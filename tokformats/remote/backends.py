@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO, ClassVar, TypeVar
 
 from ..errors import FormatError
+from ..registry import URL_SCHEMES as _SCHEMES
+from ..registry import is_url
 
 __all__ = ["RemoteError", "NotFoundError", "RemoteStat", "Backend", "HTTPBackend", "FsspecBackend", "backend_for",
            "is_url", "RETRIES"]  # fmt: skip
@@ -33,7 +35,6 @@ MAX_BACKOFF = 2.0
 #: Seconds a connection may stay silent before the attempt counts as failed.
 TIMEOUT = 30.0
 _BLOCK = 1 << 20
-_SCHEMES = ("http", "https", "s3", "gs", "gcs", "hf")
 _T = TypeVar("_T")
 
 
@@ -52,13 +53,6 @@ class RemoteStat:
     size: int
     etag: str | None = None
     sha256: str | None = None
-
-
-def is_url(path: Any) -> bool:
-    """Whether ``path`` is a URL tokformats fetches (``https://``, ``s3://``, ...) rather than a local path."""
-    if not isinstance(path, str) or "://" not in path:
-        return False
-    return path.split("://", 1)[0].lower() in _SCHEMES
 
 
 def _safe(url: str) -> str:

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..errors import ConfigError, NoFilesError
 from ..formats import pt
+from ..registry import is_url
 
 __all__ = ["ShardRotation"]
 
@@ -48,9 +49,9 @@ class ShardRotation(Iterator[np.ndarray]):
     ) -> None:
         if batch_size <= 0 or sequence_length <= 0:
             raise ConfigError(f"batch_size ({batch_size}) and sequence_length ({sequence_length}) must be positive.")
-        from ..remote import fetch, is_url
-
         if is_url(folder):
+            from ..remote import fetch
+
             url = str(folder) if str(folder).endswith("/") else f"{folder}/"
             index = fetch(url, names=[], **(remote or {}))  # the manifest alone
             manifest = pt.read_manifest(index.cache.folder) or {}
