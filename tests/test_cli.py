@@ -265,3 +265,14 @@ def test_progress_counts_encoded_bytes_and_can_be_forced(
     args = ["tokenize", str(text), "-t", str(tokenizer_path), "-o", str(tmp_path / "p")]
     assert run([*args, "--progress"], capsys)[2].count("tokenize: 2 documents") == 1  # stderr is not a terminal
     assert "tokenize:" not in run([*args, "--overwrite", "--no-progress"], capsys)[2]
+
+
+def test_quickstart_skips_a_format_whose_extra_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from tokformats.quickstart import run
+
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # as on a machine with only `pip install tokformats`
+    rows = {row["format"]: row["check"] for row in run(documents=100, vocab_size=400)}
+    assert rows.pop("hf").startswith("skipped: HF save_to_disk folders are Arrow files: install pyarrow")
+    assert set(rows.values()) == {"ok"}

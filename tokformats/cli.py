@@ -419,7 +419,11 @@ def _cmd_quickstart(args: argparse.Namespace) -> int:
 
     rows = run(Path(args.output) if args.output else None)
     print(format_table(rows))
-    print(f"\nall {len(rows)} formats written, read back and decoded to the original text: round-tripped exactly.")
+    done = [r for r in rows if r["check"] == "ok"]
+    skipped = [r["format"] for r in rows if r["check"] != "ok"]
+    print(f"\n{len(done)} formats written, read back and decoded to the original text: round-tripped exactly.")
+    if skipped:
+        print(f"skipped (an optional dependency is missing): {', '.join(skipped)}")
     return 0
 
 
@@ -706,7 +710,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ntokformats: interrupted.", file=sys.stderr)
         return 130
-    except (FormatError, OSError, ValueError) as exc:  # bad input, a missing file, a full disk: one line
+    except (FormatError, OSError, ValueError, ImportError) as exc:  # bad input, a missing file or extra: one line
         if os.environ.get("TOKFORMATS_DEBUG"):
             raise
         print(f"tokformats: error: {exc}", file=sys.stderr)

@@ -392,9 +392,12 @@ class TokenFormatTests:
             # A destination with the source's own convention reuses the source's delimiter; another one gets ours.
             same = writer.boundaries == corpus_writers()[self.format].boundaries
             delimiter = conventions.get(writer.boundaries, {}) if not same else {}
-            there = tokformats.convert(
-                self.source(source), middle, name, source_format=source_format, source_options=options, **delimiter
-            )
+            try:
+                there = tokformats.convert(
+                    self.source(source), middle, name, source_format=source_format, source_options=options, **delimiter
+                )
+            except ImportError:  # a format whose optional dependency is not installed here (hf without pyarrow)
+                continue
             opened = middle if middle.exists() else there["files"][0]
             how = dict(there["read_with"])
             if not tokformats.formats[name].detectable:  # headerless: say what it is
