@@ -394,3 +394,30 @@ def test_cli_tokenize(
     out = capsys.readouterr().out
     assert f"tokenized {len(texts):,} documents" in out and "text-val" in out
     assert (tmp_path / "c_train_000001.bin").exists() and (tmp_path / "c_val_000000.bin").exists()
+
+
+def test_fast_json_parser_changes_no_text(tmp_path: Path) -> None:
+    """orjson (when installed) parses JSONL; what it refuses goes to json, so texts and errors are the same."""
+    from tokformats import sources
+
+    lines = [
+        b'{"text": "caf\\u00e9 \\ud800 lone surrogate"}',
+        b'{"text": "nan elsewhere", "score": NaN}',
+        b'{"text": "big int elsewhere", "n": 123456789012345678901234567890}',
+        b'{"text": "dup", "text": "last wins"}',
+        b'{"text": "\xff not utf-8"}',
+        b"not json",
+    ]
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_bytes(b"\n".join(lines) + b"\n")
+    inputs = sources.resolve_inputs([corpus])
+    with_fast = [(r.texts, r.error) for r in sources.iter_records(inputs, ("text",), "line")]
+    saved = sources._orjson
+    sources._orjson = None
+    try:
+        plain = [(r.texts, r.error) for r in sources.iter_records(inputs, ("text",), "line")]
+    finally:
+        sources._orjson = saved
+    assert with_fast == plain
+    assert plain[0][0] == ("café \ud800 lone surrogate",) and plain[3][0] == ("last wins",)
+    assert "not UTF-8" in str(plain[4][1]) and "invalid JSON" in str(plain[5][1])

@@ -171,6 +171,24 @@ def _decode(path: Path, number: int, line: bytes) -> str:
         raise SourceError(f"{path}, line {number}: not UTF-8 ({exc.reason} at byte {exc.start}).") from None
 
 
+_orjson: Any
+try:  # an optional faster parser (pip install tokformats[fast]); json stays the judge of what it refuses
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - depends on the environment
+    _orjson = None
+
+
+def _parse_line(path: Path, number: int, line: bytes) -> Any:
+    """One JSONL record. orjson parses it when installed; anything orjson refuses (invalid UTF-8, NaN, lone
+    surrogates, integers past 64 bits) goes to ``json``, which accepts or words the error exactly as before."""
+    if _orjson is not None:
+        try:
+            return _orjson.loads(line)
+        except _orjson.JSONDecodeError:
+            pass
+    return json.loads(_decode(path, number, line))
+
+
 def _json_texts(path: Path, number: int, value: Any, keys: tuple[str, ...]) -> tuple[str, ...]:
     if not isinstance(value, dict):
         raise SourceError(
@@ -205,7 +223,7 @@ def _file_records(
                     yield Record(input_index, number, None, None)  # blank line: nothing, but keeps positions
                     continue
                 try:
-                    value = json.loads(_decode(path, number, line))
+                    value = _parse_line(path, number, line)
                 except json.JSONDecodeError as exc:
                     yield Record(input_index, number, None, f"{path}, line {number}: invalid JSON ({exc.msg}).")
                     continue
