@@ -124,7 +124,7 @@ def test_corrupted_byte_is_never_used(tmp_path: Path, server: FileServer) -> Non
     for _ in range(8):  # every retry gets a corrupted body
         server.fault("/g/shard_1.pt", "corrupt")
     with pytest.raises(ChecksumError, match=r"shard_1\.pt: its SHA-256 is .* the published one is"):
-        tokformats.open(f"{server.url}/g/", cache_dir=tmp_path / "cache")
+        _tokens(tokformats.open(f"{server.url}/g/", cache_dir=tmp_path / "cache"))  # shards arrive on first use
     cached = [p for p in (tmp_path / "cache").rglob("shard_1.pt*") if ".tokformats-locks" not in p.parts]
     assert cached == [], "a download that fails verification is deleted"
     server.faults.clear()
@@ -141,7 +141,7 @@ def test_a_republished_file_that_disagrees_with_the_manifest_is_refused(tmp_path
     shard.write_bytes(bytes(data))
     (Path(server.root) / "g" / "SHA256SUMS").unlink()
     with pytest.raises(ChecksumError, match="the published one is"):
-        tokformats.open(f"{server.url}/g/", cache_dir=tmp_path / "cache")
+        _tokens(tokformats.open(f"{server.url}/g/", cache_dir=tmp_path / "cache"))
 
 
 def test_errors_name_the_url_and_the_manifest(tmp_path: Path, server: FileServer) -> None:
@@ -149,7 +149,9 @@ def test_errors_name_the_url_and_the_manifest(tmp_path: Path, server: FileServer
     publish(tmp_path / "shards", f"{server.url}/g/")
     (Path(server.root) / "g" / "shard_1.pt").unlink()
     with pytest.raises(NotFoundError, match=r"shard_1\.pt does not exist \(HTTP 404\)\. It is listed by manifest"):
-        tokformats.open(f"{server.url}/g/", cache_dir=tmp_path / "cache")
+        _tokens(tokformats.open(f"{server.url}/g/", cache_dir=tmp_path / "cache"))
+    with pytest.raises(NotFoundError, match=r"shard_1\.pt does not exist \(HTTP 404\)\. It is listed by manifest"):
+        tokformats.remote.fetch(f"{server.url}/g/", cache_dir=tmp_path / "eager")  # fetch() is eager
     server.fault("/g/shard_0.pt", "status", 500)
     server.fault("/g/shard_0.pt", "status", 503)
     server.fault("/g/shard_0.pt", "slow", 0.3)
@@ -165,7 +167,8 @@ def test_offline_uses_only_the_cache(tmp_path: Path, server: FileServer, monkeyp
     flat = _genesis(tmp_path / "shards", shards=2)
     publish(tmp_path / "shards", f"{server.url}/g/")
     url = f"{server.url}/g/"
-    tokformats.open(url, cache_dir=tmp_path / "cache").close()
+    with tokformats.open(url, cache_dir=tmp_path / "cache") as reader:
+        _tokens(reader)  # the shards arrive on first use
     server.stop()
     monkeypatch.setenv("TOKFORMATS_OFFLINE", "1")
     with tokformats.open(url, cache_dir=tmp_path / "cache") as reader:
@@ -182,9 +185,10 @@ def test_eviction_spares_files_an_open_reader_holds(tmp_path: Path, server: File
     cache = tmp_path / "cache"
     limit = 600_000  # room for one dataset (each shard is ~400 KB)
     first = tokformats.open(f"{server.url}/a/", cache_dir=cache, max_cache_bytes=limit)
+    _tokens(first)
     with tokformats.open(f"{server.url}/b/", cache_dir=cache, max_cache_bytes=limit) as second:
+        np.testing.assert_array_equal(_tokens(second), _tokens(first))
         assert len(list(cache.rglob("shard_*.pt"))) == 4  # over the limit, but every file is held
-        assert second.num_tokens == first.num_tokens
     first.close()
     Cache(f"{server.url}/a", cache_dir=cache, max_cache_bytes=limit).evict()
     assert sum(p.stat().st_size for p in cache.rglob("*") if p.is_file() and ".tokformats" not in str(p)) <= limit
@@ -193,7 +197,7 @@ def test_eviction_spares_files_an_open_reader_holds(tmp_path: Path, server: File
 def _open_in_child(url: str, cache: str, ready: Any) -> None:
     ready.wait(10)
     with tokformats.open(url, cache_dir=cache) as reader:
-        reader.tokens[-1]
+        np.asarray(reader.tokens)
 
 
 def test_four_processes_download_each_file_once(tmp_path: Path, server: FileServer) -> None:
@@ -260,6 +264,23 @@ def test_neuroshard_cache_files_are_verified_before_use(tmp_path: Path, server: 
         np.testing.assert_array_equal(_tokens(reader), flat)
     assert server.gets.get("/genesis/shard_0.pt", 0) == 0  # adopted: it verified
     assert server.gets["/genesis/shard_1.pt"] == 1  # truncated: downloaded again
+
+
+def test_open_fetches_a_shard_on_first_use_and_prefetches_ahead(tmp_path: Path, server: FileServer) -> None:
+    flat = _genesis(tmp_path / "shards", shards=6, per_shard=3000)
+    publish(tmp_path / "shards", f"{server.url}/genesis/")
+    with tokformats.open(f"{server.url}/genesis/", cache_dir=tmp_path / "cache") as reader:
+        assert reader.num_tokens == len(flat) and len(reader) == 6  # from the manifest: no shard downloaded
+        assert not [k for k in server.gets if k.endswith(".pt")]
+        np.testing.assert_array_equal(reader[0], flat[:3000])
+        np.testing.assert_array_equal(reader[3], flat[9000:12000])
+        assert sorted(k for k in server.gets if k.endswith(".pt")) == ["/genesis/shard_0.pt", "/genesis/shard_3.pt"]
+        thread = reader.prefetch(2)
+        assert thread is not None
+        thread.join(30)
+        assert "/genesis/shard_4.pt" in server.gets and "/genesis/shard_5.pt" in server.gets
+        np.testing.assert_array_equal(_tokens(reader), flat)
+    assert all(v == 1 for k, v in server.gets.items() if k.endswith(".pt"))
 
 
 def test_rotation_over_a_url_downloads_only_the_assigned_shards(tmp_path: Path, server: FileServer) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
@@ -18,7 +18,7 @@ import numpy as np
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-__all__ = ["map_file", "ConcatenatedArray", "GrowableArray", "TokenArray", "CHUNK_ELEMENTS", "iter_chunks"]
+__all__ = ["map_file", "ConcatenatedArray", "LazyArray", "GrowableArray", "TokenArray", "CHUNK_ELEMENTS", "iter_chunks"]
 
 #: Elements processed per step by chunked scans: large enough for numpy to run at memory speed,
 #: small enough that temporaries (a bool mask, a cast) stay a few tens of MB whatever the corpus size.
@@ -182,6 +182,61 @@ class ConcatenatedArray:
     def max(self) -> Any:
         """Largest element; ``ValueError`` when empty, as NumPy."""
         return max(p.max() for p in self.parts if len(p)) if len(self) else np.empty(0, self.dtype).max()
+
+
+class LazyArray:
+    """A 1-D array whose length and dtype are known before its data: the data comes from ``load()`` on first use
+    (a remote shard fetched when a document in it is first read). A loaded array of another length or dtype raises
+    :class:`tokformats.FormatError` naming ``where``."""
+
+    def __init__(self, length: int, dtype: npt.DTypeLike, load: Callable[[], np.ndarray], where: str) -> None:
+        self._length, self.dtype, self._load, self.where = int(length), np.dtype(dtype), load, where
+        self._data: np.ndarray | None = None
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the data is there yet."""
+        return self._data is not None
+
+    @property
+    def data(self) -> np.ndarray:
+        """The data, loading it the first time."""
+        if self._data is None:
+            from .errors import FormatError
+
+            data = self._load()
+            if len(data) != self._length or data.dtype != self.dtype:
+                raise FormatError(
+                    f"{self.where}: holds {len(data):,} {data.dtype.name} values; its index said {self._length:,} "
+                    f"{self.dtype.name}."
+                )
+            self._data = data
+        return self._data
+
+    def __len__(self) -> int:
+        return self._length
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (self._length,)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.data[key]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.data)
+
+    def __array__(self, dtype: npt.DTypeLike | None = None, copy: bool | None = None) -> np.ndarray:
+        return np.asarray(self.data, dtype=dtype)
+
+    def sum(self) -> Any:
+        return self.data.sum()
+
+    def min(self) -> Any:
+        return self.data.min()
+
+    def max(self) -> Any:
+        return self.data.max()
 
 
 #: What ``Reader.tokens`` returns: a memmap for one file, a ConcatenatedArray for several.

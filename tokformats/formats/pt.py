@@ -22,8 +22,10 @@ Nodes pick their shards with :func:`assigned_shards`. Timestamps are ISO-8601 UT
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+import threading
 from datetime import datetime, timezone
 from functools import cached_property
 from pathlib import Path
@@ -32,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import torchfile
-from ..arrays import ConcatenatedArray, TokenArray, map_file
+from ..arrays import ConcatenatedArray, LazyArray, TokenArray, map_file
 from ..atomic import AtomicFiles
 from ..documents import add_delimiter, split_offsets
 from ..dtypes import check_id, check_tokens, resolve_dtype
@@ -196,10 +198,23 @@ def remote_files(folder: Path) -> list[dict[str, Any]]:
                     "name": f"shard_{entry['shard_id']}.pt",
                     "size": size if isinstance(size, int) else None,
                     "sha256": digest if isinstance(digest, str) else None,
+                    "size_tokens": entry.get("size_tokens"),
                 })  # fmt: skip
     else:
         files = [{"name": f"shard_{k}.pt"} for k in range(int(manifest.get("total_shards") or 0))]
     return [*files, {"name": CHECKPOINTS, "required": False}, {"name": TOKENIZER, "required": False}]
+
+
+def remote_lazy(folder: Path) -> bool:
+    """Whether a shard folder opened by URL can fetch its shards on first use: its manifest lists every shard with
+    its token count (Genesis v3)."""
+    manifest = read_manifest(folder) or {}
+    entries = manifest.get("shards")
+    return (
+        isinstance(entries, list)
+        and bool(entries)
+        and all(isinstance(e, dict) and isinstance(e.get("size_tokens"), int) for e in entries)
+    )
 
 
 def remote_adopt(root: Path, name: str) -> Path | None:
@@ -274,34 +289,102 @@ class FolderReader(Reader):
     Args:
         path: the folder.
         eos / bos: split documents at this id; by default each shard is one document.
+        remote: for a folder opened by URL (``tokformats.open("https://.../genesis/")``): ``{"url", "cache_dir",
+            "max_cache_bytes", "offline"}``. The folder then holds the manifest, and each shard it lists is
+            downloaded (and verified against the manifest's SHA-256) the first time a token of it is read;
+            :meth:`prefetch` downloads ahead.
     """
 
-    def __init__(self, path: PathLike, *, eos: int | None = None, bos: int | None = None):
-        super().__init__(path, eos=eos, bos=bos)
+    def __init__(
+        self,
+        path: PathLike,
+        *,
+        eos: int | None = None,
+        bos: int | None = None,
+        remote: dict[str, Any] | None = None,
+    ):
+        super().__init__(path, eos=eos, bos=bos, remote=remote)
         self._path = Path(path)
         if not self._path.is_dir():
             raise NoFilesError(f"{self._path} is not a folder.")
-        self._shards = shard_files(self._path)
-        if not self._shards and not (self._path / MANIFEST).is_file():
-            raise NoFilesError(f"{self._path} holds no shard_N.pt files and no {MANIFEST}.")
-        self._pin(*(shard for _, shard in self._shards))
+        self._remote = remote
+        self._listed: dict[str, dict[str, Any]] = {}
+        if remote is not None:  # the manifest says which shards there are and how many tokens each holds
+            self._listed = {e["name"]: e for e in remote_files(self._path) if SHARD_PATTERN.match(e["name"])}
+            self._shards = sorted((int(n[len("shard_") : -len(".pt")]), self._path / n) for n in self._listed)
+            self._pin(*(shard for _, shard in self._shards if shard.is_file()))
+        else:
+            self._shards = shard_files(self._path)
+            if not self._shards and not (self._path / MANIFEST).is_file():
+                raise NoFilesError(f"{self._path} holds no shard_N.pt files and no {MANIFEST}.")
+            self._pin(*(shard for _, shard in self._shards))
         self._arrays  # noqa: B018 - load now: what was validated is what is read
         self.eos, self.bos = eos, bos
         self.manifest = _json_object(self._path / MANIFEST)
         self.checkpoints = _json_object(self._path / CHECKPOINTS)
 
     @cached_property
-    def _arrays(self) -> list[np.ndarray]:
-        """Each shard's tokens, mapped (again after :meth:`close`, if the shards are unchanged)."""
-        arrays = [np.zeros(0, dtype="<i8")] if not self._shards else []  # a manifest alone: an empty corpus
+    def _arrays(self) -> list[Any]:
+        """Each shard's tokens, mapped (again after :meth:`close`, if the shards are unchanged); for a remote folder,
+        :class:`LazyArray` s that download their shard on first use."""
+        arrays: list[Any] = [np.zeros(0, dtype="<i8")] if not self._shards else []  # a manifest alone: empty
         for _, shard in self._shards:
-            self._check_pin(shard)
-            array, _, _ = _tensor_of(shard, torchfile.load(shard), None)
-            arrays.append(_flat(shard, array))
+            if self._remote is not None:
+                size = int(self._listed[shard.name]["size_tokens"])  # remote_lazy() checked every shard has one
+                arrays.append(LazyArray(size, "<i8", functools.partial(self._load_remote, shard), str(shard)))
+                continue
+            arrays.append(self._load(shard))
         dtypes = {a.dtype for a in arrays}
         if len(dtypes) > 1:
             raise DTypeError(f"{self._path}: the shards mix dtypes {sorted(d.name for d in dtypes)}.")
         return arrays
+
+    def _load(self, shard: Path) -> np.ndarray:
+        self._check_pin(shard)
+        array, _, _ = _tensor_of(shard, torchfile.load(shard), None)
+        return _flat(shard, array)
+
+    # -- a folder opened by URL: shards arrive on first use ------------------------------------------
+    @cached_property
+    def _cache(self) -> Any:
+        from ..remote.cache import Cache, Lease
+
+        spec = dict(self._remote or {})
+        cache = Cache(spec.pop("url"), **spec)
+        self.hold(lease := Lease())  # the shards this reader has fetched stay out of eviction until close()
+        self._lease = lease
+        return cache
+
+    def _download(self, shard: Path) -> Path:
+        """Fetch one listed shard into the cache (verified against the manifest), holding it."""
+        from ..remote.backends import NotFoundError
+
+        entry = self._listed[shard.name]
+        cache = self._cache
+        try:
+            adopt = remote_adopt(cache.root, shard.name)
+            path: Path = cache.fetch(shard.name, size=entry.get("size"), sha256=entry.get("sha256"), adopt=adopt)
+        except NotFoundError as error:
+            raise type(error)(f"{error} It is listed by {MANIFEST}.") from None
+        self._lease.add(cache.lock_path(shard.name))
+        return path
+
+    def _load_remote(self, shard: Path) -> np.ndarray:
+        self._download(shard)
+        self._pin(shard)
+        return self._load(shard)
+
+    def prefetch(self, count: int) -> threading.Thread | None:
+        """Download, in a background thread, the ``count`` shards after the last one read (for sequential reading
+        of a folder opened by URL); returns the thread (None for a local folder)."""
+        if self._remote is None:
+            return None
+        read = [k for k, a in enumerate(self._arrays) if isinstance(a, LazyArray) and a.loaded]
+        first = max(read) + 1 if read else 0
+        ahead = [shard for _, shard in self._shards[first : first + count]]
+        thread = threading.Thread(target=lambda: [self._download(s) for s in ahead], daemon=True)
+        thread.start()
+        return thread
 
     def _cached_maps(self) -> tuple[str, ...]:
         return ("_arrays", "tokens", "_view")
@@ -341,6 +424,9 @@ class FolderReader(Reader):
         """The manifest against the files: counts, each listed shard's size and SHA-256 (Genesis v3)."""
         from ..checks import Problem
 
+        for array in self._arrays:  # a folder opened by URL: every shard is checked, so every shard is fetched
+            if isinstance(array, LazyArray):
+                array.data  # noqa: B018
         found = []
         where = str(self._path / MANIFEST)
         manifest = self.manifest or {}

@@ -50,6 +50,12 @@ class Entry:
     listed_by: str | None = None
 
 
+def _entry(item: dict[str, Any], listed_by: str) -> Entry:
+    """An :class:`Entry` from a format's ``remote_files`` row (fields the cache does not use are left out)."""
+    known = {k: item[k] for k in ("name", "size", "sha256", "required") if k in item}
+    return Entry(**known, listed_by=listed_by)
+
+
 @dataclass
 class Dataset:
     """A remote dataset fetched into the cache: the local path to open, its files, the cache, and the lease that
@@ -126,7 +132,7 @@ def _folder_entries(cache: Cache, sums: dict[str, str]) -> list[Entry]:
                 cache.fetch(index)
             except NotFoundError:
                 continue
-            return [Entry(index)] + [Entry(**item, listed_by=index) for item in reader(cache.folder)]
+            return [Entry(index)] + [_entry(item, index) for item in reader(cache.folder)]
     raise RemoteError(
         f"{cache.url}/ cannot be listed: publish it with tokformats publish (which writes {SUMS}), or open one of "
         "its files, or an index the formats know."
@@ -141,7 +147,7 @@ def _entries_with_records(cache: Cache, entries: list[Entry]) -> list[Entry]:
         for index in index_names:
             if index in names:
                 cache.fetch(index)
-                records.update({item["name"]: Entry(**item, listed_by=index) for item in reader(cache.folder)})
+                records.update({item["name"]: _entry(item, index) for item in reader(cache.folder)})
     merged = []
     for entry in entries:
         record = records.get(entry.name)
@@ -248,10 +254,32 @@ def open_url(url: str, **options: Any) -> Any:
     from ..api import open as open_path
 
     cache_options = {k: options.pop(k) for k in _CACHE_OPTIONS if k in options}
+    if url.endswith("/") and "backend" not in cache_options:
+        lazy = _open_lazily(url, cache_options, options)
+        if lazy is not None:
+            return lazy
     dataset = fetch(url, **cache_options)
     reader = open_path(dataset.target, **options)
     reader.hold(dataset.lease)  # released by close() (or when the reader is collected)
     return reader
+
+
+def _open_lazily(url: str, cache_options: dict[str, Any], options: dict[str, Any]) -> Any:
+    """A folder whose format can fetch its data files on first use (a format module's ``remote_lazy(folder)``: a
+    Genesis manifest with every shard's token count) opens with its index only; else None."""
+    from ..api import open as open_path
+
+    index = fetch(url, names=[], **cache_options)
+    for descriptor in formats.values():
+        module = descriptor.load()
+        hook = getattr(module, "remote_lazy", None)
+        if hook is not None and hook(index.cache.folder) and options.get("format") in (None, descriptor.name):
+            spec = {"url": url.rstrip("/"), **{k: v for k, v in cache_options.items() if k != "backend"}}
+            spec["cache_dir"] = str(index.cache.root)
+            reader = open_path(index.cache.folder, **{**options, "format": descriptor.name}, remote=spec)
+            reader.hold(index.lease)
+            return reader
+    return None
 
 
 def publish(

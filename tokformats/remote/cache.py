@@ -64,6 +64,13 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _touch(path: Path) -> None:
+    """Mark ``path`` used now for least-recently-used eviction: its access time only (its modification time is part
+    of what open readers pinned, so it never changes once the file is in place)."""
+    info = path.stat()
+    os.utime(path, ns=(time.time_ns(), info.st_mtime_ns))
+
+
 def _folder_name(url: str) -> str:
     """A readable, unique folder name for a dataset URL: its last path part plus a digest of the whole URL."""
     base = url.rstrip("/")
@@ -219,7 +226,7 @@ class Cache:
         """
         target = self.path(name)
         if target.is_file():
-            os.utime(target)  # least-recently-used order
+            _touch(target)
             return target
         if (
             adopt is not None
@@ -236,7 +243,7 @@ class Cache:
             )
         with _locked(self.download_lock_path(name), fcntl.LOCK_EX):  # one process downloads; the others wait here
             if target.is_file():
-                os.utime(target)
+                _touch(target)
                 return target
             self._download(name, target, size, sha256)
         return target
@@ -369,7 +376,7 @@ class Cache:
                     files.append(path)
         total = sum(p.stat().st_size for p in files)
         removed = []
-        for path in sorted(files, key=lambda p: p.stat().st_mtime):
+        for path in sorted(files, key=lambda p: p.stat().st_atime):
             if total <= self.max_cache_bytes:
                 break
             dataset, *parts = path.relative_to(self.root).parts
