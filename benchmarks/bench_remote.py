@@ -130,7 +130,7 @@ def main() -> None:
     print(table(rows))
     print(f"\nSHA-256 of the same bytes alone: {hashing:.2f} s ({total / hashing / 1e6:.0f} MB/s)")
     print(f"time to the first document of tokformats.open(url) into an empty cache: {first_document:.2f} s "
-          "(the whole folder is fetched before opening)")  # fmt: skip
+          "(the manifest, then the first shard)")  # fmt: skip
     shutil.rmtree(folder)
 
 
