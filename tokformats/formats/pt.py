@@ -387,7 +387,7 @@ class FolderReader(Reader):
         return thread
 
     def _cached_maps(self) -> tuple[str, ...]:
-        return ("_arrays", "tokens", "_view")
+        return ("_arrays", "tokens", "_view", "_cache")  # _cache: a new lease after close()
 
     @property
     def path(self) -> Path:

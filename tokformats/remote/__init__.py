@@ -237,8 +237,14 @@ def fetch(
     for entry in first:
         get(entry)
     with ThreadPoolExecutor(max_workers=PARALLEL_DOWNLOADS) as pool:
-        for future in [pool.submit(get, entry) for entry in rest]:
-            future.result()  # the first failure is raised; the pool finishes the others' current files
+        futures = [pool.submit(get, entry) for entry in rest]
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:  # the first failure is raised: files not started are not downloaded
+            for future in futures:
+                future.cancel()
+            raise
     fetched = list(dict.fromkeys(e.name for e in entries if e.name in done))
     if not fetched:
         raise missing[0] if missing else NotFoundError(f"{url} does not exist.")
