@@ -59,6 +59,13 @@ def synthetic(scratch: Path, case: str) -> tuple[Path, list[Path], dict[str, Any
                     rng.normal(size=5)
                 )
         return folder / "d", sorted((folder / "d").iterdir()), {}
+    if case in ("datatrove", "dolma", "litdata", "hf"):
+        options = {"litdata": {"chunk_size": 200}, "dolma": {"max_tokens": 300}, "hf": {"max_shard_bytes": 800}}
+        target = folder / ("d.ds" if case == "datatrove" else "d")
+        with tokformats.create(target, case, vocab_size=1000, **options.get(case, {})) as w:
+            w.write_batch(flat, lengths)
+        files = sorted(p for p in folder.rglob("*") if p.is_file())
+        return target, files, {}
     if case == "raw":
         flat.astype("<u2").tofile(folder / "d.bin")
         return folder / "d.bin", [folder / "d.bin"], {"format": "raw", "dtype": "uint16", "eos": 0}
@@ -93,9 +100,26 @@ GOLDEN = {
 }
 
 
+#: Golden files of the newer formats, in tests/data/ (written by their owners' tools).
+OWN_GOLDEN = {
+    "datatrove": ("datatrove/00000_unshuffled.ds", ["00000_unshuffled.ds", "00000_unshuffled.ds.index"]),
+    "dolma": ("dolma/part-0-00000.npy", ["part-0-00000.npy", "part-0-00000.csv.gz"]),
+    "litdata": ("litdata", ["index.json", "chunk-0-0.bin", "chunk-0-1.bin"]),
+    "hf": ("hf/plain", ["state.json", "dataset_info.json", "data-00000-of-00002.arrow", "data-00001-of-00002.arrow"]),
+}
+
+
 def sources(scratch: Path, case: str) -> list[tuple[Path, list[Path], dict[str, Any]]]:
     """The case's pristine inputs: its golden files (when shared/ is there) and a synthetic dataset."""
     found = []
+    if case in OWN_GOLDEN:
+        target, names = OWN_GOLDEN[case]
+        source = Path(__file__).resolve().parent / "data" / target
+        copy = scratch / f"golden-{case}"
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(source if source.is_dir() else source.parent, copy)
+        opened = copy if source.is_dir() else copy / source.name
+        found.append((opened, [copy / n for n in names], {}))
     if case in GOLDEN and FIXTURES.is_dir():
         target, files, options = GOLDEN[case]
         copy = scratch / f"golden-{case}"

@@ -25,6 +25,10 @@ CASES = [
     "sequences-npy",
     "sequences-npz",
     "sequences-npy.gz",
+    "datatrove",
+    "dolma",
+    "litdata",
+    "hf",
 ]
 ROOT = Path(__file__).resolve().parents[1]
 

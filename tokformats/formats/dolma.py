@@ -20,6 +20,7 @@ import csv
 import gzip
 import io
 import os
+import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,7 +65,7 @@ def read_metadata(path: Path) -> tuple[np.ndarray, np.ndarray, list[list[str]]]:
     try:
         with gzip.open(path, "rb") as handle:
             data = handle.read(budget + 1)
-    except (OSError, EOFError) as error:
+    except (OSError, EOFError, zlib.error) as error:
         raise FormatError(f"{path}: not a readable gzip file ({error}).") from None
     if len(data) > budget:
         raise FormatError(f"{path}: decompresses to more than {budget:,} bytes; refusing it as corrupt.")

@@ -142,11 +142,12 @@ class Reader(PartsReader):
             whole = pa.memory_map(os.fspath(file)).read_buffer()
             stream = pa.ipc.open_stream(whole)
             schema = stream.schema
-        except (pa.ArrowInvalid, OSError) as error:
+            names = schema.names
+        except (pa.lib.ArrowException, OSError, UnicodeDecodeError) as error:
             raise FormatError(f"{file}: not an Arrow IPC stream ({error}).") from None
-        if self.column not in schema.names:
+        if self.column not in names:
             raise FormatError(
-                f"{file}: there is no column {self.column!r}; the columns are {schema.names}. Pass column=NAME."
+                f"{file}: there is no column {self.column!r}; the columns are {names}. Pass column=NAME."
             )
         kind = schema.field(self.column).type
         if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_integer(kind.value_type):
@@ -155,6 +156,7 @@ class Reader(PartsReader):
         parts = []
         try:
             for batch in stream:
+                batch.validate(full=True)  # offsets inside the values, buffers inside the file: O(rows), not O(tokens)
                 rows = batch.column(self.column)
                 values = rows.values  # the child array, already offset into the values buffer
                 if values.null_count:
@@ -162,12 +164,18 @@ class Reader(PartsReader):
                 data = values.buffers()[1]
                 start = data.address - whole.address + values.offset * dtype.itemsize
                 offsets_type = np.int64 if pa.types.is_large_list(kind) else np.int32
-                raw = np.frombuffer(rows.buffers()[1], dtype=offsets_type)[rows.offset : rows.offset + len(rows) + 1]
+                size = np.dtype(offsets_type).itemsize
+                try:  # exactly the offsets of these rows (a damaged buffer may have any size)
+                    raw = np.frombuffer(rows.buffers()[1], offsets_type, count=len(rows) + 1, offset=rows.offset * size)
+                except ValueError:
+                    raise FormatError(f"{file}: column {self.column!r} has a damaged offsets buffer.") from None
                 offsets = raw.astype(np.int64) - (int(raw[0]) if len(raw) else 0)
                 count = int(offsets[-1]) if len(offsets) else 0
+                if start < 0 or start + count * dtype.itemsize > whole.size:
+                    raise FormatError(f"{file}: a record batch's tokens lie outside the file; it is damaged.")
                 self._batch_offsets.append(offsets if len(offsets) else np.zeros(1, dtype=np.int64))
                 parts.append(Part(file, start, count, dtype))
-        except pa.ArrowInvalid as error:
+        except (pa.lib.ArrowException, OSError, UnicodeDecodeError) as error:  # a truncated or corrupted stream
             raise FormatError(f"{file}: the Arrow stream is damaged ({error}).") from None
         return parts
 
