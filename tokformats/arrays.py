@@ -218,6 +218,7 @@ class LazyArray:
 
     @property
     def shape(self) -> tuple[int]:
+        """``(length,)``, known without loading."""
         return (self._length,)
 
     def __getitem__(self, key: Any) -> Any:
@@ -230,12 +231,15 @@ class LazyArray:
         return np.asarray(self.data, dtype=dtype)
 
     def sum(self) -> Any:
+        """The sum of the values (loads them)."""
         return self.data.sum()
 
     def min(self) -> Any:
+        """The smallest value (loads them)."""
         return self.data.min()
 
     def max(self) -> Any:
+        """The largest value (loads them)."""
         return self.data.max()
 
 
