@@ -30,6 +30,7 @@ __all__ = [
     "EngineMismatchError",
     "adversarial_texts",
     "first_difference",
+    "differing_text",
     "select_engine",
 ]
 
@@ -120,19 +121,25 @@ def adversarial_texts(tokenizer: Any) -> list[str]:
     return texts
 
 
-def first_difference(reference: Engine, candidate: Engine, texts: list[str]) -> int | None:
-    """The index of the first text ``candidate`` encodes differently from ``reference``, or None."""
-    want, want_lengths = reference.encode(texts)
-    got, got_lengths = candidate.encode(texts)
+def differing_text(
+    want: np.ndarray, want_lengths: np.ndarray, got: np.ndarray, got_lengths: np.ndarray
+) -> int | None:
+    """The index of the first text whose ids differ between two encodings of the same texts (flat ids and
+    lengths each), or None."""
     if np.array_equal(want_lengths, got_lengths) and np.array_equal(want, got):
         return None
     want_ends, got_ends = np.cumsum(want_lengths), np.cumsum(got_lengths)
-    for k in range(len(texts)):
+    for k in range(len(want_lengths)):
         a = want[want_ends[k] - want_lengths[k] : want_ends[k]]
         b = got[got_ends[k] - got_lengths[k] : got_ends[k]]
         if not np.array_equal(a, b):
             return k
     return None
+
+
+def first_difference(reference: Engine, candidate: Engine, texts: list[str]) -> int | None:
+    """The index of the first text ``candidate`` encodes differently from ``reference``, or None."""
+    return differing_text(*reference.encode(texts), *candidate.encode(texts))
 
 
 def _describe(text: str) -> str:

@@ -41,7 +41,7 @@ from . import api
 from .atomic import AtomicFiles
 from .documents import add_delimiter, document_runs, offsets_from_lengths
 from .dtypes import dtype_for_vocab
-from .engines import EngineMismatchError, TokenizersEngine, select_engine
+from .engines import EngineMismatchError, TokenizersEngine, differing_text, select_engine
 from .errors import ConfigError, FormatError, OutputExistsError, option
 from .protocol import TokenWriter
 from .registry import default_corpus_format
@@ -359,22 +359,21 @@ class Encoder:
         return np.flatnonzero(self._draws.random(len(texts)) < self.verify_fraction)
 
     def _check(self, texts: list[str], flat: np.ndarray, lengths: np.ndarray, chosen: np.ndarray, where: Any) -> None:
-        want, want_lengths = self.reference.encode([texts[k] for k in chosen.tolist()])
-        self.verified += len(chosen)
-        ends, want_ends = np.cumsum(lengths), np.cumsum(want_lengths)
-        for n, k in enumerate(chosen.tolist()):
-            got = flat[ends[k] - lengths[k] : ends[k]]
-            expected = want[want_ends[n] - want_lengths[n] : want_ends[n]]
-            if np.array_equal(got, expected):
-                continue
-            message = f"{self.engine.name} gave other ids than tokenizers for {where(k)} ({texts[k][:60]!r})"
-            if self.batches or self.explicit:
-                raise EngineMismatchError(
-                    f"{message}; nothing wrong was written. Resume with {option('engine', repr('tokenizers'))}: "
-                    "the output is the same whichever engine runs."
-                )
-            self.engine, self.reason = self.reference, f"{message} on the first batch: tokenizers runs instead"
+        picked = chosen.tolist()
+        offsets = offsets_from_lengths(lengths)
+        got = np.concatenate([flat[offsets[k] : offsets[k + 1]] for k in picked])
+        self.verified += len(picked)
+        n = differing_text(*self.reference.encode([texts[k] for k in picked]), got, lengths[chosen])
+        if n is None:
             return
+        k = picked[n]
+        message = f"{self.engine.name} gave other ids than tokenizers for {where(k)} ({texts[k][:60]!r})"
+        if self.batches or self.explicit:
+            raise EngineMismatchError(
+                f"{message}; nothing wrong was written. Resume with {option('engine', repr('tokenizers'))}: "
+                "the output is the same whichever engine runs."
+            )
+        self.engine, self.reason = self.reference, f"{message} on the first batch: tokenizers runs instead"
 
 
 def _add_eos(

@@ -31,17 +31,11 @@ def _write_to_handle(handle: Any, piece: np.ndarray) -> None:
 class _Shards:
     """The state both kinds share: the open shard, its fill, and how many were started."""
 
-    def __init__(
-        self,
-        capacity: int,
-        start: Callable[[int], Any],
-        end: Callable[[Any, int], None],
-        write: Callable[[Any, np.ndarray], None] = _write_to_handle,
-    ) -> None:
+    def __init__(self, capacity: int, start: Callable[[int], Any], end: Callable[[Any, int], None]) -> None:
         if capacity <= 0:
             raise ValueError(f"a shard must hold at least one token; the capacity given is {capacity}")
         self.capacity = capacity
-        self._start, self._end, self._write = start, end, write
+        self._start, self._end = start, end
         #: The handle of the shard being written (None before the first).
         self.current: Any = None
         #: Tokens in the current shard.
@@ -69,7 +63,17 @@ class _Shards:
 
 class StreamShards(_Shards):
     """Cuts a token stream into shards of exactly ``capacity`` tokens (the last may be shorter); documents run
-    across shard boundaries."""
+    across shard boundaries. ``write(handle, piece)`` puts a piece into a shard (by default ``handle.write``)."""
+
+    def __init__(
+        self,
+        capacity: int,
+        start: Callable[[int], Any],
+        end: Callable[[Any, int], None],
+        write: Callable[[Any, np.ndarray], None] = _write_to_handle,
+    ) -> None:
+        super().__init__(capacity, start, end)
+        self._write = write
 
     def write(self, flat: np.ndarray) -> None:
         """Append tokens, starting new shards as each fills."""
@@ -91,15 +95,9 @@ class DocumentShards(_Shards):
     """
 
     def __init__(
-        self,
-        capacity: int,
-        start: Callable[[int], Any],
-        end: Callable[[Any, int], None],
-        write: Callable[[Any, np.ndarray], None] = _write_to_handle,
-        *,
-        strict: bool = False,
+        self, capacity: int, start: Callable[[int], Any], end: Callable[[Any, int], None], *, strict: bool = False
     ) -> None:
-        super().__init__(capacity, start, end, write)
+        super().__init__(capacity, start, end)
         self._room = capacity - 1 if strict else capacity
 
     def runs(self, lengths: np.ndarray) -> Iterator[tuple[int, int]]:
@@ -125,8 +123,9 @@ class DocumentShards(_Shards):
             if first < len(lengths):
                 self.roll()
 
-    def write(self, flat: np.ndarray, lengths: np.ndarray) -> None:
-        """Write documents (``flat`` ids, ``lengths``) into shards."""
+    def pieces(self, flat: np.ndarray, lengths: np.ndarray) -> Iterator[tuple[int, int, np.ndarray]]:
+        """``(first, stop, tokens)`` of each run of documents (``flat`` ids, ``lengths``) that goes into
+        :attr:`current`; :attr:`filled` still counts the tokens before the run while the caller writes it."""
         offsets = offsets_from_lengths(lengths)
         for first, stop in self.runs(lengths):
-            self._write(self.current, flat[offsets.item(first) : offsets.item(stop)])
+            yield first, stop, flat[offsets.item(first) : offsets.item(stop)]

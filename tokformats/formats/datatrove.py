@@ -220,11 +220,6 @@ class Reader(PartsReader):
             return np.array([0, part.tokens], dtype=np.int64)
         self._check_pin(part.path)
         ends = np.fromfile(index_path, dtype="<u8")
-        if len(ends) and int(ends.max()) > part.tokens:
-            raise FormatError(
-                f"{index_path}: a document ends at token {int(ends.max()):,}, past the {part.tokens:,} tokens of "
-                f"{part.path.name}."
-            )
         return checked_offsets(np.concatenate([[0], ends.astype(np.int64)]), part.tokens, str(index_path), "ends")
 
     @cached_property

@@ -86,12 +86,6 @@ def read_metadata(path: Path) -> tuple[np.ndarray, np.ndarray, list[list[str]]]:
     return np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64), rest
 
 
-def _last_end(path: Path) -> int | None:
-    """The last row's end in a ``.csv.gz`` (None when empty), for dtype inference and detection."""
-    _, ends, _ = read_metadata(path)
-    return int(ends[-1]) if len(ends) else None
-
-
 def _is_memmap(path: Path | Probe) -> bool:
     probe = path if isinstance(path, Probe) else Probe(path)
     if not probe.path.name.endswith(".npy") or not probe.is_file:
@@ -306,12 +300,10 @@ class Writer(TokenWriter):
     def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
         if self.eos is not None:
             flat, lengths = add_delimiter(flat, lengths, self.eos)
-        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        for first, stop in self._shards.runs(lengths):
+        for first, stop, piece in self._shards.pieces(flat, lengths):
             start = self._shards.filled
-            self._shards.current.write(np.ascontiguousarray(flat[offsets[first] : offsets[stop]]).data)
-            ends = start + offsets[first + 1 : stop + 1] - offsets[first]
+            self._shards.current.write(np.ascontiguousarray(piece).data)
+            ends = start + np.cumsum(lengths[first:stop], dtype=np.int64)
             starts = np.concatenate([[start], ends[:-1]])
             id_, src, loc = self._fields
             number = self.num_documents + first

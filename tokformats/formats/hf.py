@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..documents import offsets_from_lengths
 from ..dtypes import little_endian, resolve_dtype
 from ..errors import DTypeError, FormatError, NoFilesError
 from ..limits import read_json_object
@@ -292,8 +293,7 @@ class Writer(TokenWriter):
             return
         flat = np.concatenate([f for f, _ in self._pending])
         lengths = np.concatenate([n for _, n in self._pending])
-        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
+        offsets = offsets_from_lengths(lengths)
         whole = len(lengths) if everything else len(lengths) // BATCH_ROWS * BATCH_ROWS
         for first in range(0, whole, BATCH_ROWS):
             stop = min(first + BATCH_ROWS, whole)
@@ -309,10 +309,8 @@ class Writer(TokenWriter):
         self._digest.update(values.tobytes())
 
     def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
-        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        for first, stop in self._shards.runs(lengths):
-            self._pending.append((flat[offsets[first] : offsets[stop]], lengths[first:stop]))
+        for first, stop, piece in self._shards.pieces(flat, lengths):
+            self._pending.append((piece, lengths[first:stop]))
             self._pending_rows += stop - first
             if self._pending_rows >= BATCH_ROWS:
                 self._flush(everything=False)

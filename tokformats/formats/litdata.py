@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..documents import offsets_from_lengths
 from ..dtypes import resolve_dtype
 from ..errors import FormatError, NoFilesError, SizeMismatchError
 from ..limits import read_json_object
@@ -229,8 +230,7 @@ class Writer(TokenWriter):
         flat = np.concatenate([f for f, _ in self._pieces]) if self._pieces else np.zeros(0, self.dtype)
         lengths = np.concatenate([n for _, n in self._pieces]) if self._pieces else np.zeros(0, np.int64)
         header = (len(lengths) + 2) * _HEADER.itemsize
-        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths * self.dtype.itemsize, out=offsets[1:])
+        offsets = offsets_from_lengths(lengths) * self.dtype.itemsize
         if header + int(offsets[-1]) >= 1 << 32:
             raise FormatError(f"{final}: a chunk of {header + int(offsets[-1]):,} bytes does not fit litdata's "
                               "uint32 offsets; lower chunk_size.")  # fmt: skip
@@ -244,10 +244,8 @@ class Writer(TokenWriter):
         self._pieces = []
 
     def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
-        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        for first, stop in self._shards.runs(lengths):
-            self._pieces.append((flat[offsets[first] : offsets[stop]], lengths[first:stop]))
+        for first, stop, piece in self._shards.pieces(flat, lengths):
+            self._pieces.append((piece, lengths[first:stop]))
 
     def _finish(self) -> None:
         self._shards.finish()

@@ -187,7 +187,11 @@ PUBLISHED_LAST = (MANIFEST, CHECKPOINTS)
 def remote_files(folder: Path) -> list[dict[str, Any]]:
     """The shards a Genesis manifest lists, with the size and SHA-256 it records (v3), or ``total_shards`` of them
     (older manifests), plus the optional checkpoints and tokenizer."""
-    manifest = read_manifest(folder) or {}
+    return _listed_files(read_manifest(folder) or {})
+
+
+def _listed_files(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """:func:`remote_files` of a manifest already read."""
     entries = manifest.get("shards")
     files: list[dict[str, Any]] = []
     if isinstance(entries, list) and entries:
@@ -308,19 +312,19 @@ class FolderReader(Reader):
         if not self._path.is_dir():
             raise NoFilesError(f"{self._path} is not a folder.")
         self._remote = remote
+        self.manifest = _json_object(self._path / MANIFEST)
         self._listed: dict[str, dict[str, Any]] = {}
         if remote is not None:  # the manifest says which shards there are and how many tokens each holds
-            self._listed = {e["name"]: e for e in remote_files(self._path) if SHARD_PATTERN.match(e["name"])}
+            self._listed = {e["name"]: e for e in _listed_files(self.manifest or {}) if SHARD_PATTERN.match(e["name"])}
             self._shards = sorted((int(n[len("shard_") : -len(".pt")]), self._path / n) for n in self._listed)
             self._pin(*(shard for _, shard in self._shards if shard.is_file()))
         else:
             self._shards = shard_files(self._path)
-            if not self._shards and not (self._path / MANIFEST).is_file():
+            if not self._shards and self.manifest is None:
                 raise NoFilesError(f"{self._path} holds no shard_N.pt files and no {MANIFEST}.")
             self._pin(*(shard for _, shard in self._shards))
         self._arrays  # noqa: B018 - load now: what was validated is what is read
         self.eos, self.bos = eos, bos
-        self.manifest = _json_object(self._path / MANIFEST)
         self.checkpoints = _json_object(self._path / CHECKPOINTS)
 
     @cached_property

@@ -176,8 +176,6 @@ class Cache:
         self.max_cache_bytes = None if max_cache_bytes is None else int(max_cache_bytes)
         self.offline = offline_default() if offline is None else offline
         self._backend = backend
-        #: GET requests this cache made, by file name (tests and benchmarks read it).
-        self.downloads: dict[str, int] = {}
 
     @property
     def backend(self) -> Backend:
@@ -279,7 +277,6 @@ class Cache:
             start = partial.stat().st_size if partial.exists() else 0
             try:
                 with open(partial, "ab") as handle:
-                    self.downloads[name] = self.downloads.get(name, 0) + 1
                     sink = _Hashing(handle, digest)
                     try:
                         whole = self.backend.download(url, sink, start, remote.etag)  # type: ignore[arg-type]
