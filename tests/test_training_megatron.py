@@ -227,17 +227,26 @@ def test_numpy_blending_fallback_equals_helpers(megatron: Any) -> None:
         np.testing.assert_array_equal(got_sample, expected[1])
 
 
+def _random_walk(rng: np.random.Generator, documents: int) -> tuple[np.ndarray, int, int, bool, int, int] | None:
+    """Unit sizes and sample options for one random sample-index case: ``(sizes, sequence_length, extra, drop,
+    epochs, tokens)``, or None when the epochs hold no sample."""
+    n = int(rng.integers(1, documents))
+    sizes = rng.integers(0, int(rng.choice([3, 20, 200])), n).astype(np.int32)
+    sequence_length, extra = int(rng.integers(2, 50)), int(rng.integers(0, 2))
+    drop, epochs = bool(rng.integers(0, 2)), int(rng.integers(1, 4))
+    tokens = int(sizes.sum())
+    return None if epochs * tokens - extra < 1 else (sizes, sequence_length, extra, drop, epochs, tokens)
+
+
 def test_sample_index_equals_helpers_on_random_lengths(megatron: Any) -> None:
     rng = np.random.default_rng(0)
     compared = 0
     for trial in range(1500):
-        n = int(rng.integers(1, 60))
-        sizes = rng.integers(0, int(rng.choice([3, 20, 200])), n).astype(np.int32)
-        sequence_length, extra = int(rng.integers(2, 50)), int(rng.integers(0, 2))
-        drop, epochs = bool(rng.integers(0, 2)), int(rng.integers(1, 4))
-        tokens = int(sizes.sum())
-        if epochs * tokens - extra < 1:
+        case = _random_walk(rng, 60)
+        if case is None:
             continue
+        sizes, sequence_length, extra, drop, epochs, tokens = case
+        n = len(sizes)
         separate = bool(rng.integers(0, 2)) and epochs > 1
         units = np.arange(n, dtype=np.int32)
         theirs_doc = megatron.gpt._build_document_index(units, epochs, np.random.RandomState(trial), separate)
@@ -261,14 +270,11 @@ def test_sample_index_in_small_chunks_equals_helpers(megatron: Any) -> None:
     """The walk over the document index in chunks (boundaries anywhere, empty documents at them) is the same."""
     rng = np.random.default_rng(5)
     for trial in range(400):
-        n = int(rng.integers(1, 80))
-        sizes = rng.integers(0, int(rng.choice([3, 20, 200])), n).astype(np.int32)
-        sequence_length, extra = int(rng.integers(2, 50)), int(rng.integers(0, 2))
-        drop, epochs = bool(rng.integers(0, 2)), int(rng.integers(1, 4))
-        tokens = int(sizes.sum())
-        if epochs * tokens - extra < 1:
+        case = _random_walk(rng, 80)
+        if case is None:
             continue
-        doc = indices.document_index(np.arange(n, dtype=np.int32), epochs, np.random.RandomState(trial), False)
+        sizes, sequence_length, extra, drop, epochs, tokens = case
+        doc = indices.document_index(np.arange(len(sizes), dtype=np.int32), epochs, np.random.RandomState(trial), False)
         try:
             theirs = megatron.helpers.build_sample_idx(sizes, doc, sequence_length, epochs, tokens, drop, extra)
         except AssertionError:  # megatron-core's own check (see test_sample_index_equals_helpers_on_random_lengths)
