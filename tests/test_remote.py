@@ -283,6 +283,70 @@ def test_open_fetches_a_shard_on_first_use_and_prefetches_ahead(tmp_path: Path, 
     assert all(v == 1 for k, v in server.gets.items() if k.endswith(".pt"))
 
 
+def _sharded(fmt: str, folder: Path) -> list[np.ndarray]:
+    """A corpus of ``fmt`` in three or more data files, and its documents."""
+    _, lengths = random_corpus(np.random.default_rng(11), 300, low=1, high=50_000, mean_length=30)
+    lengths[[0, -1]] += 5  # the first and last documents have tokens (reading them fetches their file)
+    if fmt == "litdata":
+        lengths[lengths == 0] = 1  # litdata's own writer mishandles empty documents (see the litdata tests)
+    flat = np.random.default_rng(12).integers(1, 50_000, int(lengths.sum()))
+    documents = np.split(flat, np.cumsum(lengths)[:-1])
+    if fmt == "datatrove":  # one file per rank, as datatrove's tokenizer writes them
+        for rank, part in enumerate(np.array_split(np.arange(len(documents)), 3)):
+            with tokformats.create(folder / f"{rank:05d}_unshuffled.ds", fmt, vocab_size=50_001) as writer:
+                for k in part:
+                    writer.write(documents[k])
+        return documents
+    options = {
+        "dolma": {"max_tokens": len(flat) // 4},
+        "litdata": {"chunk_size": len(flat) // 4},
+        "timemoe": {"max_shard_elements": len(flat) // 4},
+    }[fmt]
+    with tokformats.create(folder, fmt, vocab_size=50_001, **options) as writer:
+        writer.write_batch(flat, lengths)
+    return documents
+
+
+_DATA_SUFFIX = {"datatrove": ".ds", "dolma": ".npy", "litdata": ".bin", "timemoe": ".bin"}
+
+
+@pytest.mark.parametrize("fmt", sorted(_DATA_SUFFIX))
+def test_sharded_formats_fetch_a_data_file_on_first_use(tmp_path: Path, server: FileServer, fmt: str) -> None:
+    documents = _sharded(fmt, tmp_path / "local")
+    local = tokformats.open(tmp_path / "local")
+    data_files = [p.relative_to(tmp_path / "local").as_posix() for p in local.files
+                  if p.name.endswith(_DATA_SUFFIX[fmt])]  # fmt: skip
+    assert len(data_files) >= 3 and len(local.tokens.parts) == len(data_files)
+    publish(tmp_path / "local", f"{server.url}/d/")
+
+    def files_of(document: int) -> set[str]:
+        """The data files document ``document``'s tokens lie in (a Time-MoE sequence may span two)."""
+        start, stop = local.offsets[document], local.offsets[document + 1]
+        first, last = np.searchsorted(local.tokens.starts, [start, stop - 1], side="right") - 1
+        return set(data_files[first : last + 1])
+
+    def data_gets() -> set[str]:
+        return {k[len("/d/") :] for k in server.gets if k.endswith(_DATA_SUFFIX[fmt])}
+
+    with tokformats.open(f"{server.url}/d/", cache_dir=tmp_path / "cache") as reader:
+        assert reader.format == fmt and len(reader) == len(documents)  # from the index files alone
+        assert reader.num_tokens == sum(len(d) for d in documents) and data_gets() == set()
+        np.testing.assert_array_equal(reader[-1], documents[-1])
+        assert data_gets() == files_of(len(documents) - 1)  # the last file(s) only
+        np.testing.assert_array_equal(reader[0], documents[0])
+        assert data_gets() == files_of(0) | files_of(len(documents) - 1)
+        thread = reader.prefetch(1)  # the file after the one read last
+        assert thread is not None
+        thread.join(30)
+        assert data_gets() == {data_files[0], data_files[1]} | files_of(len(documents) - 1)
+        for got, want in zip(reader, documents):
+            np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(reader.lengths, [len(d) for d in documents])
+    assert all(v == 1 for k, v in server.gets.items() if k.endswith(_DATA_SUFFIX[fmt]))
+    with tokformats.open(f"{server.url}/d/", cache_dir=tmp_path / "cache", offline=True) as again:
+        np.testing.assert_array_equal(np.asarray(again.tokens), np.concatenate(documents))  # the cache alone
+
+
 def test_rotation_over_a_url_downloads_only_the_assigned_shards(tmp_path: Path, server: FileServer) -> None:
     from tokformats import training
 

@@ -63,7 +63,8 @@ class MappedParts(TokenReader):
             listing = ", ".join(f"{p.path.name}: {p.dtype.name}" for p in parts[:4])
             raise FormatError(f"{parts[0].path.parent}: the files mix token dtypes ({listing}); open them apart.")
         self._parts = parts
-        self._pin(*dict.fromkeys(p.path for p in parts))
+        if self._remote is None:  # a dataset opened by URL pins each file as it arrives
+            self._pin(*dict.fromkeys(p.path for p in parts))
 
     @property
     def path(self) -> Path:
@@ -80,8 +81,9 @@ class MappedParts(TokenReader):
 
     @cached_property
     def shards(self) -> list[np.ndarray]:
-        """Each part's tokens as its own read-only memory map."""
-        return [self._map(p.path, p.dtype, p.offset, p.tokens) for p in self._parts]
+        """Each part's tokens as its own read-only memory map (for a dataset opened by URL, a
+        :class:`~tokformats.arrays.LazyArray` that fetches the file on first use)."""
+        return [self._map_lazily(p.path, p.dtype, p.offset, p.tokens) for p in self._parts]  # type: ignore[misc]
 
     @cached_property
     def tokens(self) -> TokenArray:
@@ -113,6 +115,41 @@ class PartsReader(MappedParts):
     def _part_offsets(self, index: int) -> np.ndarray:
         """``D_k + 1`` offsets of part ``index``'s documents, relative to the part, checked with
         :func:`checked_offsets`; called once per part, when :attr:`offsets` is first used."""
+
+    def _part_documents(self, index: int) -> int:
+        """Number of documents in part ``index``; a format whose index records it without the part's data overrides
+        this, so that a dataset opened by URL counts its documents without fetching every part."""
+        return len(self._part_offsets(index)) - 1
+
+    # A dataset opened by URL finds a document by part: only that part's offsets (and data) are fetched. A local
+    # one joins every part's offsets once (the faster path per document).
+    @cached_property
+    def _document_starts(self) -> np.ndarray:
+        counts = [self._part_documents(k) for k in range(len(self._parts))]
+        return np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
+
+    @cached_property
+    def _offsets_by_part(self) -> dict[int, np.ndarray]:
+        return {}
+
+    def __len__(self) -> int:
+        if self._remote is None or "offsets" in self.__dict__:
+            return len(self.offsets) - 1
+        return int(self._document_starts[-1])
+
+    def _item(self, index: int) -> np.ndarray:
+        if self._remote is not None and "offsets" not in self.__dict__:
+            return self._item_by_part(index)
+        offsets = self.offsets
+        return self._view[offsets.item(index) : offsets.item(index + 1)]
+
+    def _item_by_part(self, index: int) -> np.ndarray:
+        part = int(np.searchsorted(self._document_starts, index, side="right")) - 1
+        offsets = self._offsets_by_part.get(part)
+        if offsets is None:
+            offsets = self._offsets_by_part.setdefault(part, self._part_offsets(part))
+        local = index - int(self._document_starts[part])
+        return self.shards[part][offsets.item(local) : offsets.item(local + 1)]
 
     def _offsets(self) -> np.ndarray:
         pieces = [np.zeros(1, dtype=np.int64)]

@@ -24,13 +24,17 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, overload
 
 import numpy as np
 
-from .arrays import TokenArray, map_file
+from .arrays import LazyArray, TokenArray, map_file
 from .atomic import AtomicFiles, naming_output
 from .journal import recover_near
 
 if TYPE_CHECKING:
+    import threading
+
     import numpy.typing as npt
     from typing_extensions import Self
+
+    from .remote.lazy import RemoteFiles
 from .documents import document_runs, offsets_from_lengths
 from .dtypes import as_token_array, check_lengths, check_tokens
 from .errors import FormatError, SizeMismatchError
@@ -146,8 +150,10 @@ class Reader(ABC, Generic[Item]):
 
     def hold(self, resource: Any) -> None:
         """Keep ``resource`` (anything with ``release()``) until :meth:`close`: the remote cache's lease on the
-        files this reader maps."""
-        self.__dict__.setdefault("_held", []).append(resource)
+        files this reader maps. Holding the same object twice holds it once."""
+        held = self.__dict__.setdefault("_held", [])
+        if not any(resource is other for other in held):
+            held.append(resource)
 
     def _cached_maps(self) -> Sequence[str]:
         """Names of ``cached_property`` attributes holding memory maps, dropped by :meth:`close`."""
@@ -260,6 +266,38 @@ class TokenReader(Reader[np.ndarray]):
             return map_file(path, dtype, offset, count)
         except ValueError as error:  # "mmap length is greater than file size": shrunk under an unpinned map
             raise SizeMismatchError(f"{path}: cannot map it as opened ({error}).") from None
+
+    # -- a dataset opened by URL: data files arrive on first use --------------------------------
+    #: The dataset's files when it was opened by URL and its data files are fetched on first use (readers that
+    #: support it take a ``remote=`` option and set this), else None.
+    _remote: RemoteFiles | None = None
+
+    def _fetched(self, path: Path) -> Path:
+        """``path``, brought into the cache first (verified, and held until :meth:`close`) when the reader reads a
+        dataset opened by URL; pinned as fetched."""
+        if self._remote is not None:
+            self.hold(self._remote)
+            self._remote.fetch(path)
+            self._pin(path)
+        return path
+
+    def _map_lazily(self, path: Path, dtype: np.dtype, offset: int, count: int) -> np.ndarray | LazyArray:
+        """:meth:`_map` for a local dataset; for one opened by URL, a :class:`LazyArray` of ``count`` elements that
+        fetches ``path`` the first time a value of it is read."""
+        if self._remote is None:
+            return self._map(path, dtype, offset, count)
+        return LazyArray(count, dtype, lambda: self._map(self._fetched(path), dtype, offset, count), str(path))
+
+    def _data_files(self) -> list[Path]:
+        """The reader's data files in reading order (what :meth:`prefetch` walks)."""
+        return self.files
+
+    def prefetch(self, count: int) -> threading.Thread | None:
+        """For a dataset opened by URL, download the ``count`` data files after the one read last in a background
+        thread (returned, started), for sequential reading; None for a local dataset."""
+        from .remote.lazy import prefetch_after
+
+        return prefetch_after(self._remote, self._data_files(), count, self.hold)
 
     def span(self, start: int, stop: int) -> np.ndarray:
         """Tokens ``start:stop`` of the whole stream as a plain ndarray (a view whenever they lie in one file)."""

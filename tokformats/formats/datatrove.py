@@ -36,6 +36,8 @@ from ..registry import FormatDescriptor, Probe, expand_paths
 if TYPE_CHECKING:
     import numpy.typing as npt
 
+    from ..remote.lazy import RemoteFiles
+
 __all__ = ["Reader", "Writer", "detect", "metric", "output_filename"]
 
 #: This format's entry in :data:`tokformats.formats` (the registry finds it here).
@@ -102,20 +104,30 @@ def _metadata_token_size(path: Path) -> int | None:
     return int(field)
 
 
-def _index_token_size(path: Path) -> int | None:
-    """The token size that makes the index's last end match the file size, or None when it says nothing (no
-    index, or no tokens)."""
+def _last_end(path: Path) -> int | None:
+    """The last document end ``NAME.ds.index`` records (the file's token count), or None without one."""
     index = Path(os.fspath(path) + INDEX)
     try:
         index_size = index.stat().st_size
-        data_size = path.stat().st_size
     except OSError:
         return None
-    if index_size < 8 or index_size % 8 or not data_size:
+    if index_size < 8 or index_size % 8:
         return None
     with open(index, "rb") as handle:
         handle.seek(index_size - 8)
-        last = int(np.frombuffer(handle.read(8), dtype="<u8")[0])
+        return int(np.frombuffer(handle.read(8), dtype="<u8")[0])
+
+
+def _index_token_size(path: Path, data_size: int | None = None) -> int | None:
+    """The token size that makes the index's last end match the file size (``data_size``, else the file's), or None
+    when it says nothing (no index, or no tokens)."""
+    try:
+        data_size = path.stat().st_size if data_size is None else data_size
+    except OSError:
+        return None
+    last = _last_end(path)
+    if last is None or not data_size:
+        return None
     fits = [size for size in _TOKEN_DTYPES if last * size == data_size]
     return fits[0] if fits else None
 
@@ -154,12 +166,20 @@ def remote_companions(name: str) -> list[tuple[str, bool]]:
     return [(name + suffix, False) for suffix in (INDEX, METADATA, LOSS)] if name.endswith(".ds") else []
 
 
+def remote_lazy(folder: Path, names: list[str]) -> bool:
+    """Whether a folder opened by URL can fetch its ``.ds`` files on first use: each has its ``.ds.index``
+    (fetched at open), which gives its documents and, with ``.ds.metadata``, its size."""
+    data = [n for n in names if n.endswith(".ds")]
+    return bool(data) and all(n + INDEX in names for n in data)
+
+
 class Reader(PartsReader):
     """A datatrove ``.ds`` file, several (a glob or list), or a folder of them, as one corpus.
 
     Args:
         path: a ``.ds`` file (or its ``.index``), a glob, a list, or a folder (every ``*.ds`` below it, sorted).
         dtype: the token dtype when neither ``.ds.metadata`` nor the index records it (``uint16`` or ``uint32``).
+        remote: set by ``tokformats.open(URL)``: the dataset's files, each ``.ds`` fetched on first use.
 
     Without a ``.ds.index`` (datatrove's ``save_index=False``) a file reads as one document. :meth:`loss_mask`
     gives the ``.ds.loss`` bytes of a document when the files have them.
@@ -167,26 +187,40 @@ class Reader(PartsReader):
 
     format = "datatrove"
 
-    def __init__(self, path: PathLike | list[PathLike], *, dtype: npt.DTypeLike | None = None) -> None:
-        super().__init__(path, dtype=dtype)
+    def __init__(
+        self, path: PathLike | list[PathLike], *, dtype: npt.DTypeLike | None = None, remote: RemoteFiles | None = None
+    ) -> None:
+        super().__init__(path, dtype=dtype, remote=remote)
+        self._remote = remote
         if isinstance(path, (str, os.PathLike)) and Path(path).is_dir():
-            files = _folder_files(Path(path))
+            files = remote.paths(".ds", Path(path)) if remote is not None else _folder_files(Path(path))
             if not files:
                 raise NoFilesError(f"{path} holds no datatrove .ds files.")
         else:
             files = [_data_path(p) for p in expand_paths(path)]
         parts = []
         for file in files:
-            if not file.is_file():
+            if not (file.is_file() or (remote is not None and remote.has(file))):
                 raise NoFilesError(f"{file} does not exist.")
             parts.append(self._part(file, dtype))
         self._set_parts(parts)
         self.shards  # noqa: B018 - map now: what was validated is what is read
 
-    @staticmethod
-    def _part(file: Path, dtype: npt.DTypeLike | None) -> Part:
-        size = file.stat().st_size
-        recorded = _metadata_token_size(file) or _index_token_size(file)
+    def _data_size(self, file: Path, dtype: npt.DTypeLike | None) -> int:
+        """The size of ``file``; for a dataset opened by URL, from its records, else its index and metadata (the
+        download is checked against it), else the store's."""
+        if self._remote is None:
+            return file.stat().st_size
+        last, token_size = _last_end(file), _metadata_token_size(file)
+        if token_size is None and dtype is not None:
+            token_size = resolve_dtype(dtype, None, format="datatrove", allowed=("uint16", "uint32")).itemsize
+        if self._remote.recorded_size(file) is None and last is not None and token_size is not None:
+            self._remote.expect(file, last * token_size)
+        return self._remote.size(file)
+
+    def _part(self, file: Path, dtype: npt.DTypeLike | None) -> Part:
+        size = self._data_size(file, dtype)
+        recorded = _metadata_token_size(file) or _index_token_size(file, size)
         if dtype is not None:
             chosen = resolve_dtype(dtype, None, format="datatrove", allowed=("uint16", "uint32"))
             if recorded is not None and recorded != chosen.itemsize:
@@ -226,10 +260,11 @@ class Reader(PartsReader):
     def loss(self) -> ConcatenatedArray | np.ndarray | None:
         """The ``.ds.loss`` bytes of every token (uint8, 1 = counted in the loss), or None without loss files."""
         paths = [Path(os.fspath(p.path) + LOSS) for p in self._parts]
-        if not all(p.is_file() for p in paths):
+        if not all(p.is_file() or (self._remote is not None and self._remote.has(p)) for p in paths):
             return None
         maps = []
         for part, path in zip(self._parts, paths):
+            self._fetched(path)
             if path.stat().st_size != part.tokens:
                 raise SizeMismatchError(
                     f"{path}: {path.stat().st_size:,} loss bytes for {part.tokens:,} tokens in {part.path.name}."

@@ -38,6 +38,8 @@ from ..shards import DocumentShards
 if TYPE_CHECKING:
     import numpy.typing as npt
 
+    from ..remote.lazy import RemoteFiles
+
 __all__ = ["Reader", "Writer", "detect", "read_metadata", "DEFAULT_MAX_TOKENS"]
 
 #: This format's entry in :data:`tokformats.formats` (the registry finds it here).
@@ -99,6 +101,11 @@ def _folder_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*.npy") if not p.name.startswith(".") and _is_memmap(p))
 
 
+def _remote_files(remote: RemoteFiles, folder: Path) -> list[Path]:
+    """The memmaps of a folder opened by URL: every ``.npy`` below ``folder`` published with its ``.csv.gz``."""
+    return [p for p in remote.paths(".npy", folder) if remote.has(metadata_path(p))]
+
+
 def detect(probe: Probe) -> bool:
     """True for a headerless ``.npy`` with a gzip ``.csv.gz`` beside it, or a folder of them."""
     if probe.is_dir:
@@ -118,6 +125,13 @@ def remote_companions(name: str) -> list[tuple[str, bool]]:
     return [(name[: -len(".npy")] + METADATA_SUFFIX, False)] if name.endswith(".npy") else []
 
 
+def remote_lazy(folder: Path, names: list[str]) -> bool:
+    """Whether a folder opened by URL can fetch its ``.npy`` files on first use: each has its ``.csv.gz`` rows
+    (fetched at open), which give its documents."""
+    data = [n for n in names if n.endswith(".npy")]
+    return bool(data) and all(n[: -len(".npy")] + METADATA_SUFFIX in names for n in data)
+
+
 class Reader(PartsReader):
     """dolma memmaps: a ``.npy`` (with its ``.csv.gz``), several (a glob or list), or a folder, as one corpus.
 
@@ -125,6 +139,7 @@ class Reader(PartsReader):
         path: a ``.npy`` file, a glob, a list, or a folder (every ``.npy`` below it with its ``.csv.gz``).
         dtype: the token dtype; inferred from the ``.csv.gz`` when omitted (required without one).
         eos: without a ``.csv.gz``, end documents after each occurrence of this id (OLMo-core's fallback).
+        remote: set by ``tokformats.open(URL)``: the dataset's files, each ``.npy`` fetched on first use.
 
     ``document_metadata(i)`` gives the ``id``, ``src`` and ``loc`` dolma recorded for document ``i``.
     """
@@ -132,11 +147,17 @@ class Reader(PartsReader):
     format = "dolma"
 
     def __init__(
-        self, path: PathLike | list[PathLike], *, dtype: npt.DTypeLike | None = None, eos: int | None = None
+        self,
+        path: PathLike | list[PathLike],
+        *,
+        dtype: npt.DTypeLike | None = None,
+        eos: int | None = None,
+        remote: RemoteFiles | None = None,
     ) -> None:
-        super().__init__(path, dtype=dtype, eos=eos)
+        super().__init__(path, dtype=dtype, eos=eos, remote=remote)
+        self._remote = remote
         if isinstance(path, (str, os.PathLike)) and Path(path).is_dir():
-            files = _folder_files(Path(path))
+            files = _remote_files(remote, Path(path)) if remote is not None else _folder_files(Path(path))
             if not files:
                 raise NoFilesError(f"{path} holds no dolma .npy files with their {METADATA_SUFFIX}.")
         else:
@@ -147,13 +168,12 @@ class Reader(PartsReader):
         self.shards  # noqa: B018 - map now: what was validated is what is read
 
     def _part(self, k: int, file: Path, dtype: npt.DTypeLike | None) -> Part:
-        size = require_regular(file) if file.exists() else None
-        if size is None:
-            raise NoFilesError(f"{file} does not exist.")
         metadata = metadata_path(file)
-        inferred = None
         if metadata.is_file():
             self._rows[k] = read_metadata(metadata)
+        size = self._data_size(k, file, dtype)
+        inferred = None
+        if k in self._rows:
             ends = self._rows[k][1]
             last = int(ends[-1]) if len(ends) else 0
             fits = [d for s, d in _ITEMSIZES.items() if last * s == size]
@@ -181,6 +201,21 @@ class Reader(PartsReader):
         if size % chosen.itemsize:
             raise SizeMismatchError(f"{file}: {size:,} bytes is not a whole number of {chosen.name} tokens.")
         return Part(file, 0, size // chosen.itemsize, chosen)
+
+    def _data_size(self, k: int, file: Path, dtype: npt.DTypeLike | None) -> int:
+        """The size of ``file``; for a dataset opened by URL, from its records, else its rows and ``dtype`` (the
+        download is checked against it), else the store's."""
+        if self._remote is None:
+            size = require_regular(file) if file.exists() else None
+            if size is None:
+                raise NoFilesError(f"{file} does not exist.")
+            return size
+        if not self._remote.has(file):
+            raise NoFilesError(f"{file} is not a file of {self._remote.url}.")
+        rows = self._rows.get(k)
+        if self._remote.recorded_size(file) is None and rows is not None and dtype is not None:
+            self._remote.expect(file, (int(rows[1][-1]) if len(rows[1]) else 0) * parse_dtype(dtype).itemsize)
+        return self._remote.size(file)
 
     def _part_offsets(self, index: int) -> np.ndarray:
         part = self._parts[index]

@@ -37,6 +37,8 @@ from ..shards import DocumentShards
 if TYPE_CHECKING:
     import numpy.typing as npt
 
+    from ..remote.lazy import RemoteFiles
+
 __all__ = ["Reader", "Writer", "detect", "data_format_dtype", "NUMPY_DTYPES", "TORCH_DTYPES", "DEFAULT_CHUNK_TOKENS"]
 
 #: This format's entry in :data:`tokformats.formats` (the registry finds it here).
@@ -103,17 +105,25 @@ def remote_files(folder: Path) -> list[dict[str, Any]]:
     ]
 
 
+def remote_lazy(folder: Path, names: list[str]) -> bool:
+    """Whether a folder opened by URL can fetch its chunks on first use: ``index.json`` gives every chunk's
+    documents, tokens and bytes."""
+    return INDEX in names and (folder / INDEX).is_file()
+
+
 class Reader(PartsReader):
     """A litdata ``TokensLoader`` folder as a corpus: the documents each chunk records, chunks in index order.
 
     Args:
         path: the folder holding ``index.json``.
+        remote: set by ``tokformats.open(URL)``: the dataset's files, each chunk fetched on first use.
     """
 
     format = "litdata"
 
-    def __init__(self, path: PathLike) -> None:
-        super().__init__(path)
+    def __init__(self, path: PathLike, *, remote: RemoteFiles | None = None) -> None:
+        super().__init__(path, remote=remote)
+        self._remote = remote
         self._folder = Path(path)
         index = _index(self._folder)
         where = str(self._folder / INDEX)
@@ -139,13 +149,13 @@ class Reader(PartsReader):
             file = self._folder / chunk["filename"]
             if Path(chunk["filename"]).name != chunk["filename"]:
                 raise FormatError(f"{where}: chunks[{k}].filename {chunk['filename']!r} is not a plain file name.")
-            if not file.is_file():
+            if not (file.is_file() if remote is None else remote.has(file)):
                 raise NoFilesError(f"{file} is listed in {where} but does not exist.")
             items, dim = chunk.get("chunk_size"), chunk.get("dim")
             if not isinstance(items, int) or not isinstance(dim, int) or items < 0 or dim < 0:
                 raise FormatError(f"{where}: chunks[{k}] needs integer 'chunk_size' and 'dim', found {chunk}.")
             header = (items + 2) * _HEADER.itemsize
-            size = file.stat().st_size
+            size = file.stat().st_size if remote is None else remote.size(file)
             if size < header + dim * dtype.itemsize:
                 raise SizeMismatchError(
                     f"{file}: {INDEX} says {items:,} documents and {dim:,} {dtype.name} tokens "
@@ -157,9 +167,12 @@ class Reader(PartsReader):
         self._set_parts(parts)
         self.shards  # noqa: B018 - map now: what was validated is what is read
 
+    def _part_documents(self, index: int) -> int:
+        return self._parts[index].offset // _HEADER.itemsize - 2  # the header: count, then count + 1 offsets
+
     def _part_offsets(self, index: int) -> np.ndarray:
         part = self._parts[index]
-        header = self._map(part.path, _HEADER, 0, part.offset // _HEADER.itemsize)
+        header = self._map(self._fetched(part.path), _HEADER, 0, part.offset // _HEADER.itemsize)
         items = len(header) - 2
         if int(header[0]) != items:
             raise FormatError(f"{part.path}: the header counts {int(header[0]):,} documents, {INDEX} {items:,}.")

@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-import threading
 from datetime import datetime, timezone
 from functools import cached_property
 from pathlib import Path
@@ -46,6 +45,8 @@ from ..shards import StreamShards
 
 if TYPE_CHECKING:
     import numpy.typing as npt
+
+    from ..remote.lazy import RemoteFiles
 
 __all__ = [
     "Reader",
@@ -209,7 +210,7 @@ def _listed_files(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     return [*files, {"name": CHECKPOINTS, "required": False}, {"name": TOKENIZER, "required": False}]
 
 
-def remote_lazy(folder: Path) -> bool:
+def remote_lazy(folder: Path, names: list[str]) -> bool:
     """Whether a shard folder opened by URL can fetch its shards on first use: its manifest lists every shard with
     its token count (Genesis v3)."""
     manifest = read_manifest(folder) or {}
@@ -293,10 +294,9 @@ class FolderReader(Reader):
     Args:
         path: the folder.
         eos / bos: split documents at this id; by default each shard is one document.
-        remote: for a folder opened by URL (``tokformats.open("https://.../genesis/")``): ``{"url", "cache_dir",
-            "max_cache_bytes", "offline"}``. The folder then holds the manifest, and each shard it lists is
-            downloaded (and verified against the manifest's SHA-256) the first time a token of it is read;
-            :meth:`prefetch` downloads ahead.
+        remote: set by ``tokformats.open("https://.../genesis/")``: the folder then holds the manifest, and each
+            shard it lists is downloaded (and verified against the manifest's SHA-256) the first time a token of it
+            is read; :meth:`prefetch` downloads ahead.
     """
 
     def __init__(
@@ -305,7 +305,7 @@ class FolderReader(Reader):
         *,
         eos: int | None = None,
         bos: int | None = None,
-        remote: dict[str, Any] | None = None,
+        remote: RemoteFiles | None = None,
     ):
         super().__init__(path, eos=eos, bos=bos, remote=remote)
         self._path = Path(path)
@@ -317,7 +317,6 @@ class FolderReader(Reader):
         if remote is not None:  # the manifest says which shards there are and how many tokens each holds
             self._listed = {e["name"]: e for e in _listed_files(self.manifest or {}) if SHARD_PATTERN.match(e["name"])}
             self._shards = sorted((int(n[len("shard_") : -len(".pt")]), self._path / n) for n in self._listed)
-            self._pin(*(shard for _, shard in self._shards if shard.is_file()))
         else:
             self._shards = shard_files(self._path)
             if not self._shards and self.manifest is None:
@@ -335,7 +334,8 @@ class FolderReader(Reader):
         for _, shard in self._shards:
             if self._remote is not None:
                 size = int(self._listed[shard.name]["size_tokens"])  # remote_lazy() checked every shard has one
-                arrays.append(LazyArray(size, "<i8", functools.partial(self._load_remote, shard), str(shard)))
+                load = functools.partial(self._load, shard, fetch=True)
+                arrays.append(LazyArray(size, "<i8", load, str(shard)))
                 continue
             arrays.append(self._load(shard))
         dtypes = {a.dtype for a in arrays}
@@ -343,55 +343,13 @@ class FolderReader(Reader):
             raise DTypeError(f"{self._path}: the shards mix dtypes {sorted(d.name for d in dtypes)}.")
         return arrays
 
-    def _load(self, shard: Path) -> np.ndarray:
-        self._check_pin(shard)
+    def _load(self, shard: Path, fetch: bool = False) -> np.ndarray:
+        self._check_pin(self._fetched(shard) if fetch else shard)
         array, _, _ = _tensor_of(shard, torchfile.load(shard), None)
         return _flat(shard, array)
 
-    # -- a folder opened by URL: shards arrive on first use ------------------------------------------
-    @cached_property
-    def _cache(self) -> Any:
-        from ..remote.cache import Cache, Lease
-
-        spec = dict(self._remote or {})
-        cache = Cache(spec.pop("url"), **spec)
-        self.hold(lease := Lease())  # the shards this reader has fetched stay out of eviction until close()
-        self._lease = lease
-        return cache
-
-    def _download(self, shard: Path) -> Path:
-        """Fetch one listed shard into the cache (verified against the manifest), holding it."""
-        from ..remote.backends import NotFoundError
-
-        entry = self._listed[shard.name]
-        cache = self._cache
-        try:
-            adopt = remote_adopt(cache.root, shard.name)
-            path: Path = cache.fetch(shard.name, size=entry.get("size"), sha256=entry.get("sha256"), adopt=adopt)
-        except NotFoundError as error:
-            raise type(error)(f"{error} It is listed by {MANIFEST}.") from None
-        self._lease.add(cache.lock_path(shard.name))
-        return path
-
-    def _load_remote(self, shard: Path) -> np.ndarray:
-        self._download(shard)
-        self._pin(shard)
-        return self._load(shard)
-
-    def prefetch(self, count: int) -> threading.Thread | None:
-        """Download, in a background thread, the ``count`` shards after the last one read (for sequential reading
-        of a folder opened by URL); returns the thread (None for a local folder)."""
-        if self._remote is None:
-            return None
-        read = [k for k, a in enumerate(self._arrays) if isinstance(a, LazyArray) and a.loaded]
-        first = max(read) + 1 if read else 0
-        ahead = [shard for _, shard in self._shards[first : first + count]]
-        thread = threading.Thread(target=lambda: [self._download(s) for s in ahead], daemon=True)
-        thread.start()
-        return thread
-
     def _cached_maps(self) -> tuple[str, ...]:
-        return ("_arrays", "tokens", "_view", "_cache")  # _cache: a new lease after close()
+        return ("_arrays", "tokens", "_view")
 
     @property
     def path(self) -> Path:

@@ -47,6 +47,8 @@ from ..shards import StreamShards
 if TYPE_CHECKING:
     import numpy.typing as npt
 
+    from ..remote.lazy import RemoteFiles
+
 __all__ = [
     "Reader",
     "Writer",
@@ -153,8 +155,19 @@ def _read_meta(folder: Path) -> dict[str, Any]:
     return meta
 
 
-def _shards(folder: Path, meta: dict[str, Any], dtype: np.dtype) -> list[tuple[Path, int]]:
-    """``(path, elements)`` of each shard in numeric order, checked against the files on disk."""
+def _remote_dataset_folders(remote: RemoteFiles, root: Path) -> list[Path]:
+    """The dataset folders of a tree opened by URL: those whose ``meta.json`` (fetched at open) has ``.bin`` files
+    beside it in the listing."""
+    names = remote.names(root)
+    folders = {(remote.folder / n).parent for n in names if Path(n).name == META}
+    return sorted(f for f in folders if (f / META).is_file() and any(p.parent == f for p in remote.paths(".bin", f)))
+
+
+def _shards(
+    folder: Path, meta: dict[str, Any], dtype: np.dtype, remote: RemoteFiles | None = None
+) -> list[tuple[Path, int]]:
+    """``(path, elements)`` of each shard in numeric order, checked against the files on disk (for a dataset opened
+    by URL, against its listing; the download is checked against the size ``meta.json`` gives)."""
     entries = []
     for name, count in meta["files"].items():
         parts = name.split("-")
@@ -168,6 +181,12 @@ def _shards(folder: Path, meta: dict[str, Any], dtype: np.dtype) -> list[tuple[P
         if not isinstance(count, int) or count < 0:
             raise HeaderError(f"{folder / META}: files[{name!r}] must be a non-negative element count, not {count!r}.")
         path = folder / name
+        if remote is not None:
+            if not remote.has(path):
+                raise NoFilesError(f"{path} is listed in {META} but {remote.url} has no such file.")
+            remote.expect(path, count * dtype.itemsize)
+            entries.append((index, name, path, count))
+            continue
         if not path.is_file():
             raise NoFilesError(f"{path} is listed in {META} but does not exist.")
         size = path.stat().st_size
@@ -269,6 +288,12 @@ def denormalized(values: np.ndarray, std: float, mean: float) -> np.ndarray:
     return values * std + mean
 
 
+def remote_lazy(folder: Path, names: list[str]) -> bool:
+    """Whether a folder opened by URL can fetch its shards on first use: ``meta.json`` gives every shard's size and
+    every sequence's place."""
+    return any(Path(n).name == META for n in names) and any(n.endswith(".bin") for n in names)
+
+
 #: The index a folder URL is read from, and uploaded last by ``publish``.
 REMOTE_INDEX = (META,)
 PUBLISHED_LAST = (META,)
@@ -292,6 +317,7 @@ class Reader(TokenReader):
     Args:
         path: a folder holding ``meta.json``, or a folder whose subfolders hold such datasets.
         denormalize: return ``x * std + mean`` for sequences stored normalised (default), else stored values.
+        remote: set by ``tokformats.open(URL)``: the dataset's files, each shard fetched on first use.
 
     ``r[i]`` is sequence ``i``: a view when it lies in one shard and needs no de-normalisation, otherwise
     one copy.
@@ -299,12 +325,13 @@ class Reader(TokenReader):
 
     format = "timemoe"
 
-    def __init__(self, path: PathLike, *, denormalize: bool = True) -> None:
-        super().__init__(path, denormalize=denormalize)
+    def __init__(self, path: PathLike, *, denormalize: bool = True, remote: RemoteFiles | None = None) -> None:
+        super().__init__(path, denormalize=denormalize, remote=remote)
         self._path = Path(path)
+        self._remote = remote
         if not self._path.is_dir():
             raise NoFilesError(f"{self._path} is not a folder.")
-        self.folders = _dataset_folders(self._path)
+        self.folders = _dataset_folders(self._path) if remote is None else _remote_dataset_folders(remote, self._path)
         if not self.folders:
             raise NoFilesError(f"{self._path} holds no {META} with .bin files beside it.")
         self.denormalize = denormalize
@@ -321,7 +348,7 @@ class Reader(TokenReader):
             if dtype is not None and folder_dtype != dtype:
                 raise DTypeError(f"{folder}: dtype {folder_dtype.name} differs from {self.folders[0]}'s {dtype.name}.")
             dtype = folder_dtype
-            folder_shards = _shards(folder, meta, folder_dtype)
+            folder_shards = _shards(folder, meta, folder_dtype, remote)
             total = sum(count for _, count in folder_shards)
             columns.append(_scale_columns(folder, meta, base, total))
             shards.extend(folder_shards)
@@ -331,7 +358,8 @@ class Reader(TokenReader):
         self._shard_list = shards
         self.scales = _concatenate_scales(columns)
         self._total = base
-        self._pin(*(p for p, _ in shards))
+        if remote is None:  # a dataset opened by URL pins each shard as it arrives
+            self._pin(*(p for p, _ in shards))
         self.tokens  # noqa: B018 - map now: what was validated is what is read
 
     @property
@@ -345,8 +373,12 @@ class Reader(TokenReader):
     @cached_property
     def tokens(self) -> TokenArray:
         """Every shard's stored values, in numeric shard order (folders in sorted order)."""
-        parts = [self._map(p, self._dtype, 0, n) for p, n in self._shard_list] or [np.zeros(0, self._dtype)]
+        parts: list[Any] = [self._map_lazily(p, self._dtype, 0, n) for p, n in self._shard_list]
+        parts = parts or [np.zeros(0, self._dtype)]
         return parts[0] if len(parts) == 1 else ConcatenatedArray(parts)
+
+    def _data_files(self) -> list[Path]:
+        return [p for p, _ in self._shard_list]
 
     @property
     def dtype(self) -> np.dtype:

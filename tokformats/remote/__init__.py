@@ -65,6 +65,8 @@ class Dataset:
     files: list[str]
     cache: Cache
     lease: Lease
+    #: Every file of the dataset, fetched or not (a folder fetched with ``names`` has more files than it fetched).
+    entries: list[Entry]
 
 
 def _hooks(name: str) -> list[Any]:
@@ -172,6 +174,7 @@ def fetch(
     into the cache, index files first, each file verified; ``names`` limits a folder to those files (plus its
     index). ``adopt`` maps file names to files already on disk that are used when they verify."""
     pattern = _split_pattern(url)
+    every: list[Entry] | None = None
     if pattern is not None:
         base, glob_pattern = pattern
         cache = Cache(base, cache_dir=cache_dir, max_cache_bytes=max_cache_bytes, offline=offline, backend=backend)
@@ -188,6 +191,7 @@ def fetch(
         cache = Cache(url, cache_dir=cache_dir, max_cache_bytes=max_cache_bytes, offline=offline, backend=backend)
         sums = cache.sums()
         entries = _entries_with_records(cache, _folder_entries(cache, sums))
+        every = entries
         if names is not None:
             wanted = set(names)
             entries = [e for e in entries if e.name in wanted or published_last(e.name)]
@@ -246,9 +250,9 @@ def fetch(
                 future.cancel()
             raise
     fetched = list(dict.fromkeys(e.name for e in entries if e.name in done))
-    if not fetched:
+    if not fetched and names != []:
         raise missing[0] if missing else NotFoundError(f"{url} does not exist.")
-    return Dataset(target, fetched, cache, lease)
+    return Dataset(target, fetched, cache, lease, every if every is not None else entries)
 
 
 def open_url(url: str, **options: Any) -> Any:
@@ -271,20 +275,24 @@ def open_url(url: str, **options: Any) -> Any:
 
 
 def _open_lazily(url: str, cache_options: dict[str, Any], options: dict[str, Any]) -> Any:
-    """A folder whose format can fetch its data files on first use (a format module's ``remote_lazy(folder)``: a
-    Genesis manifest with every shard's token count) opens with its index only; else None."""
+    """A folder whose format can fetch its data files on first use (its module's ``remote_lazy(folder, names)``:
+    the index files, fetched here, say how large every data file is and where its documents are) opens with its
+    index files only; else None."""
     from ..api import open as open_path
+    from .lazy import RemoteFiles
 
     index = fetch(url, names=[], **cache_options)
+    names = [e.name for e in index.entries]
     for descriptor in formats.values():
-        module = descriptor.load()
-        hook = getattr(module, "remote_lazy", None)
-        if hook is not None and hook(index.cache.folder) and options.get("format") in (None, descriptor.name):
-            spec = {"url": url.rstrip("/"), **{k: v for k, v in cache_options.items() if k != "backend"}}
-            spec["cache_dir"] = str(index.cache.root)
-            reader = open_path(index.cache.folder, **{**options, "format": descriptor.name}, remote=spec)
-            reader.hold(index.lease)
-            return reader
+        hook = getattr(descriptor.load(), "remote_lazy", None)
+        if hook is None or options.get("format") not in (None, descriptor.name) or not hook(index.cache.folder, names):
+            continue
+        records = {e.name: {"size": e.size, "sha256": e.sha256, "listed_by": e.listed_by} for e in index.entries}
+        spec = {k: v for k, v in cache_options.items() if k != "backend"}
+        remote = RemoteFiles(url, index.cache.folder, records, {**spec, "cache_dir": str(index.cache.root)})
+        reader = open_path(index.cache.folder, **{**options, "format": descriptor.name}, remote=remote)
+        reader.hold(index.lease)
+        return reader
     return None
 
 

@@ -211,6 +211,18 @@ class Cache:
         path = self.path(name)
         return path if path.is_file() else None
 
+    def _offline(self, name: str) -> NotCachedError:
+        return NotCachedError(
+            f"{_safe(self.url_of(name))} is not in the cache ({self.folder}) and offline mode is on "
+            "(offline=True or TOKFORMATS_OFFLINE)."
+        )
+
+    def stat(self, name: str) -> RemoteStat:
+        """What the store says about file ``name`` (its size), without downloading it."""
+        if self.offline:
+            raise self._offline(name)
+        return self.backend.stat(self.url_of(name))
+
     # -- fetching ---------------------------------------------------------------------------------------
     def fetch(
         self, name: str, *, size: int | None = None, sha256: str | None = None, adopt: Path | None = None
@@ -235,10 +247,7 @@ class Cache:
         ):
             return self._place_copy(adopt, target)
         if self.offline:
-            raise NotCachedError(
-                f"{_safe(self.url_of(name))} is not in the cache ({self.folder}) and offline mode is on "
-                "(offline=True or TOKFORMATS_OFFLINE)."
-            )
+            raise self._offline(name)
         with _locked(self.download_lock_path(name), fcntl.LOCK_EX):  # one process downloads; the others wait here
             if target.is_file():
                 _touch(target)

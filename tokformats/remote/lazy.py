@@ -1,0 +1,162 @@
+"""Data files that arrive on first use: a dataset folder opened by URL whose readers know every file's size from
+its index files (fetched at open), so that reading the first document never downloads the 500th shard.
+
+A reader opened this way gets a :class:`RemoteFiles` as its ``remote=`` option: the files the dataset has (its
+listing, ``SHA256SUMS`` or index), what their records say (size, SHA-256), and :meth:`RemoteFiles.fetch` to bring
+one into the cache (verified, and leased against eviction until the reader is closed). Readers wrap each data file
+in a :class:`~tokformats.arrays.LazyArray` whose ``load`` fetches it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import SizeMismatchError
+from .backends import NotFoundError
+from .cache import Cache, Lease
+
+__all__ = ["RemoteFiles", "prefetch_after"]
+
+
+class RemoteFiles:
+    """The files of a dataset folder opened by URL, cached under ``folder`` as they are first used.
+
+    Args:
+        url: the folder's URL (no trailing slash needed).
+        folder: the cache folder holding the dataset (its index files are already there).
+        entries: every file of the dataset, by name relative to the folder: ``{"size", "sha256", "listed_by"}``
+            (each may be None).
+        options: the cache's options (``cache_dir``, ``max_cache_bytes``, ``offline``).
+
+    It pickles as its description (a DataLoader worker opens its own cache and lease) and is held by its reader:
+    :meth:`release` (the reader's ``close()``) drops the lease on the files fetched so far.
+    """
+
+    def __init__(self, url: str, folder: Path, entries: dict[str, dict[str, Any]], options: dict[str, Any]) -> None:
+        self.url = url.rstrip("/")
+        self.folder = Path(folder)
+        self.entries = entries
+        self.options = options
+        self._cache: Cache | None = None
+        #: The file a read fetched last (where :meth:`prefetch` of a reader looks ahead from).
+        self.last_read: Path | None = None
+        self._lease = Lease()
+        self._guard = threading.Lock()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RemoteFiles, (self.url, self.folder, self.entries, self.options))
+
+    def __repr__(self) -> str:
+        return f"RemoteFiles({self.url!r}, files={len(self.entries)})"
+
+    @property
+    def cache(self) -> Cache:
+        """The dataset's cache (made on first use)."""
+        if self._cache is None:
+            self._cache = Cache(self.url, **self.options)
+        return self._cache
+
+    def name_of(self, path: Path | str) -> str:
+        """The dataset's name for a path in its cache folder."""
+        return Path(path).relative_to(self.folder).as_posix()
+
+    def names(self, under: Path | None = None) -> list[str]:
+        """Every file of the dataset (below folder ``under`` of the cache, when given), sorted."""
+        prefix = "" if under is None or Path(under) == self.folder else self.name_of(under) + "/"
+        return sorted(n for n in self.entries if n.startswith(prefix))
+
+    def paths(self, suffix: str, under: Path | None = None) -> list[Path]:
+        """The cache paths of the dataset's files whose names end with ``suffix`` (below ``under``), sorted."""
+        return [self.folder / n for n in self.names(under) if n.endswith(suffix) and not Path(n).name.startswith(".")]
+
+    def has(self, path: Path | str) -> bool:
+        """Whether ``path`` (in the cache folder) is a file of the dataset, cached yet or not."""
+        try:
+            return self.name_of(path) in self.entries
+        except ValueError:
+            return False
+
+    def recorded_size(self, path: Path | str) -> int | None:
+        """The size in bytes the dataset's records give ``path``, or None when they say nothing."""
+        size = self.entries.get(self.name_of(path), {}).get("size")
+        return size if isinstance(size, int) else None
+
+    def size(self, path: Path | str) -> int:
+        """The size of ``path`` in bytes: what the dataset's records say, else the cached copy's, else the store's
+        (one HEAD request; no data is downloaded)."""
+        recorded = self.recorded_size(path)
+        if recorded is not None:
+            return recorded
+        name = self.name_of(path)
+        cached = self.cache.cached(name)
+        size = cached.stat().st_size if cached is not None else self.cache.stat(name).size
+        self.entries.setdefault(name, {})["size"] = size
+        return size
+
+    def expect(self, path: Path | str, size: int) -> None:
+        """Record that the dataset's index makes ``path`` ``size`` bytes: the download is checked against it (and
+        deleted when it differs). Records that already disagree raise :class:`SizeMismatchError` now."""
+        entry = self.entries.setdefault(self.name_of(path), {})
+        known = entry.get("size")
+        if isinstance(known, int) and known != size:
+            raise SizeMismatchError(
+                f"{self.url}/{self.name_of(path)}: the dataset's index makes it {size:,} bytes, its listing says "
+                f"{known:,}."
+            )
+        entry["size"] = size
+
+    def fetch(self, path: Path | str, *, ahead: bool = False) -> Path:
+        """``path``, downloaded into the cache first when it is not there (checked against the size and SHA-256 the
+        dataset records), and held against eviction until :meth:`release`. ``ahead``: a prefetch, not a read."""
+        name = self.name_of(path)
+        if not ahead:
+            self.last_read = Path(path)
+        entry = self.entries.get(name, {})
+        cache = self.cache
+        try:
+            found = cache.fetch(name, size=entry.get("size"), sha256=entry.get("sha256"), adopt=self._adoptable(name))
+        except NotFoundError as error:
+            listed = f" It is listed by {entry['listed_by']}." if entry.get("listed_by") else ""
+            raise type(error)(f"{error}{listed}") from None
+        with self._guard:
+            self._lease.add(cache.lock_path(name))
+        return found
+
+    def _adoptable(self, name: str) -> Path | None:
+        from . import _adopted
+
+        return _adopted(self.cache.root, name)
+
+    def prefetch(self, paths: Sequence[Path]) -> threading.Thread:
+        """Fetch ``paths`` in a background thread (returned, started); a failure there is raised again when the
+        file is read."""
+
+        def run() -> None:
+            for path in paths:
+                try:
+                    self.fetch(path, ahead=True)
+                except Exception:
+                    return
+
+        thread = threading.Thread(target=run, name="tokformats-prefetch", daemon=True)
+        thread.start()
+        return thread
+
+    def release(self) -> None:
+        """Drop the lease on the files fetched so far (they may be evicted once no reader holds them)."""
+        with self._guard:
+            self._lease.release()
+
+
+def prefetch_after(remote: RemoteFiles | None, paths: Sequence[Path], count: int,
+                   hold: Callable[[RemoteFiles], None]) -> threading.Thread | None:  # fmt: skip
+    """Start fetching the ``count`` data files (``paths``, in reading order) after the one read last (the first
+    ``count`` when none was); ``hold`` makes the reader hold ``remote``. None for a local dataset."""
+    if remote is None:
+        return None
+    hold(remote)
+    first = paths.index(remote.last_read) + 1 if remote.last_read in paths else 0
+    return remote.prefetch(list(dict.fromkeys(paths[first : first + count])))
