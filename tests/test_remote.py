@@ -115,7 +115,24 @@ def test_range_ignored_restarts_and_a_changed_file_restarts(tmp_path: Path, serv
     server.fault("/g/shard_0.pt", "ignore-range")  # the resumed request gets the whole file (200)
     with tokformats.open(f"{server.url}/g/", cache_dir=tmp_path / "cache") as reader:
         np.testing.assert_array_equal(_tokens(reader), flat)
-    assert server.gets["/g/shard_0.pt"] == 3
+    assert server.gets["/g/shard_0.pt"] == 2  # the whole object answering the resume is kept, not asked again
+    assert ("/g/shard_0.pt", "bytes=5000-") in server.ranges
+
+    # A file that changes between attempts: the resume's If-Range no longer matches, the whole new file comes back.
+    served = Path(server.root) / "loose" / "file.bin"
+    served.parent.mkdir()
+    served.write_bytes(bytes(range(256)) * 400)
+    for _ in range(6):  # every attempt of the first fetch is cut: it fails and leaves a partial download
+        server.fault("/loose/file.bin", "cut", 4000)
+    with pytest.raises(RemoteError, match=r"file\.bin"):
+        tokformats.remote.fetch(f"{server.url}/loose/file.bin", cache_dir=tmp_path / "loose")
+    assert list((tmp_path / "loose").rglob("file.bin.partial"))
+    changed = bytes(reversed(range(256))) * 400
+    served.write_bytes(changed)
+    os.utime(served, ns=(1, 1))  # another version (the server's ETag follows size and time)
+    server.faults.clear()
+    dataset = tokformats.remote.fetch(f"{server.url}/loose/file.bin", cache_dir=tmp_path / "loose")
+    assert Path(dataset.target).read_bytes() == changed
 
 
 def test_corrupted_byte_is_never_used(tmp_path: Path, server: FileServer) -> None:

@@ -83,6 +83,14 @@ def _retrying(what: str, url: str, attempt: Callable[[], _T], retries: int = RET
     raise AssertionError("unreachable")  # the loop returns or raises
 
 
+#: ``answered(stat, whole)``: called by :meth:`Backend.download` before the first byte.
+Answered = Callable[[RemoteStat, bool], None]
+
+
+def _accept(stat: RemoteStat, whole: bool) -> None:
+    """The default :data:`Answered`: any answer will do."""
+
+
 class Backend(ABC):
     """The operations the cache and ``publish`` need from a store."""
 
@@ -91,9 +99,13 @@ class Backend(ABC):
         """Size, ETag and checksum of the object at ``url``; :class:`NotFoundError` when there is none."""
 
     @abstractmethod
-    def download(self, url: str, handle: BinaryIO, start: int, etag: str | None) -> bool:
-        """Append the object's bytes from ``start`` to ``handle``. Returns False when the store sent the whole
-        object instead (it ignored the range, or the object changed since ``etag``): the caller restarts."""
+    def download(
+        self, url: str, handle: BinaryIO, start: int, etag: str | None, answered: Answered = _accept
+    ) -> None:
+        """Write the object's bytes from ``start`` (with ``If-Range: etag``) to ``handle``, or all of them when the
+        store sends the whole object (it ignored the range, or the object changed since ``etag``). Before the first
+        byte, ``answered(stat, whole)`` hears what the store says of the whole object and whether it sends all of
+        it: it may raise to stop, or empty ``handle`` for a whole object. One request, no separate ``HEAD``."""
 
     def listing(self, url: str) -> list[str] | None:
         """Names of the objects under the prefix ``url`` (relative to it), or None when the store cannot list."""
@@ -123,28 +135,38 @@ class HTTPBackend(Backend):
     def stat(self, url: str) -> RemoteStat:
         def head() -> RemoteStat:
             with self._open(urllib.request.Request(url, method="HEAD", headers=self.headers), url) as answer:
-                length = answer.headers.get("Content-Length")
-                if length is None:
-                    raise RemoteError(f"{_safe(url)} gives no Content-Length; its size cannot be checked.")
-                return RemoteStat(int(length), answer.headers.get("ETag"), answer.headers.get("X-Checksum-Sha256"))
+                return self._stat_of(url, answer.headers, True)
 
         return _retrying("HEAD", url, head)
 
-    def download(self, url: str, handle: BinaryIO, start: int, etag: str | None) -> bool:
+    def download(
+        self, url: str, handle: BinaryIO, start: int, etag: str | None, answered: Answered = _accept
+    ) -> None:
         headers = dict(self.headers)
         if start:
             headers["Range"] = f"bytes={start}-"
             if etag:
                 headers["If-Range"] = etag
         with self._open(urllib.request.Request(url, headers=headers), url) as answer:
-            if start and answer.status != 206:
-                return False  # the whole object came back: a changed object, or a server without ranges
+            whole = answer.status != 206  # a 200: the whole object (a changed one, or a server without ranges)
+            answered(self._stat_of(url, answer.headers, whole), whole)
             try:
                 while block := answer.read(_BLOCK):
                     handle.write(block)
             except http.client.HTTPException as error:  # IncompleteRead: the connection ended mid-body
                 raise ConnectionError(f"{_safe(url)}: the connection ended early ({error!r})") from None
-        return True
+
+    @staticmethod
+    def _stat_of(url: str, headers: Any, whole: bool) -> RemoteStat:
+        """The whole object's size (``Content-Length`` of a 200, the total of a 206's ``Content-Range``), ETag and
+        SHA-256 header."""
+        if whole:
+            length = headers.get("Content-Length")
+        else:
+            length = (headers.get("Content-Range") or "").rpartition("/")[2]
+        if length is None or not str(length).strip().isdigit():
+            raise RemoteError(f"{_safe(url)} gives no size (Content-Length, Content-Range); it cannot be checked.")
+        return RemoteStat(int(length), headers.get("ETag"), headers.get("X-Checksum-Sha256"))
 
     def upload(self, path: str, url: str) -> None:
         def put() -> None:
@@ -177,7 +199,7 @@ class FsspecBackend(Backend):
             raise ImportError(f"{scheme}:// URLs need {package}: pip install {package}.") from None
         self.scheme = scheme
 
-    def _call(self, what: str, url: str, function: Callable[[], _T]) -> _T:
+    def _call(self, what: str, url: str, function: Callable[[], _T], retries: int = RETRIES) -> _T:
         def attempt() -> _T:
             try:
                 return function()
@@ -188,28 +210,32 @@ class FsspecBackend(Backend):
                 failure.transient = False  # type: ignore[attr-defined]
                 raise failure from None
 
-        return _retrying(what, url, attempt)
+        return _retrying(what, url, attempt, retries)
 
     def stat(self, url: str) -> RemoteStat:
-        info = self._call("stat", url, lambda: self.fs.info(url))
+        return self._stat_of(url, self._call("stat", url, lambda: self.fs.info(url)))
+
+    @staticmethod
+    def _stat_of(url: str, info: dict[str, Any]) -> RemoteStat:
         if info.get("type") == "directory":
             raise NotFoundError(f"{_safe(url)} is a prefix, not an object.")
         checksum = info.get("ChecksumSHA256")
         sha256 = base64.b64decode(checksum).hex() if isinstance(checksum, str) and "-" not in checksum else None
         return RemoteStat(int(info["size"]), info.get("ETag"), sha256)
 
-    def download(self, url: str, handle: BinaryIO, start: int, etag: str | None) -> bool:
-        def read() -> bool:
+    def download(
+        self, url: str, handle: BinaryIO, start: int, etag: str | None, answered: Answered = _accept
+    ) -> None:
+        def read() -> None:
             with self.fs.open(url, "rb", block_size=_BLOCK) as source:
-                current = getattr(source, "details", {}).get("ETag")
-                if start and etag and current and current != etag:
-                    return False
-                source.seek(start)
+                stat = self._stat_of(url, getattr(source, "details", None) or self.fs.info(url))
+                whole = not start or bool(etag and stat.etag and stat.etag != etag)  # changed since: all of it
+                answered(stat, whole)
+                source.seek(0 if whole else start)
                 while block := source.read(_BLOCK):
                     handle.write(block)
-            return True
 
-        return self._call("GET", url, read)
+        self._call("GET", url, read, retries=1)  # the cache retries, resuming after what arrived
 
     def listing(self, url: str) -> list[str] | None:
         base = url.rstrip("/") + "/"

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..journal import fsync_folder
+from ..journal import fsync_folder, start_writeback
 from . import backends
 from .backends import RETRIES, Backend, NotFoundError, RemoteError, RemoteStat, _safe, backend_for
 
@@ -35,10 +35,16 @@ __all__ = ["Cache", "Lease", "ChecksumError", "NotCachedError", "default_cache_d
 LOCKS = ".tokformats-locks"
 PARTIAL = ".partial"
 _HASH_BLOCK = 1 << 22
+#: Bytes a download writes between asking the kernel to start writing them back.
+_WRITEBACK_BYTES = 8 << 20
 
 
 class ChecksumError(RemoteError):
     """A downloaded file is not what was published (size or SHA-256); it was deleted."""
+
+
+class _Restart(Exception):
+    """The object changed since the partial download began: start over."""
 
 
 class NotCachedError(NotFoundError):
@@ -91,11 +97,17 @@ class _Hashing:
         self._worker.start()
 
     def _run(self) -> None:
+        unsynced = 0
         while (block := self._blocks.get()) is not None:
             if self._error is None:
                 try:
                     self.digest.update(block)
                     self.handle.write(block)
+                    unsynced += len(block)
+                    if unsynced >= _WRITEBACK_BYTES:  # the disk writes overlap the download; the fsync waits less
+                        self.handle.flush()
+                        start_writeback(self.handle.fileno())
+                        unsynced = 0
                 except BaseException as error:  # handed to the downloading thread
                     self._error = error
 
@@ -104,6 +116,12 @@ class _Hashing:
             raise self._error
         self._blocks.put(bytes(data))
         return len(data)
+
+    def restart(self) -> None:
+        """Empty the file and the hash (before any block of this attempt was written): the store sends the whole
+        object."""
+        self.handle.truncate(0)
+        self.digest = hashlib.sha256()
 
     def close(self) -> None:
         """Wait until every block is hashed and written; raise what the worker met."""
@@ -268,75 +286,97 @@ class Cache:
         return target
 
     def _download(self, name: str, target: Path, size: int | None, sha256: str | None) -> None:
+        """Download ``name`` to ``NAME.partial`` (resuming what an earlier attempt left), verify, fsync, rename.
+
+        One request per attempt: the answer's headers give the object's size and ETag (checked against ``size``
+        before the first byte is kept; recorded beside the partial, so that a resume sends ``If-Range`` with it)."""
         url = self.url_of(name)
-        remote = self.backend.stat(url)
-        if size is not None and remote.size != size:
-            raise ChecksumError(
-                f"{_safe(url)} has {remote.size:,} bytes, but the dataset's records say {size:,}: the store holds "
-                "another version of the file (republished?)."
-            )
-        expected = (sha256 or remote.sha256 or "").lower() or None
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(target.name + PARTIAL)
         record = target.with_name(target.name + PARTIAL + ".json")
-        digest = self._resume_point(partial, record, remote)
-        record.write_text(json.dumps({"etag": remote.etag, "size": remote.size}))
+        digest, recorded = self._resume_point(partial, record)
+        remote: RemoteStat | None = None
         restarts = 0
         for attempt in range(1, RETRIES + 2):
             start = partial.stat().st_size if partial.exists() else 0
             try:
                 with open(partial, "ab") as handle:
                     sink = _Hashing(handle, digest)
+
+                    def answered(stat: RemoteStat, whole: bool, sink: _Hashing = sink, start: int = start) -> None:
+                        nonlocal remote, recorded, restarts
+                        if size is not None and stat.size != size:
+                            raise ChecksumError(
+                                f"{_safe(url)} has {stat.size:,} bytes, but the dataset's records say {size:,}: the "
+                                "store holds another version of the file (republished?)."
+                            )
+                        if start and (whole or recorded.get("size") != stat.size):  # changed, or Range ignored
+                            restarts += 1
+                            if restarts > 2:
+                                changing = RemoteError(f"{_safe(url)} keeps changing while it downloads.")
+                                changing.transient = False  # type: ignore[attr-defined]
+                                raise changing
+                            if not whole:
+                                raise _Restart
+                            sink.restart()  # this answer is the whole object: keep it, from its first byte
+                        if {"etag": stat.etag, "size": stat.size} != recorded:
+                            recorded = {"etag": stat.etag, "size": stat.size}
+                            record.write_text(json.dumps(recorded))
+                        remote = stat
+
                     try:
-                        whole = self.backend.download(url, sink, start, remote.etag)  # type: ignore[arg-type]
+                        self.backend.download(url, sink, start, recorded.get("etag"), answered)  # type: ignore[arg-type]
                     finally:
                         sink.close()  # what arrived is on disk (and hashed) before resuming after it
+                    digest = sink.digest
                     handle.flush()
                     os.fsync(handle.fileno())
-            except NotFoundError:
+            except (NotFoundError, ChecksumError):  # another attempt would not mend them
                 raise
+            except _Restart:
+                partial.unlink(missing_ok=True)
+                digest, recorded = hashlib.sha256(), {}
+                continue
             except (OSError, RemoteError) as error:
                 if attempt > RETRIES or not getattr(error, "transient", True):
                     raise RemoteError(f"downloading {_safe(url)} failed after {attempt} attempts: {error}") from None
-                digest = self._resume_point(partial, record, remote)  # keep what arrived, resume after it
+                digest, recorded = self._resume_point(partial, record)  # keep what arrived, resume after it
                 time.sleep(min(backends.BACKOFF * 2**attempt, backends.MAX_BACKOFF))
                 continue
-            if not whole:  # a 200 answer to the Range request, or the object changed: start over
-                restarts += 1
-                partial.unlink(missing_ok=True)
-                digest = hashlib.sha256()
-                if restarts > 2:
-                    raise RemoteError(f"{_safe(url)} keeps changing while it downloads; try again later.")
-                continue
+            assert remote is not None  # answered() ran: download() calls it before the first byte
             if partial.stat().st_size < remote.size:  # the connection ended early without an error
-                digest = self._resume_point(partial, record, remote)
+                digest, recorded = self._resume_point(partial, record)
                 continue
             break
         else:
             raise RemoteError(f"downloading {_safe(url)} did not complete after {RETRIES + 1} attempts.")
+        expected = (sha256 or remote.sha256 or "").lower() or None
         self._verify(url, partial, record, remote.size, expected, digest.hexdigest())
         os.replace(partial, target)
         record.unlink(missing_ok=True)
         fsync_folder(target.parent)
 
     @staticmethod
-    def _resume_point(partial: Path, record: Path, remote: RemoteStat) -> Any:
-        """A SHA-256 of what a partial download holds when it can be resumed; otherwise the partial is removed."""
+    def _resume_point(partial: Path, record: Path) -> tuple[Any, dict[str, Any]]:
+        """``(SHA-256 of what a partial download holds, the object's recorded ETag and size)`` when it can be resumed
+        (its record names a strong ETag to send with ``If-Range``); otherwise the partial is removed."""
         digest = hashlib.sha256()
         if not partial.exists():
-            return digest
+            return digest, {}
         try:
             before = json.loads(record.read_text())
         except (OSError, ValueError):
             before = {}
-        same = before.get("size") == remote.size and before.get("etag") == remote.etag and remote.etag is not None
-        if not same or partial.stat().st_size > remote.size:
+        etag, size = before.get("etag"), before.get("size")
+        if not isinstance(etag, str) or etag.startswith("W/") or not isinstance(size, int) or (
+            partial.stat().st_size > size
+        ):  # fmt: skip
             partial.unlink()
-            return digest
+            return digest, {}
         with open(partial, "rb") as handle:
             while block := handle.read(_HASH_BLOCK):
                 digest.update(block)
-        return digest
+        return digest, {"etag": etag, "size": size}
 
     @staticmethod
     def _verify(url: str, partial: Path, record: Path, size: int, expected: str | None, found: str) -> None:
