@@ -364,6 +364,45 @@ def test_sharded_formats_fetch_a_data_file_on_first_use(tmp_path: Path, server: 
         np.testing.assert_array_equal(np.asarray(again.tokens), np.concatenate(documents))  # the cache alone
 
 
+def test_a_lazy_reader_pickles_and_feeds_megatron_samples(tmp_path: Path, server: FileServer) -> None:
+    import pickle
+
+    from tokformats import training
+
+    documents = _sharded("datatrove", tmp_path / "local")
+    local = training.GPTSamples(tokformats.open(tmp_path / "local"), 64, cache_dir=tmp_path / "index-local")
+    publish(tmp_path / "local", f"{server.url}/d/")
+    with tokformats.open(f"{server.url}/d/", cache_dir=tmp_path / "cache") as reader:
+        copy = pickle.loads(pickle.dumps(reader))  # a DataLoader worker's reader: the same files, fetched lazily
+        assert len(copy) == len(documents)
+        samples = training.GPTSamples(copy, 64, cache_dir=tmp_path / "index")  # its index from .ds.index alone
+        assert not [k for k in server.gets if k.endswith(".ds")]
+        for k in (0, len(samples) - 1):
+            np.testing.assert_array_equal(samples[k], local[k])
+        copy.close()
+
+
+def test_litdata_lengths_by_url_read_chunk_headers_only(tmp_path: Path, server: FileServer) -> None:
+    documents = _sharded("litdata", tmp_path / "local")
+    publish(tmp_path / "local", f"{server.url}/d/")
+    (Path(server.root) / "d" / "SHA256SUMS").unlink()  # index.json alone: chunk sizes, no checksums
+    with tokformats.open(f"{server.url}/d/", cache_dir=tmp_path / "cache") as reader:
+        np.testing.assert_array_equal(reader.lengths, [len(d) for d in documents])
+        chunks = [p.name for p in reader.files]
+        assert sorted(path for path, _ in server.ranges) == sorted(f"/d/{c}" for c in chunks)
+        assert all(ranged.startswith("bytes=0-") for _, ranged in server.ranges)  # each chunk's header, once
+        assert sum(n for k, n in server.gets.items() if k.endswith(".bin")) == len(chunks)
+        assert not list((tmp_path / "cache").rglob("chunk-*.bin"))  # no chunk downloaded
+        np.testing.assert_array_equal(reader[len(documents) // 2], documents[len(documents) // 2])
+        assert len(list((tmp_path / "cache").rglob("chunk-*.bin"))) == 1  # that chunk arrived; its header agreed
+        chunk = Path(server.root) / "d" / chunks[-1]
+        data = bytearray(chunk.read_bytes())
+        data[4:8] = (int.from_bytes(data[4:8], "little") + 1).to_bytes(4, "little")  # same size, another header
+        chunk.write_bytes(bytes(data))
+        with pytest.raises(tokformats.FormatError, match="header differs from the one read by range"):
+            reader[-1]
+
+
 def test_rotation_over_a_url_downloads_only_the_assigned_shards(tmp_path: Path, server: FileServer) -> None:
     from tokformats import training
 
@@ -434,3 +473,27 @@ def test_s3_publish_open_and_glob(tmp_path: Path, s3: str) -> None:
     with tokformats.open("s3://tokformats-test/llmc/c_train_*.bin", cache_dir=tmp_path / "cache") as reader:
         assert reader.format == "llmc" and reader.num_shards > 1
         assert reader.num_tokens == len(corpus) + len(lengths)
+    # A sharded folder over S3 is lazy too: the listing names the chunks, index.json sizes them, headers by range.
+    documents = _sharded("litdata", tmp_path / "litdata")
+    publish(tmp_path / "litdata", "s3://tokformats-test/litdata/")
+    with tokformats.open("s3://tokformats-test/litdata/", cache_dir=tmp_path / "cache") as reader:
+        assert reader.format == "litdata"
+        np.testing.assert_array_equal(reader.lengths, [len(d) for d in documents])
+        np.testing.assert_array_equal(reader[-1], documents[-1])
+        assert [p.name for p in (tmp_path / "cache").rglob("chunk-*.bin")] == [reader.files[-1].name]
+
+
+def test_gs_and_hf_urls_go_through_fsspec() -> None:
+    pytest.importorskip("fsspec")
+    from tokformats.remote.backends import FsspecBackend, backend_for
+
+    try:
+        import gcsfs  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match=r"gs:// URLs need gcsfs: pip install gcsfs"):
+            backend_for("gs://bucket/data/")
+    else:
+        assert isinstance(backend_for("gs://bucket/data/"), FsspecBackend)
+    pytest.importorskip("huggingface_hub")
+    backend = backend_for("hf://datasets/org/corpus/")
+    assert isinstance(backend, FsspecBackend) and type(backend.fs).__name__ == "HfFileSystem"

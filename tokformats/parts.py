@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .arrays import ConcatenatedArray, TokenArray
+from .arrays import ConcatenatedArray, LazyArray, TokenArray
 from .errors import FormatError
 from .protocol import TokenReader
 
@@ -145,6 +145,9 @@ class PartsReader(MappedParts):
 
     def _item_by_part(self, index: int) -> np.ndarray:
         part = int(np.searchsorted(self._document_starts, index, side="right")) - 1
+        shard = self.shards[part]
+        if isinstance(shard, LazyArray):
+            shard.data  # noqa: B018 - the part first: its offsets are then read from the verified file
         offsets = self._offsets_by_part.get(part)
         if offsets is None:
             offsets = self._offsets_by_part.setdefault(part, self._part_offsets(part))

@@ -107,6 +107,10 @@ class Backend(ABC):
         byte, ``answered(stat, whole)`` hears what the store says of the whole object and whether it sends all of
         it: it may raise to stop, or empty ``handle`` for a whole object. One request, no separate ``HEAD``."""
 
+    @abstractmethod
+    def read_range(self, url: str, start: int, stop: int) -> bytes:
+        """Bytes ``start:stop`` of the object at ``url`` (a header, without downloading the object)."""
+
     def listing(self, url: str) -> list[str] | None:
         """Names of the objects under the prefix ``url`` (relative to it), or None when the store cannot list."""
         return None
@@ -155,6 +159,20 @@ class HTTPBackend(Backend):
                     handle.write(block)
             except http.client.HTTPException as error:  # IncompleteRead: the connection ended mid-body
                 raise ConnectionError(f"{_safe(url)}: the connection ended early ({error!r})") from None
+
+    def read_range(self, url: str, start: int, stop: int) -> bytes:
+        if stop <= start:
+            return b""
+
+        def get() -> bytes:
+            headers = {**self.headers, "Range": f"bytes={start}-{stop - 1}"}
+            with self._open(urllib.request.Request(url, headers=headers), url) as answer:
+                data: bytes = answer.read() if answer.status == 206 else answer.read(stop)[start:]
+            if len(data) != stop - start:
+                raise ConnectionError(f"{_safe(url)}: {len(data):,} bytes of range {start:,}-{stop - 1:,} arrived")
+            return data
+
+        return _retrying("GET", url, get)
 
     @staticmethod
     def _stat_of(url: str, headers: Any, whole: bool) -> RemoteStat:
@@ -236,6 +254,12 @@ class FsspecBackend(Backend):
                     handle.write(block)
 
         self._call("GET", url, read, retries=1)  # the cache retries, resuming after what arrived
+
+    def read_range(self, url: str, start: int, stop: int) -> bytes:
+        data: bytes = self._call("GET", url, lambda: self.fs.cat_file(url, start=start, end=stop))
+        if len(data) != max(stop - start, 0):
+            raise RemoteError(f"{_safe(url)}: {len(data):,} bytes of range {start:,}-{stop - 1:,} arrived.")
+        return data
 
     def listing(self, url: str) -> list[str] | None:
         base = url.rstrip("/") + "/"

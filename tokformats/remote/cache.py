@@ -229,7 +229,8 @@ class Cache:
         path = self.path(name)
         return path if path.is_file() else None
 
-    def _offline(self, name: str) -> NotCachedError:
+    def not_cached(self, name: str) -> NotCachedError:
+        """The error for file ``name`` when offline mode is on and it is not cached."""
         return NotCachedError(
             f"{_safe(self.url_of(name))} is not in the cache ({self.folder}) and offline mode is on "
             "(offline=True or TOKFORMATS_OFFLINE)."
@@ -238,7 +239,7 @@ class Cache:
     def stat(self, name: str) -> RemoteStat:
         """What the store says about file ``name`` (its size), without downloading it."""
         if self.offline:
-            raise self._offline(name)
+            raise self.not_cached(name)
         return self.backend.stat(self.url_of(name))
 
     # -- fetching ---------------------------------------------------------------------------------------
@@ -265,7 +266,7 @@ class Cache:
         ):
             return self._place_copy(adopt, target)
         if self.offline:
-            raise self._offline(name)
+            raise self.not_cached(name)
         with _locked(self.download_lock_path(name), fcntl.LOCK_EX):  # one process downloads; the others wait here
             if target.is_file():
                 _touch(target)

@@ -125,6 +125,19 @@ class RemoteFiles:
             self._lease.add(cache.lock_path(name))
         return found
 
+    def read_range(self, path: Path | str, start: int, stop: int) -> bytes:
+        """Bytes ``start:stop`` of ``path``: from the cached copy when there is one, else one ranged request (not
+        verified: a reader checks them against the file once it arrives)."""
+        name = self.name_of(path)
+        cached = self.cache.cached(name)
+        if cached is not None:
+            with open(cached, "rb") as handle:
+                handle.seek(start)
+                return handle.read(max(stop - start, 0))
+        if self.cache.offline:
+            raise self.cache.not_cached(name)
+        return self.cache.backend.read_range(self.cache.url_of(name), start, stop)
+
     def _adoptable(self, name: str) -> Path | None:
         from . import _adopted
 
