@@ -19,7 +19,6 @@ from __future__ import annotations
 import fnmatch
 import os
 import tempfile
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -214,29 +213,19 @@ def fetch(
     lease = Lease()
     done: dict[str, bool] = {}
     missing: list[NotFoundError] = []
-    guard = threading.Lock()
     bringing = {cache.path(e.name) for e in entries}  # never evicted by this fetch's own downloads
 
     def get(entry: Entry) -> None:
-        for _ in range(3):  # another process's eviction may take a file between its fetch and our lease
-            try:
-                candidate = (adopt or {}).get(entry.name) or _adopted(cache.root, entry.name)
-                cache.fetch(entry.name, size=entry.size, sha256=entry.sha256, adopt=candidate)
-            except NotFoundError as error:
-                if entry.required:
-                    listed = f" It is listed by {entry.listed_by}." if entry.listed_by else ""
-                    raise type(error)(f"{error}{listed}") from None
-                missing.append(error)
-                return
-            with guard:
-                lease.add(cache.lock_path(entry.name))  # held from now on: eviction spares it
-                if cache.path(entry.name).is_file():
-                    done[entry.name] = True
-                    cache.evict(keep=bringing)
-                    return
-        raise RemoteError(
-            f"{cache.url_of(entry.name)} keeps being evicted before it can be used; raise max_cache_bytes."
-        )
+        candidate = (adopt or {}).get(entry.name) or _adopted(cache.root, entry.name)
+        try:
+            cache.fetch_held(entry.name, lease, size=entry.size, sha256=entry.sha256, adopt=candidate, keep=bringing)
+        except NotFoundError as error:
+            if entry.required:
+                listed = f" It is listed by {entry.listed_by}." if entry.listed_by else ""
+                raise type(error)(f"{error}{listed}") from None
+            missing.append(error)
+            return
+        done[entry.name] = True
 
     for entry in first:
         get(entry)
@@ -288,11 +277,13 @@ def _open_lazily(url: str, cache_options: dict[str, Any], options: dict[str, Any
         if hook is None or options.get("format") not in (None, descriptor.name) or not hook(index.cache.folder, names):
             continue
         records = {e.name: {"size": e.size, "sha256": e.sha256, "listed_by": e.listed_by} for e in index.entries}
-        spec = {k: v for k, v in cache_options.items() if k != "backend"}
-        remote = RemoteFiles(url, index.cache.folder, records, {**spec, "cache_dir": str(index.cache.root)})
+        cache = {**cache_options, "cache_dir": str(index.cache.root)}  # no backend here: it pickles with the reader
+        remote = RemoteFiles(url, index.cache.folder, records, cache, index=index.files)
+        index.lease.release()  # the reader's RemoteFiles holds the index files now
         reader = open_path(index.cache.folder, **{**options, "format": descriptor.name}, remote=remote)
-        reader.hold(index.lease)
+        reader.hold(remote)
         return reader
+    index.lease.release()
     return None
 
 

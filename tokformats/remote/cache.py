@@ -148,6 +148,7 @@ class Lease:
 
     def __init__(self, locks: list[Path] | None = None) -> None:
         self._descriptors: list[int] = []
+        self._guard = threading.Lock()  # downloading threads add to one lease
         for lock in locks or []:
             self.add(lock)
 
@@ -156,12 +157,14 @@ class Lease:
         lock.parent.mkdir(parents=True, exist_ok=True)
         descriptor = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(descriptor, fcntl.LOCK_SH)
-        self._descriptors.append(descriptor)
+        with self._guard:
+            self._descriptors.append(descriptor)
 
     def release(self) -> None:
         """Drop the locks."""
-        while self._descriptors:
-            os.close(self._descriptors.pop())
+        with self._guard:
+            while self._descriptors:
+                os.close(self._descriptors.pop())
 
     def __del__(self) -> None:
         self.release()
@@ -273,6 +276,28 @@ class Cache:
                 return target
             self._download(name, target, size, sha256)
         return target
+
+    def fetch_held(
+        self,
+        name: str,
+        lease: Lease,
+        *,
+        size: int | None = None,
+        sha256: str | None = None,
+        adopt: Path | None = None,
+        keep: frozenset[Path] | set[Path] = frozenset(),
+    ) -> Path:
+        """:meth:`fetch`, then hold ``name`` in ``lease`` (eviction spares it) and evict down to
+        ``max_cache_bytes`` (sparing ``keep`` too: the files a fetch under way is bringing)."""
+        for _ in range(3):  # another process's eviction may take the file between our fetch and our lease
+            path = self.fetch(name, size=size, sha256=sha256, adopt=adopt)
+            lease.add(self.lock_path(name))
+            if path.is_file():
+                self.evict(keep={path, *keep})
+                return path
+        raise RemoteError(
+            f"{_safe(self.url_of(name))} keeps being evicted before it can be used; raise max_cache_bytes."
+        )
 
     def _place_copy(self, source: Path, target: Path) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)

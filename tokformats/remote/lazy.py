@@ -30,24 +30,34 @@ class RemoteFiles:
         entries: every file of the dataset, by name relative to the folder: ``{"size", "sha256", "listed_by"}``
             (each may be None).
         options: the cache's options (``cache_dir``, ``max_cache_bytes``, ``offline``).
+        index: the index files readers read at open (fetched now, and held).
 
     It pickles as its description (a DataLoader worker opens its own cache and lease) and is held by its reader:
     :meth:`release` (the reader's ``close()``) drops the lease on the files fetched so far.
     """
 
-    def __init__(self, url: str, folder: Path, entries: dict[str, dict[str, Any]], options: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        url: str,
+        folder: Path,
+        entries: dict[str, dict[str, Any]],
+        options: dict[str, Any],
+        index: Sequence[str] = (),
+    ) -> None:
         self.url = url.rstrip("/")
         self.folder = Path(folder)
         self.entries = entries
         self.options = options
+        self.index = list(index)
         self._cache: Cache | None = None
         #: The file a read fetched last (where :meth:`prefetch` of a reader looks ahead from).
         self.last_read: Path | None = None
         self._lease = Lease()
-        self._guard = threading.Lock()
+        for name in self.index:  # held while the reader lives (fetched again if evicted since it was pickled)
+            self.fetch(self.folder / name, ahead=True)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (RemoteFiles, (self.url, self.folder, self.entries, self.options))
+        return (RemoteFiles, (self.url, self.folder, self.entries, self.options, self.index))
 
     def __repr__(self) -> str:
         return f"RemoteFiles({self.url!r}, files={len(self.entries)})"
@@ -115,15 +125,13 @@ class RemoteFiles:
         if not ahead:
             self.last_read = Path(path)
         entry = self.entries.get(name, {})
-        cache = self.cache
         try:
-            found = cache.fetch(name, size=entry.get("size"), sha256=entry.get("sha256"), adopt=self._adoptable(name))
+            return self.cache.fetch_held(
+                name, self._lease, size=entry.get("size"), sha256=entry.get("sha256"), adopt=self._adoptable(name)
+            )
         except NotFoundError as error:
             listed = f" It is listed by {entry['listed_by']}." if entry.get("listed_by") else ""
             raise type(error)(f"{error}{listed}") from None
-        with self._guard:
-            self._lease.add(cache.lock_path(name))
-        return found
 
     def read_range(self, path: Path | str, start: int, stop: int) -> bytes:
         """Bytes ``start:stop`` of ``path``: from the cached copy when there is one, else one ranged request (not
@@ -160,8 +168,7 @@ class RemoteFiles:
 
     def release(self) -> None:
         """Drop the lease on the files fetched so far (they may be evicted once no reader holds them)."""
-        with self._guard:
-            self._lease.release()
+        self._lease.release()
 
 
 def prefetch_after(remote: RemoteFiles | None, paths: Sequence[Path], count: int,
