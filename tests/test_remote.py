@@ -364,6 +364,28 @@ def test_sharded_formats_fetch_a_data_file_on_first_use(tmp_path: Path, server: 
         np.testing.assert_array_equal(np.asarray(again.tokens), np.concatenate(documents))  # the cache alone
 
 
+def test_a_lazy_reader_streams_through_a_dataset_larger_than_the_cache(tmp_path: Path, server: FileServer) -> None:
+    documents = _sharded("dolma", tmp_path / "local")
+    publish(tmp_path / "local", f"{server.url}/d/")
+    sizes = sorted(p.stat().st_size for p in (tmp_path / "local").glob("*.npy"))
+    limit = 2 * sizes[-1] + 1024  # room for the two newest files a reader always holds
+    assert sum(sizes) > limit  # the dataset does not fit
+    cache = tmp_path / "cache"
+
+    def cached_data() -> int:
+        return sum(p.stat().st_size for p in cache.rglob("*.npy"))
+
+    with tokformats.open(f"{server.url}/d/", cache_dir=cache, max_cache_bytes=limit, dtype="uint16") as reader:
+        most = 0
+        for k, want in enumerate(documents):
+            np.testing.assert_array_equal(reader[k], want)
+            most = max(most, cached_data())
+        assert most <= limit  # never more than the cache may hold, though the reader read every file
+        gets = sum(n for k, n in server.gets.items() if k.endswith(".npy"))
+        np.testing.assert_array_equal(reader[0], documents[0])  # released and evicted: fetched again
+        assert sum(n for k, n in server.gets.items() if k.endswith(".npy")) == gets + 1
+
+
 def test_a_lazy_reader_pickles_and_feeds_megatron_samples(tmp_path: Path, server: FileServer) -> None:
     import pickle
 

@@ -198,6 +198,10 @@ class LazyArray:
         """Whether the data is there yet."""
         return self._data is not None
 
+    def unload(self) -> None:
+        """Drop the data (its map closes once no view of it remains); the next use loads it again."""
+        self._data = None
+
     @property
     def data(self) -> np.ndarray:
         """The data, loading it the first time."""

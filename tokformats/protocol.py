@@ -16,7 +16,7 @@ import html
 import operator
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
 from types import TracebackType
@@ -286,7 +286,15 @@ class TokenReader(Reader[np.ndarray]):
         fetches ``path`` the first time a value of it is read."""
         if self._remote is None:
             return self._map(path, dtype, offset, count)
-        return LazyArray(count, dtype, lambda: self._map(self._fetched(path), dtype, offset, count), str(path))
+        return self._lazy_array(path, count, dtype, lambda: self._map(self._fetched(path), dtype, offset, count))
+
+    def _lazy_array(self, path: Path, count: int, dtype: npt.DTypeLike, load: Callable[[], np.ndarray]) -> LazyArray:
+        """A :class:`LazyArray` over data file ``path`` of a dataset opened by URL, unloaded when the reader stops
+        holding the file (its working set moved on under ``max_cache_bytes``)."""
+        array = LazyArray(count, dtype, load, str(path))
+        if self._remote is not None:
+            self._remote.on_release(path, array.unload)
+        return array
 
     def _data_files(self) -> list[Path]:
         """The reader's data files in reading order (what :meth:`prefetch` walks)."""

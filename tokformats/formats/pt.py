@@ -334,8 +334,7 @@ class FolderReader(Reader):
         for _, shard in self._shards:
             if self._remote is not None:
                 size = int(self._listed[shard.name]["size_tokens"])  # remote_lazy() checked every shard has one
-                load = functools.partial(self._load, shard, fetch=True)
-                arrays.append(LazyArray(size, "<i8", load, str(shard)))
+                arrays.append(self._lazy_array(shard, size, "<i8", functools.partial(self._load, shard, fetch=True)))
                 continue
             arrays.append(self._load(shard))
         dtypes = {a.dtype for a in arrays}

@@ -10,6 +10,8 @@ in a :class:`~tokformats.arrays.LazyArray` whose ``load`` fetches it.
 from __future__ import annotations
 
 import threading
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -52,9 +54,13 @@ class RemoteFiles:
         self._cache: Cache | None = None
         #: The file a read fetched last (where :meth:`prefetch` of a reader looks ahead from).
         self.last_read: Path | None = None
-        self._lease = Lease()
+        self._index_lease = Lease()
+        #: Leases on the data files fetched, oldest first (released beyond the working set, see :meth:`_shrink`).
+        self._held: OrderedDict[str, Lease] = OrderedDict()
+        self._unloaders: dict[str, list[weakref.WeakMethod[Callable[[], None]]]] = {}
+        self._guard = threading.Lock()
         for name in self.index:  # held while the reader lives (fetched again if evicted since it was pickled)
-            self.fetch(self.folder / name, ahead=True)
+            self._fetch(name, self._index_lease)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (RemoteFiles, (self.url, self.folder, self.entries, self.options, self.index))
@@ -120,18 +126,64 @@ class RemoteFiles:
 
     def fetch(self, path: Path | str, *, ahead: bool = False) -> Path:
         """``path``, downloaded into the cache first when it is not there (checked against the size and SHA-256 the
-        dataset records), and held against eviction until :meth:`release`. ``ahead``: a prefetch, not a read."""
+        dataset records), and held against eviction until :meth:`release`, or until the reader's working set
+        outgrows ``max_cache_bytes`` (:meth:`_shrink`). ``ahead``: a prefetch, not a read."""
         name = self.name_of(path)
         if not ahead:
             self.last_read = Path(path)
+        lease = Lease()
+        found = self._fetch(name, lease)
+        with self._guard:
+            previous = self._held.pop(name, None)
+            self._held[name] = lease  # the newest
+        if previous is not None:
+            previous.release()
+        self._shrink()
+        return found
+
+    def _fetch(self, name: str, lease: Lease) -> Path:
         entry = self.entries.get(name, {})
         try:
             return self.cache.fetch_held(
-                name, self._lease, size=entry.get("size"), sha256=entry.get("sha256"), adopt=self._adoptable(name)
+                name, lease, size=entry.get("size"), sha256=entry.get("sha256"), adopt=self._adoptable(name)
             )
         except NotFoundError as error:
             listed = f" It is listed by {entry['listed_by']}." if entry.get("listed_by") else ""
             raise type(error)(f"{error}{listed}") from None
+
+    def on_release(self, path: Path | str, unload: Callable[[], None]) -> None:
+        """Call ``unload`` (a bound method, held weakly) when this reader stops holding ``path`` (so that the map
+        of an evictable file is dropped and the file is fetched again if it is read again)."""
+        with self._guard:
+            self._unloaders.setdefault(self.name_of(path), []).append(weakref.WeakMethod(unload))
+
+    def _shrink(self) -> None:
+        """With ``max_cache_bytes`` set, stop holding the oldest data files once those held exceed half of it (the
+        other half is room for the files being prefetched and for other readers), keeping the file read last and the
+        newest two: a reader streaming through a dataset larger than the cache keeps a bounded working set instead
+        of everything it read."""
+        budget = self.cache.max_cache_bytes
+        if budget is None:
+            return
+        dropped: list[weakref.WeakMethod[Callable[[], None]]] = []
+        released: list[str] = []
+        reading = None if self.last_read is None else self.name_of(self.last_read)
+        with self._guard:
+            sizes = {n: self.recorded_size(self.folder / n) or 0 for n in self._held}
+            total = sum(sizes.values())
+            for name in [n for n in list(self._held)[:-2] if n != reading]:  # oldest first, not the one being read
+                if total <= budget // 2:
+                    break
+                self._held.pop(name).release()
+                total -= sizes[name]
+                released.append(name)
+                dropped += self._unloaders.pop(name, [])
+        for reference in dropped:
+            unload = reference()
+            if unload is not None:
+                unload()
+        if released:
+            self.cache.evict()  # what was just released may go now
 
     def read_range(self, path: Path | str, start: int, stop: int) -> bytes:
         """Bytes ``start:stop`` of ``path``: from the cached copy when there is one, else one ranged request (not
@@ -167,8 +219,12 @@ class RemoteFiles:
         return thread
 
     def release(self) -> None:
-        """Drop the lease on the files fetched so far (they may be evicted once no reader holds them)."""
-        self._lease.release()
+        """Drop the leases on the files fetched so far (they may be evicted once no reader holds them)."""
+        with self._guard:
+            held, self._held = list(self._held.values()), OrderedDict()
+        for lease in held:
+            lease.release()
+        self._index_lease.release()
 
 
 def prefetch_after(remote: RemoteFiles | None, paths: Sequence[Path], count: int,
