@@ -93,6 +93,9 @@ def test_megatron_prefix_llmc_file_and_datatrove_file_by_url(tmp_path: Path, ser
         assert reader.format == "llmc" and reader.num_tokens == len(flat) + len(lengths)
     with tokformats.open(f"{server.url}/dt/c.ds", cache_dir=cache) as reader:
         assert reader.format == "datatrove" and reader.lengths.tolist() == lengths.tolist()
+        assert reader.loss is None  # the .ds.loss companion was only a guess: the store has none
+        assert "/dt/c.ds" not in server.gets  # the .ds arrives on first read
+        np.testing.assert_array_equal(reader[1], flat[lengths[0] : lengths[0] + lengths[1]])
     with pytest.raises(NotFoundError, match="does not exist"):
         tokformats.open(f"{server.url}/mega/nothing", cache_dir=cache)
 
@@ -362,6 +365,25 @@ def test_sharded_formats_fetch_a_data_file_on_first_use(tmp_path: Path, server: 
     assert all(v == 1 for k, v in server.gets.items() if k.endswith(_DATA_SUFFIX[fmt]))
     with tokformats.open(f"{server.url}/d/", cache_dir=tmp_path / "cache", offline=True) as again:
         np.testing.assert_array_equal(np.asarray(again.tokens), np.concatenate(documents))  # the cache alone
+
+
+def test_a_megatron_prefix_by_url_fetches_the_bin_on_first_read(tmp_path: Path, server: FileServer) -> None:
+    from tokformats import training
+
+    flat, lengths = random_corpus(np.random.default_rng(5), 200, low=0, high=50_000)
+    with tokformats.create(tmp_path / "m" / "owt_text_document", "megatron", vocab_size=50_001) as writer:
+        writer.write_batch(flat, lengths)
+    local = tokformats.open(tmp_path / "m" / "owt_text_document")
+    publish(tmp_path / "m", f"{server.url}/m/")
+    with tokformats.open(f"{server.url}/m/owt_text_document", cache_dir=tmp_path / "cache") as reader:
+        assert reader.format == "megatron" and len(reader) == len(local)
+        np.testing.assert_array_equal(reader.lengths, local.lengths)
+        samples = training.GPTSamples(reader, 32, cache_dir=tmp_path / "index")  # from the .idx alone
+        assert "/m/owt_text_document.bin" not in server.gets
+        expected = training.GPTSamples(local, 32, cache_dir=tmp_path / "index-local")
+        np.testing.assert_array_equal(samples[3], expected[3])
+        assert server.gets["/m/owt_text_document.bin"] == 1
+        np.testing.assert_array_equal(np.asarray(reader.tokens), np.asarray(local.tokens))
 
 
 def test_a_lazy_reader_streams_through_a_dataset_larger_than_the_cache(tmp_path: Path, server: FileServer) -> None:

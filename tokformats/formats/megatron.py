@@ -44,6 +44,8 @@ from ..registry import FormatDescriptor, Probe
 if TYPE_CHECKING:
     import numpy.typing as npt
 
+    from ..remote.lazy import RemoteFiles
+
 __all__ = [
     "Reader",
     "Writer",
@@ -158,25 +160,33 @@ def remote_companions(name: str) -> list[tuple[str, bool]]:
     return [] if "." in Path(name).name else [(f"{name}.idx", False), (f"{name}.bin", False)]
 
 
+def remote_lazy(folder: Path, names: list[str]) -> bool:
+    """Whether a dataset opened by URL can fetch its ``.bin`` on first use: its ``.idx`` (fetched at open) gives
+    every sequence and document, so ``len()``, ``lengths`` and a training sample index need no token."""
+    return any(n.endswith(".idx") and n[:-4] + ".bin" in names and (folder / n).is_file() for n in names)
+
+
 class Reader(TokenReader):
     """A Megatron indexed dataset, memory-mapped; documents are Megatron documents.
 
     Args:
         path: the prefix (``data/owt_text_document``), or either of its two files.
         multimodal: force the presence or absence of ``sequence_modes``; by default told from the file size.
+        remote: set by ``tokformats.open(URL)``: the ``.bin`` is fetched when a token is first read.
     """
 
     format = "megatron"
 
-    def __init__(self, path: PathLike, *, multimodal: bool | None = None) -> None:
-        super().__init__(path, multimodal=multimodal)
+    def __init__(self, path: PathLike, *, multimodal: bool | None = None, remote: RemoteFiles | None = None) -> None:
+        super().__init__(path, multimodal=multimodal, remote=remote)
+        self._remote = remote
         self.prefix = resolve_prefix(path)
         self.idx_path = Path(f"{self.prefix}.idx")
         self.bin_path = Path(f"{self.prefix}.bin")
         for needed in (self.idx_path, self.bin_path):
-            if not needed.is_file():
+            if not (needed.is_file() or (remote is not None and needed == self.bin_path and remote.has(needed))):
                 raise NoFilesError(f"{needed} does not exist; a Megatron dataset needs both PREFIX.bin and PREFIX.idx.")
-        self._pin(self.idx_path, self.bin_path)
+        self._pin(*([self.idx_path] if remote is not None else [self.idx_path, self.bin_path]))
         self._read_index(multimodal)
         self.tokens  # noqa: B018 - map the .bin now: what was validated is what is read
 
@@ -274,7 +284,7 @@ class Reader(TokenReader):
                 f"found {int(di[0])} and {int(di[-1])}."
             )
         itemsize = self._dtype.itemsize
-        bin_size = self.bin_path.stat().st_size
+        bin_size = self.bin_path.stat().st_size if self._remote is None else self._remote.size(self.bin_path)
         end = int(pointers[-1]) + int(lengths[-1]) * itemsize if count else 0
         if count and (pointers[0] != 0 or lengths[-1] < 0):
             raise SizeMismatchError(
@@ -301,8 +311,9 @@ class Reader(TokenReader):
 
     @cached_property
     def tokens(self) -> np.ndarray:
-        """Every sequence's tokens back to back (the ``.bin``), memory-mapped."""
-        return self._map(self.bin_path, self._dtype)
+        """Every sequence's tokens back to back (the ``.bin``), memory-mapped (for a dataset opened by URL, a
+        :class:`~tokformats.arrays.LazyArray` that fetches the ``.bin`` on first use)."""
+        return self._map_lazily(self.bin_path, self._dtype, 0, self._num_tokens)  # type: ignore[return-value]
 
     @property
     def dtype(self) -> np.dtype:

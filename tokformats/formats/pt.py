@@ -213,6 +213,8 @@ def _listed_files(manifest: dict[str, Any]) -> list[dict[str, Any]]:
 def remote_lazy(folder: Path, names: list[str]) -> bool:
     """Whether a shard folder opened by URL can fetch its shards on first use: its manifest lists every shard with
     its token count (Genesis v3)."""
+    if MANIFEST not in names:
+        return False
     manifest = read_manifest(folder) or {}
     entries = manifest.get("shards")
     return (

@@ -190,10 +190,6 @@ def fetch(
         cache = Cache(url, cache_dir=cache_dir, max_cache_bytes=max_cache_bytes, offline=offline, backend=backend)
         sums = cache.sums()
         entries = _entries_with_records(cache, _folder_entries(cache, sums))
-        every = entries
-        if names is not None:
-            wanted = set(names)
-            entries = [e for e in entries if e.name in wanted or published_last(e.name)]
         target = cache.folder
     else:
         base, name = url.rsplit("/", 1)
@@ -202,6 +198,10 @@ def fetch(
         entries = [Entry(name, sha256=sums.get(name), required=False)]
         entries += [Entry(c, sha256=sums.get(c), required=r) for c, r in _companions(name)]
         target = cache.path(name)
+    if names is not None:  # the index files and the files named
+        every = entries
+        wanted = set(names)
+        entries = [e for e in entries if e.name in wanted or published_last(e.name)]
     # Index files first (a reader keys on them, and their records check the data files), then the data files, a few
     # at a time: each download hashes in its own thread, so two run at the speed of one on a fast link.
     unique: dict[str, Entry] = {}
@@ -253,7 +253,7 @@ def open_url(url: str, **options: Any) -> Any:
     from ..api import open as open_path
 
     cache_options = {k: options.pop(k) for k in _CACHE_OPTIONS if k in options}
-    if url.endswith("/") and "backend" not in cache_options:
+    if "backend" not in cache_options and _split_pattern(url) is None:
         lazy = _open_lazily(url, cache_options, options)
         if lazy is not None:
             return lazy
@@ -264,9 +264,9 @@ def open_url(url: str, **options: Any) -> Any:
 
 
 def _open_lazily(url: str, cache_options: dict[str, Any], options: dict[str, Any]) -> Any:
-    """A folder whose format can fetch its data files on first use (its module's ``remote_lazy(folder, names)``:
-    the index files, fetched here, say how large every data file is and where its documents are) opens with its
-    index files only; else None."""
+    """A folder (or a Megatron prefix) whose format can fetch its data files on first use (its module's
+    ``remote_lazy(folder, names)``: the index files, fetched here, say how large every data file is and where its
+    documents are) opens with its index files only; else None."""
     from ..api import open as open_path
     from .lazy import RemoteFiles
 
@@ -276,11 +276,15 @@ def _open_lazily(url: str, cache_options: dict[str, Any], options: dict[str, Any
         hook = getattr(descriptor.load(), "remote_lazy", None)
         if hook is None or options.get("format") not in (None, descriptor.name) or not hook(index.cache.folder, names):
             continue
-        records = {e.name: {"size": e.size, "sha256": e.sha256, "listed_by": e.listed_by} for e in index.entries}
+        records = {
+            e.name: {"size": e.size, "sha256": e.sha256, "listed_by": e.listed_by,
+                     "maybe": not e.required and e.name not in index.files}
+            for e in index.entries
+        }  # fmt: skip
         cache = {**cache_options, "cache_dir": str(index.cache.root)}  # no backend here: it pickles with the reader
-        remote = RemoteFiles(url, index.cache.folder, records, cache, index=index.files)
+        remote = RemoteFiles(index.cache.url, index.cache.folder, records, cache, index=index.files)
         index.lease.release()  # the reader's RemoteFiles holds the index files now
-        reader = open_path(index.cache.folder, **{**options, "format": descriptor.name}, remote=remote)
+        reader = open_path(index.target, **{**options, "format": descriptor.name}, remote=remote)
         reader.hold(remote)
         return reader
     index.lease.release()

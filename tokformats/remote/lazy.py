@@ -89,11 +89,23 @@ class RemoteFiles:
         return [self.folder / n for n in self.names(under) if n.endswith(suffix) and not Path(n).name.startswith(".")]
 
     def has(self, path: Path | str) -> bool:
-        """Whether ``path`` (in the cache folder) is a file of the dataset, cached yet or not."""
+        """Whether ``path`` (in the cache folder) is a file of the dataset, cached yet or not. A file only guessed
+        (an optional companion such as ``.ds.loss``) is asked of the store once."""
         try:
-            return self.name_of(path) in self.entries
+            name = self.name_of(path)
         except ValueError:
             return False
+        entry = self.entries.get(name)
+        if entry is None:
+            return False
+        if entry.get("maybe"):
+            try:
+                self.size(path)  # what the records say, the cached copy's, or one HEAD: NotFoundError when absent
+            except NotFoundError:
+                del self.entries[name]
+                return False
+            entry["maybe"] = False
+        return True
 
     def recorded_size(self, path: Path | str) -> int | None:
         """The size in bytes the dataset's records give ``path``, or None when they say nothing."""
