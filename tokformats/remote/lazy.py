@@ -223,7 +223,7 @@ class RemoteFiles:
             for path in paths:
                 try:
                     self.fetch(path, ahead=True)
-                except Exception:
+                except Exception:  # reading the file fetches it again, and raises the error where it is used
                     return
 
         thread = threading.Thread(target=run, name="tokformats-prefetch", daemon=True)
