@@ -386,6 +386,29 @@ def test_a_megatron_prefix_by_url_fetches_the_bin_on_first_read(tmp_path: Path, 
         np.testing.assert_array_equal(np.asarray(reader.tokens), np.asarray(local.tokens))
 
 
+def test_llmc_shards_by_url_read_headers_by_range_and_fetch_the_shards_tokens_touch(
+    tmp_path: Path, server: FileServer
+) -> None:
+    corpus, lengths = random_corpus(np.random.default_rng(9), 120, low=1, high=900)
+    with tokformats.create(tmp_path / "llmc" / "c", "llmc", vocab_size=1000, bos=0, split="train",
+                           shard_size=800) as writer:  # fmt: skip
+        writer.write_batch(corpus, lengths)
+    local = tokformats.open(str(tmp_path / "llmc" / "c_train_*.bin"))
+    assert local.num_shards >= 3
+    publish(tmp_path / "llmc", f"{server.url}/llmc/")
+    for url in (f"{server.url}/llmc/", f"{server.url}/llmc/c_train_*.bin"):
+        server.gets.clear()
+        cache = tmp_path / ("cache" + str(len(url)))
+        with tokformats.open(url, cache_dir=cache, bos=0) as reader:
+            assert reader.format == "llmc" and reader.num_tokens == local.num_tokens  # from the headers alone
+            assert not list(cache.rglob("*.bin"))
+            assert all(ranged == "bytes=0-1023" for _, ranged in server.ranges[-local.num_shards :])
+            np.testing.assert_array_equal(np.asarray(reader.tokens[-5:]), np.asarray(local.tokens[-5:]))
+            assert [p.name for p in cache.rglob("*.bin")] == [local.files[-1].name]  # the last shard only
+            assert len(reader) == len(local)  # documents: found by scanning every shard
+            np.testing.assert_array_equal(reader[7], local[7])
+
+
 def test_a_lazy_reader_streams_through_a_dataset_larger_than_the_cache(tmp_path: Path, server: FileServer) -> None:
     documents = _sharded("dolma", tmp_path / "local")
     publish(tmp_path / "local", f"{server.url}/d/")

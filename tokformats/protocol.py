@@ -274,12 +274,30 @@ class TokenReader(Reader[np.ndarray]):
 
     def _fetched(self, path: Path) -> Path:
         """``path``, brought into the cache first (verified, and held until :meth:`close`) when the reader reads a
-        dataset opened by URL; pinned as fetched."""
+        dataset opened by URL; pinned as fetched. A header read earlier by range (:meth:`_head`) must agree."""
         if self._remote is not None:
             self.hold(self._remote)
             self._remote.fetch(path)
             self._pin(path)
+            ranged = self.__dict__.get("_ranged_heads", {}).pop(Path(path), None)
+            if ranged is not None:
+                with open(path, "rb") as handle:
+                    if handle.read(len(ranged)) != ranged:
+                        raise FormatError(
+                            f"{path}: its header differs from the one read by range before the file was downloaded "
+                            "(the store changed it in between); open the dataset again."
+                        )
         return path
+
+    def _head(self, path: Path, size: int) -> bytes:
+        """The first ``size`` bytes of ``path`` (a header); for a dataset opened by URL whose file has not arrived,
+        one ranged request, remembered and compared with the file when it arrives."""
+        if self._remote is not None and Path(path) not in self.__dict__.get("_pins", {}):
+            head = self._remote.read_range(path, 0, size)
+            self.__dict__.setdefault("_ranged_heads", {})[Path(path)] = head
+            return head
+        with open(path, "rb") as handle:
+            return handle.read(size)
 
     def _map_lazily(self, path: Path, dtype: np.dtype, offset: int, count: int) -> np.ndarray | LazyArray:
         """:meth:`_map` for a local dataset; for one opened by URL, a :class:`LazyArray` of ``count`` elements that

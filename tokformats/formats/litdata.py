@@ -124,8 +124,6 @@ class Reader(PartsReader):
     def __init__(self, path: PathLike, *, remote: RemoteFiles | None = None) -> None:
         super().__init__(path, remote=remote)
         self._remote = remote
-        #: Headers of chunks read by range before the chunk was fetched (compared with the chunk when it arrives).
-        self._ranged_headers: dict[Path, bytes] = {}
         self._folder = Path(path)
         index = _index(self._folder)
         where = str(self._folder / INDEX)
@@ -169,18 +167,6 @@ class Reader(PartsReader):
         self._set_parts(parts)
         self.shards  # noqa: B018 - map now: what was validated is what is read
 
-    def _fetched(self, path: Path) -> Path:
-        fetched = super()._fetched(path)
-        ranged = self._ranged_headers.pop(path, None)
-        if ranged is not None:
-            with open(fetched, "rb") as handle:
-                if handle.read(len(ranged)) != ranged:
-                    raise FormatError(
-                        f"{path}: its header differs from the one read by range before the chunk was downloaded "
-                        "(the store changed it in between); open the dataset again."
-                    )
-        return fetched
-
     def _part_documents(self, index: int) -> int:
         return self._parts[index].offset // _HEADER.itemsize - 2  # the header: count, then count + 1 offsets
 
@@ -189,9 +175,7 @@ class Reader(PartsReader):
         if self._remote is not None and part.path not in self.__dict__.get("_pins", {}):
             # A chunk not fetched yet: its header alone, by one ranged request (`lengths` of a corpus opened by URL
             # need every chunk's header, not every chunk); checked against the chunk when it arrives.
-            raw = self._remote.read_range(part.path, 0, part.offset)
-            self._ranged_headers[part.path] = raw
-            header = np.frombuffer(raw, dtype=_HEADER)
+            header = np.frombuffer(self._head(part.path, part.offset), dtype=_HEADER)
         else:
             header = self._map(self._fetched(part.path), _HEADER, 0, part.offset // _HEADER.itemsize)
         items = len(header) - 2

@@ -38,6 +38,8 @@ from ..shards import StreamShards
 if TYPE_CHECKING:
     import numpy.typing as npt
 
+    from ..remote.lazy import RemoteFiles
+
 __all__ = [
     "Reader",
     "Writer",
@@ -99,12 +101,14 @@ def shard_name(prefix: PathLike, split: str | None, index: int) -> Path:
 _INDEX_GLOB = "[0-9]" * 6
 
 
-def read_header(path: Path) -> tuple[Family, int]:
-    """Validate a shard's header and size exactly as llm.c's loader does; return (family, ntok)."""
+def read_header(path: Path, head: bytes | None = None, size: int | None = None) -> tuple[Family, int]:
+    """Validate a shard's header and size exactly as llm.c's loader does; return (family, ntok). ``head`` and
+    ``size``: the header bytes and the file size when they come from elsewhere (a shard opened by URL)."""
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as handle:
-            head = handle.read(HEADER_BYTES)
+        size = path.stat().st_size if size is None else size
+        if head is None:
+            with open(path, "rb") as handle:
+                head = handle.read(HEADER_BYTES)
     except FileNotFoundError:
         raise NoFilesError(f"{path} does not exist.") from None
     if len(head) < HEADER_BYTES:
@@ -139,13 +143,17 @@ def read_header(path: Path) -> tuple[Family, int]:
 _SHARD_NAME = re.compile(r"^(?P<stem>.+)_(?P<index>\d+)\.bin$")
 
 
-def folder_shards(folder: Path) -> list[Path]:
-    """The shards of the one split in ``folder`` (``{name}_{split}_{index}.bin``), in order.
+def folder_shards(folder: Path, remote: RemoteFiles | None = None) -> list[Path]:
+    """The shards of the one split in ``folder`` (``{name}_{split}_{index}.bin``), in order (for a folder opened by
+    URL, the listing's ``.bin`` files named so).
 
     A folder holding several splits (llm.c's ``fineweb10B/`` has ``_train_`` and ``_val_`` shards) is refused with
     the glob of each, rather than read as one corpus that mixes them.
     """
-    shards = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".") and _is_shard(p))
+    if remote is not None:
+        shards = [p for p in remote.paths(".bin", folder) if p.parent == folder and _SHARD_NAME.match(p.name)]
+    else:
+        shards = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".") and _is_shard(p))
     if not shards:
         raise NoFilesError(f"{folder} holds no llm.c token shards.")
     groups: dict[str, list[Path]] = {}
@@ -171,6 +179,22 @@ def _is_shard(path: Path | Probe) -> bool:
     return family is not None and family.version == version
 
 
+def remote_lazy(folder: Path, names: list[str]) -> bool:
+    """Whether shards opened by URL can be fetched on first use: every ``.bin`` is named like an llm.c shard
+    (``{name}_{index}.bin``) and is no Megatron ``.bin`` (no ``.idx`` arrived beside it), and no other format's index
+    came with them. Each shard's header is then read by range; documents are found by scanning the tokens, so
+    ``len()`` and documents fetch every shard, while ``tokens`` and windows fetch the shards they touch."""
+    shards = [n for n in names if n.endswith(".bin")]
+    indexes = {"meta.json", "index.json", "manifest.json", "state.json"}
+    megatron = [n for n in shards if (folder / (n[: -len(".bin")] + ".idx")).is_file()]
+    return (
+        bool(shards)
+        and not megatron
+        and all(_SHARD_NAME.match(Path(n).name) for n in shards)
+        and not any(Path(n).name in indexes for n in names)
+    )
+
+
 def detect(probe: Probe) -> bool:
     """True for a file starting with an llm.c token-shard magic and its version, or a folder of such shards."""
     if probe.is_dir:
@@ -188,19 +212,26 @@ class Reader(MappedParts):
             128000 for Llama-3) when it occurs near the start of the stream, else the stream's first token, which
             llm.c's writers always make the delimiter (so shards written with another tokenizer read right);
             an id; or ``None`` to read the whole stream as one document. ``bos_rule`` says which applied.
+        remote: set by ``tokformats.open(URL)``: each shard is fetched when a token of it is first read.
     """
 
     format = "llmc"
 
-    def __init__(self, path: PathLike | list[PathLike], *, bos: int | str | None = "auto") -> None:
-        super().__init__(path, bos=bos)
+    def __init__(
+        self, path: PathLike | list[PathLike], *, bos: int | str | None = "auto", remote: RemoteFiles | None = None
+    ) -> None:
+        super().__init__(path, bos=bos, remote=remote)
+        self._remote = remote
         if isinstance(path, (str, os.PathLike)) and Path(path).is_dir():
-            paths = folder_shards(Path(path))
+            paths = folder_shards(Path(path), remote)
         else:
             paths = expand_paths(path)
         if len(paths) > 1:
             paths = sorted(paths, key=lambda p: os.fspath(p))
-        headers = [read_header(p) for p in paths]
+        if remote is None:
+            headers = [read_header(p) for p in paths]
+        else:  # each header by one ranged request; the shard itself arrives on first use
+            headers = [read_header(p, self._head(p, HEADER_BYTES), remote.size(p)) for p in paths]
         families = {family.name for family, _ in headers}
         if len(families) > 1:
             raise HeaderError(

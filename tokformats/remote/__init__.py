@@ -253,7 +253,7 @@ def open_url(url: str, **options: Any) -> Any:
     from ..api import open as open_path
 
     cache_options = {k: options.pop(k) for k in _CACHE_OPTIONS if k in options}
-    if "backend" not in cache_options and _split_pattern(url) is None:
+    if "backend" not in cache_options:
         lazy = _open_lazily(url, cache_options, options)
         if lazy is not None:
             return lazy
