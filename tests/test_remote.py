@@ -409,6 +409,17 @@ def test_llmc_shards_by_url_read_headers_by_range_and_fetch_the_shards_tokens_to
             np.testing.assert_array_equal(reader[7], local[7])
 
 
+def test_a_raw_stream_named_like_llmc_shards_is_detected_after_fetching(tmp_path: Path, server: FileServer) -> None:
+    served = Path(server.root) / "raw"
+    served.mkdir()
+    np.arange(5000, dtype="<u2").tofile(served / "tokens_000001.bin")  # no llm.c header
+    with pytest.raises(tokformats.UnknownFormatError):  # what a local file gives, not an llm.c header error
+        tokformats.open(f"{server.url}/raw/tokens_000001.bin", cache_dir=tmp_path / "cache")
+    url = f"{server.url}/raw/tokens_000001.bin"
+    with tokformats.open(url, cache_dir=tmp_path / "cache", format="raw", dtype="uint16") as reader:
+        assert reader.num_tokens == 5000
+
+
 def test_a_lazy_reader_streams_through_a_dataset_larger_than_the_cache(tmp_path: Path, server: FileServer) -> None:
     documents = _sharded("dolma", tmp_path / "local")
     publish(tmp_path / "local", f"{server.url}/d/")

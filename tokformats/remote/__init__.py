@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import HeaderError
 from ..registry import formats
 from .backends import Backend, NotFoundError, RemoteError, backend_for, is_url
 from .cache import Cache, ChecksumError, Lease, default_cache_dir, file_sha256
@@ -284,7 +285,15 @@ def _open_lazily(url: str, cache_options: dict[str, Any], options: dict[str, Any
         cache = {**cache_options, "cache_dir": str(index.cache.root)}  # no backend here: it pickles with the reader
         remote = RemoteFiles(index.cache.url, index.cache.folder, records, cache, index=index.files)
         index.lease.release()  # the reader's RemoteFiles holds the index files now
-        reader = open_path(index.target, **{**options, "format": descriptor.name}, remote=remote)
+        try:
+            reader = open_path(index.target, **{**options, "format": descriptor.name}, remote=remote)
+        except HeaderError:
+            if options.get("format") is not None:
+                raise
+            # The names fitted, the header did not (a raw stream named like llm.c shards): the files are fetched and
+            # detected by content instead, as for any dataset no format can open lazily.
+            remote.release()
+            return None
         reader.hold(remote)
         return reader
     index.lease.release()
