@@ -7,7 +7,10 @@ Which files a URL means is the formats' knowledge, asked through optional hooks 
   and ``.bin``, datatrove's ``.ds.index``);
 - ``REMOTE_INDEX`` and ``remote_files(folder) -> [{"name", "size", "sha256"}, ...]``: a folder's index file(s) and
   the data files (with sizes and checksums) they list (a NeuroShard ``manifest.json``, litdata's ``index.json``);
-- ``PUBLISHED_LAST``: file name patterns uploaded after every other file (the index readers key on).
+- ``PUBLISHED_LAST``: file name patterns uploaded after every other file (the index readers key on);
+- ``remote_lazy(folder, names) -> bool``: whether the format's reader, given the index files (in ``folder``) and
+  the dataset's file names, can open with ``remote=`` (:class:`~tokformats.remote.lazy.RemoteFiles`) and fetch each
+  data file on first use.
 
 A folder URL on a store that lists (S3, GCS, the Hub) is its listing; over HTTP it is its ``SHA256SUMS`` (which
 ``publish`` writes) or a format's index. Index files are fetched first, then the data files, each verified against
@@ -171,8 +174,9 @@ def fetch(
     adopt: dict[str, Path] | None = None,
 ) -> Dataset:
     """Fetch the dataset at ``url`` (a folder ``.../``, a file, a Megatron prefix, or a glob on a store that lists)
-    into the cache, index files first, each file verified; ``names`` limits a folder to those files (plus its
-    index). ``adopt`` maps file names to files already on disk that are used when they verify."""
+    into the cache, index files first, each file verified; ``names`` limits the fetch to those files (plus the
+    index files; ``[]``: the index files alone, which may be none). ``adopt`` maps file names to files already on
+    disk that are used when they verify."""
     pattern = _split_pattern(url)
     every: list[Entry] | None = None
     if pattern is not None:
@@ -265,9 +269,9 @@ def open_url(url: str, **options: Any) -> Any:
 
 
 def _open_lazily(url: str, cache_options: dict[str, Any], options: dict[str, Any]) -> Any:
-    """A folder (or a Megatron prefix) whose format can fetch its data files on first use (its module's
-    ``remote_lazy(folder, names)``: the index files, fetched here, say how large every data file is and where its
-    documents are) opens with its index files only; else None."""
+    """A dataset (a folder, a file or prefix, a glob) whose format can fetch its data files on first use opens with
+    its index files only (its module's ``remote_lazy(folder, names)`` says whether the index files, fetched here, or
+    headers read by range tell how large every data file is and where its documents are); else None."""
     from ..api import open as open_path
     from .lazy import RemoteFiles
 
