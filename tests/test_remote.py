@@ -504,9 +504,17 @@ def test_command_line_publish_and_info(tmp_path: Path, server: FileServer, capsy
     os.environ["TOKFORMATS_CACHE"] = str(tmp_path / "cache")
     try:
         assert main(["info", f"{server.url}/g/", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["format"] == "pt"
+        documents = _sharded("datatrove", tmp_path / "dt")  # a lazy folder: the commands read through the cache
+        publish(tmp_path / "dt", f"{server.url}/dt/")
+        assert main(["head", f"{server.url}/dt/", "-n", "1"]) == 0
+        assert f"({len(documents[0])} tokens)" in capsys.readouterr().out
+        assert main(["stats", f"{server.url}/dt/", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["documents"] == len(documents)
+        assert main(["verify", f"{server.url}/dt/"]) == 0
+        assert "ok" in capsys.readouterr().out
     finally:
         del os.environ["TOKFORMATS_CACHE"]
-    assert json.loads(capsys.readouterr().out)["format"] == "pt"
 
 
 # -- S3 through fsspec, against moto's server on 127.0.0.1 -------------------------------------------------
