@@ -515,6 +515,12 @@ def test_command_line_publish_and_info(tmp_path: Path, server: FileServer, capsy
         assert "ok" in capsys.readouterr().out
     finally:
         del os.environ["TOKFORMATS_CACHE"]
+    # fetch: the whole dataset into a cache now (a node before training), then offline it is all there
+    assert main(["fetch", f"{server.url}/dt/", "--cache-dir", str(tmp_path / "warm"), "--json"]) == 0
+    fetched = json.loads(capsys.readouterr().out)
+    assert {"00000_unshuffled.ds", "00002_unshuffled.ds.index"} <= set(fetched["files"]) and fetched["bytes"] > 0
+    assert main(["fetch", f"{server.url}/dt/", "--cache-dir", str(tmp_path / "warm"), "--offline"]) == 0
+    assert "verified in" in capsys.readouterr().out
 
 
 # -- S3 through fsspec, against moto's server on 127.0.0.1 -------------------------------------------------

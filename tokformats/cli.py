@@ -12,6 +12,7 @@ import json
 import os
 import random
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -396,6 +397,30 @@ def _cmd_publish(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_fetch(args: argparse.Namespace) -> int:
+    from .remote import fetch
+
+    started = time.perf_counter()
+    dataset = fetch(
+        args.url, cache_dir=args.cache_dir, max_cache_bytes=args.max_cache_bytes, offline=args.offline or None
+    )
+    dataset.lease.release()
+    folder = dataset.cache.folder
+    size = sum((folder / name).stat().st_size for name in dataset.files if (folder / name).is_file())
+    summary = {
+        "url": args.url,
+        "folder": str(folder),
+        "files": dataset.files,
+        "bytes": size,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+    if args.json:
+        _print_json(summary)
+        return 0
+    print(f"{len(dataset.files)} files ({size:,} bytes) verified in {folder} ({summary['seconds']:.1f} s)")
+    return 0
+
+
 def _cmd_formats(args: argparse.Namespace) -> int:
     rows = [
         {
@@ -564,6 +589,21 @@ def build_parser() -> argparse.ArgumentParser:
     publishing.add_argument("url", help="where to publish it (https://, s3://, gs://, hf://)")
     publishing.add_argument("--dry-run", action="store_true", help="say what would be uploaded, upload nothing")
     _add_json(publishing)
+
+    fetching = _command(
+        commands,
+        "fetch",
+        "download a dataset by URL into the verified cache now (a node warming its cache before training)",
+        "tokformats fetch s3://bucket/genesis/ --cache-dir ~/.cache/tokformats",
+        _cmd_fetch,
+    )
+    fetching.add_argument("url", help="a folder URL (ending in /), a file or prefix, or a glob on a store that lists")
+    fetching.add_argument("--cache-dir", help="the cache root (default: $TOKFORMATS_CACHE or ~/.cache/tokformats)")
+    fetching.add_argument(
+        "--max-cache-bytes", type=float, metavar="N", help="evict least-recently-used files no reader holds beyond N"
+    )
+    fetching.add_argument("--offline", action="store_true", help="use the cache only: fail naming a file not there")
+    _add_json(fetching)
 
     merging = _command(
         commands,
