@@ -460,6 +460,17 @@ def test_a_lazy_reader_pickles_and_feeds_megatron_samples(tmp_path: Path, server
         copy.close()
 
 
+def test_convert_from_a_url(tmp_path: Path, server: FileServer) -> None:
+    documents = _sharded("litdata", tmp_path / "local")
+    publish(tmp_path / "local", f"{server.url}/d/")
+    tokformats.convert(f"{server.url}/d/", tmp_path / "out" / "corpus", "megatron",
+                       source_options={"cache_dir": tmp_path / "cache"})  # fmt: skip
+    converted = tokformats.open(tmp_path / "out" / "corpus")
+    assert len(converted) == len(documents)
+    for got, want in zip(converted, documents):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_litdata_lengths_by_url_read_chunk_headers_only(tmp_path: Path, server: FileServer) -> None:
     documents = _sharded("litdata", tmp_path / "local")
     publish(tmp_path / "local", f"{server.url}/d/")
