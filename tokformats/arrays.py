@@ -204,8 +204,9 @@ class LazyArray:
 
     @property
     def data(self) -> np.ndarray:
-        """The data, loading it the first time."""
-        if self._data is None:
+        """The data, loading it the first time (and again after :meth:`unload`)."""
+        data = self._data  # one read: another thread may unload it meanwhile
+        if data is None:
             from .errors import FormatError
 
             data = self._load()
@@ -215,7 +216,7 @@ class LazyArray:
                     f"{self.dtype.name}."
                 )
             self._data = data
-        return self._data
+        return data
 
     def __len__(self) -> int:
         return self._length
