@@ -460,6 +460,18 @@ def test_a_lazy_reader_pickles_and_feeds_megatron_samples(tmp_path: Path, server
         copy.close()
 
 
+def test_a_lazy_reader_used_again_after_close_and_eviction(tmp_path: Path, server: FileServer) -> None:
+    documents = _sharded("datatrove", tmp_path / "local")
+    publish(tmp_path / "local", f"{server.url}/d/")
+    reader = tokformats.open(f"{server.url}/d/", cache_dir=tmp_path / "cache")
+    np.testing.assert_array_equal(reader[0], documents[0])
+    reader.close()  # nothing held now: eviction may take every file, index files included
+    Cache(f"{server.url}/d", cache_dir=tmp_path / "cache", max_cache_bytes=1).evict()
+    assert not [p for p in (tmp_path / "cache").rglob("*.ds*") if ".tokformats-locks" not in p.parts]
+    np.testing.assert_array_equal(reader[-1], documents[-1])  # the index files and that file come back
+    reader.close()
+
+
 def test_convert_from_a_url(tmp_path: Path, server: FileServer) -> None:
     documents = _sharded("litdata", tmp_path / "local")
     publish(tmp_path / "local", f"{server.url}/d/")

@@ -59,6 +59,7 @@ class RemoteFiles:
         self._held: OrderedDict[str, Lease] = OrderedDict()
         self._unloaders: dict[str, list[weakref.WeakMethod[Callable[[], None]]]] = {}
         self._guard = threading.Lock()
+        self._index_released = False
         for name in self.index:  # held while the reader lives (fetched again if evicted since it was pickled)
             self._fetch(name, self._index_lease)
 
@@ -143,6 +144,10 @@ class RemoteFiles:
         name = self.name_of(path)
         if not ahead:
             self.last_read = Path(path)
+        if self._index_released:  # the reader is used again after close(): its index files come back first
+            self._index_released = False
+            for index in self.index:
+                self._fetch(index, self._index_lease)
         lease = Lease()
         found = self._fetch(name, lease)
         with self._guard:
@@ -237,6 +242,7 @@ class RemoteFiles:
         for lease in held:
             lease.release()
         self._index_lease.release()
+        self._index_released = True
 
 
 def prefetch_after(remote: RemoteFiles | None, paths: Sequence[Path], count: int,
