@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tokformats
-from tokformats import DTypeError, FormatError, SizeMismatchError
+from tokformats import DTypeError, FormatError, NoFilesError, SizeMismatchError
 from tokformats.formats import datatrove
 from tokformats.testing import TokenFormatTests, random_corpus
 
@@ -83,6 +83,16 @@ def test_without_index_the_file_is_one_document_and_needs_a_dtype(tmp_path: Path
         datatrove.Reader(tmp_path / "a.ds")
     with datatrove.Reader(tmp_path / "a.ds", dtype="uint16") as reader:
         assert [d.tolist() for d in reader] == [[1, 2, 3, 4]]
+
+
+def test_an_index_deleted_after_open_is_an_error_not_one_document(tmp_path: Path) -> None:
+    with tokformats.create(tmp_path / "a.ds", "datatrove", vocab_size=100) as writer:
+        for document in ([1, 2], [3, 4, 5]):
+            writer.write(document)
+    reader = tokformats.open(tmp_path / "a.ds")
+    (tmp_path / "a.ds.index").unlink()
+    with pytest.raises(NoFilesError, match=r"a\.ds\.index was there when the reader opened"):
+        len(reader)
 
 
 def test_lying_index_is_an_error_naming_the_file(tmp_path: Path) -> None:

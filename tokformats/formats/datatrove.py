@@ -203,6 +203,8 @@ class Reader(PartsReader):
             if not (file.is_file() or (remote is not None and remote.has(file))):
                 raise NoFilesError(f"{file} does not exist.")
             parts.append(self._part(file, dtype))
+        #: Which files had a ``.ds.index`` at open: one that disappears later is an error, not one document.
+        self._indexed = [Path(os.fspath(p.path) + INDEX).is_file() for p in parts]
         self._set_parts(parts)
         self.shards  # noqa: B018 - map now: what was validated is what is read
 
@@ -250,8 +252,10 @@ class Reader(PartsReader):
     def _part_offsets(self, index: int) -> np.ndarray:
         part = self._parts[index]
         index_path = Path(os.fspath(part.path) + INDEX)
-        if not index_path.is_file():
+        if not self._indexed[index]:
             return np.array([0, part.tokens], dtype=np.int64)
+        if not index_path.is_file():
+            raise NoFilesError(f"{index_path} was there when the reader opened and is gone; open the dataset again.")
         self._check_pin(part.path)
         ends = np.fromfile(index_path, dtype="<u8")
         return checked_offsets(np.concatenate([[0], ends.astype(np.int64)]), part.tokens, str(index_path), "ends")
