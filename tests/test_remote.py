@@ -471,6 +471,16 @@ def test_a_lazy_reader_used_again_after_close_and_eviction(tmp_path: Path, serve
     np.testing.assert_array_equal(reader[-1], documents[-1])  # the index files and that file come back
     reader.close()
 
+    flat, lengths = random_corpus(np.random.default_rng(5), 50, low=0, high=900)
+    with tokformats.create(tmp_path / "m" / "corpus", "megatron", vocab_size=1000) as writer:
+        writer.write_batch(flat, lengths)
+    publish(tmp_path / "m", f"{server.url}/m/")
+    reader = tokformats.open(f"{server.url}/m/corpus", cache_dir=tmp_path / "cache")
+    reader.close()  # its .idx map is dropped; eviction takes the .idx
+    Cache(f"{server.url}/m", cache_dir=tmp_path / "cache", max_cache_bytes=1).evict()
+    assert reader.lengths.tolist() == lengths.tolist()  # the .idx is mapped again: fetched (and verified) first
+    reader.close()
+
 
 def test_convert_from_a_url(tmp_path: Path, server: FileServer) -> None:
     documents = _sharded("litdata", tmp_path / "local")

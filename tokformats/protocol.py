@@ -260,7 +260,10 @@ class TokenReader(Reader[np.ndarray]):
                 )
 
     def _map(self, path: Path, dtype: np.dtype, offset: int = 0, count: int | None = None) -> np.ndarray:
-        """A read-only map of a pinned file, after checking it is still the file that was opened."""
+        """A read-only map of a pinned file, after checking it is still the file that was opened (for a dataset
+        opened by URL, fetched again first if eviction took it while the reader was closed)."""
+        if self._remote is not None and not os.path.exists(path) and self._remote.has(path):
+            self._fetched(path)
         self._check_pin(path)
         try:
             return map_file(path, dtype, offset, count)
