@@ -181,18 +181,11 @@ def _is_shard(path: Path | Probe) -> bool:
 
 def remote_lazy(folder: Path, names: list[str]) -> bool:
     """Whether shards opened by URL can be fetched on first use: every ``.bin`` is named like an llm.c shard
-    (``{name}_{index}.bin``) and is no Megatron ``.bin`` (no ``.idx`` arrived beside it), and no other format's index
-    came with them. Each shard's header is then read by range; documents are found by scanning the tokens, so
-    ``len()`` and documents fetch every shard, while ``tokens`` and windows fetch the shards they touch."""
+    (``{name}_{index}.bin``); formats whose index files came with them were asked first. Each shard's header is then
+    read by range; documents are found by scanning the tokens, so ``len()`` and documents fetch every shard, while
+    ``tokens`` and windows fetch the shards they touch."""
     shards = [n for n in names if n.endswith(".bin")]
-    indexes = {"meta.json", "index.json", "manifest.json", "state.json"}
-    megatron = [n for n in shards if (folder / (n[: -len(".bin")] + ".idx")).is_file()]
-    return (
-        bool(shards)
-        and not megatron
-        and all(_SHARD_NAME.match(Path(n).name) for n in shards)
-        and not any(Path(n).name in indexes for n in names)
-    )
+    return bool(shards) and all(_SHARD_NAME.match(Path(n).name) for n in shards)
 
 
 def detect(probe: Probe) -> bool:

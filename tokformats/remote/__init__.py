@@ -277,7 +277,13 @@ def _open_lazily(url: str, cache_options: dict[str, Any], options: dict[str, Any
 
     index = fetch(url, names=[], **cache_options)
     names = [e.name for e in index.entries]
-    for descriptor in formats.values():
+
+    def keyed(descriptor: Any) -> bool:
+        """Whether an index file fetched here is one this format publishes last (so it is asked first)."""
+        patterns = getattr(descriptor.load(), "PUBLISHED_LAST", ())
+        return any(fnmatch.fnmatch(Path(n).name, p) for n in index.files for p in patterns)
+
+    for descriptor in sorted(formats.values(), key=lambda d: not keyed(d)):  # stable: registry order within
         hook = getattr(descriptor.load(), "remote_lazy", None)
         if hook is None or options.get("format") not in (None, descriptor.name) or not hook(index.cache.folder, names):
             continue
