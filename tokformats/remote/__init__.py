@@ -163,6 +163,44 @@ def _entries_with_records(cache: Cache, entries: list[Entry]) -> list[Entry]:
     return merged
 
 
+@dataclass
+class _Plan:
+    """What a URL means: its cache, every file of the dataset (with what its records say), and the local path a
+    reader opens."""
+
+    url: str
+    cache: Cache
+    entries: list[Entry]
+    target: Path | list[Path]
+
+
+def _plan(url: str, **cache_options: Any) -> _Plan:
+    """The files of the dataset at ``url`` (a folder's listing, ``SHA256SUMS`` or index; a file and its companions;
+    the matches of a glob). A folder's index files are fetched to read their records."""
+    pattern = _split_pattern(url)
+    if pattern is not None:
+        base, glob_pattern = pattern
+        cache = Cache(base, **cache_options)
+        sums = cache.sums()
+        listing = (None if cache.offline else cache.backend.listing(base)) or list(sums)
+        chosen = sorted(n for n in listing if fnmatch.fnmatch(n, glob_pattern))
+        if not chosen:
+            raise NotFoundError(f"the pattern {url!r} matches no file.")
+        entries = [Entry(n, sha256=sums.get(n)) for n in chosen]
+        for name in chosen:
+            entries += [Entry(c, required=r) for c, r in _companions(name) if c not in chosen]
+        return _Plan(url, cache, entries, [cache.path(n) for n in chosen])
+    if url.endswith("/"):
+        cache = Cache(url, **cache_options)
+        return _Plan(url, cache, _entries_with_records(cache, _folder_entries(cache, cache.sums())), cache.folder)
+    base, name = url.rsplit("/", 1)
+    cache = Cache(base, **cache_options)
+    sums = cache.sums()
+    entries = [Entry(name, sha256=sums.get(name), required=False)]
+    entries += [Entry(c, sha256=sums.get(c), required=r) for c, r in _companions(name)]
+    return _Plan(url, cache, entries, cache.path(name))
+
+
 def fetch(
     url: str,
     *,
@@ -177,34 +215,15 @@ def fetch(
     into the cache, index files first, each file verified; ``names`` limits the fetch to those files (plus the
     index files; ``[]``: the index files alone, which may be none). ``adopt`` maps file names to files already on
     disk that are used when they verify."""
-    pattern = _split_pattern(url)
-    every: list[Entry] | None = None
-    if pattern is not None:
-        base, glob_pattern = pattern
-        cache = Cache(base, cache_dir=cache_dir, max_cache_bytes=max_cache_bytes, offline=offline, backend=backend)
-        sums = cache.sums()
-        listing = (None if cache.offline else cache.backend.listing(base)) or list(sums)
-        chosen = sorted(n for n in listing if fnmatch.fnmatch(n, glob_pattern))
-        if not chosen:
-            raise NotFoundError(f"the pattern {url!r} matches no file.")
-        entries = [Entry(n, sha256=sums.get(n)) for n in chosen]
-        for name in chosen:
-            entries += [Entry(c, required=r) for c, r in _companions(name) if c not in chosen]
-        target: Path | list[Path] = [cache.path(n) for n in chosen]
-    elif url.endswith("/"):
-        cache = Cache(url, cache_dir=cache_dir, max_cache_bytes=max_cache_bytes, offline=offline, backend=backend)
-        sums = cache.sums()
-        entries = _entries_with_records(cache, _folder_entries(cache, sums))
-        target = cache.folder
-    else:
-        base, name = url.rsplit("/", 1)
-        cache = Cache(base, cache_dir=cache_dir, max_cache_bytes=max_cache_bytes, offline=offline, backend=backend)
-        sums = cache.sums()
-        entries = [Entry(name, sha256=sums.get(name), required=False)]
-        entries += [Entry(c, sha256=sums.get(c), required=r) for c, r in _companions(name)]
-        target = cache.path(name)
-    if names is not None:  # the index files and the files named
-        every = entries
+    plan = _plan(url, cache_dir=cache_dir, max_cache_bytes=max_cache_bytes, offline=offline, backend=backend)
+    return _bring(plan, names, adopt)
+
+
+def _bring(plan: _Plan, names: list[str] | None = None, adopt: dict[str, Path] | None = None) -> Dataset:
+    """Fetch the files of ``plan`` (those in ``names`` and the index files, when given) into its cache."""
+    cache = plan.cache
+    entries = plan.entries
+    if names is not None:
         wanted = set(names)
         entries = [e for e in entries if e.name in wanted or published_last(e.name)]
     # Index files first (a reader keys on them, and their records check the data files), then the data files, a few
@@ -223,11 +242,11 @@ def fetch(
     def get(entry: Entry) -> None:
         candidate = (adopt or {}).get(entry.name) or _adopted(cache.root, entry.name)
         try:
-            cache.fetch_held(entry.name, lease, size=entry.size, sha256=entry.sha256, adopt=candidate, keep=bringing)
+            cache.fetch_held(entry.name, lease, size=entry.size, sha256=entry.sha256, adopt=candidate,
+                             keep=bringing, listed_by=entry.listed_by)  # fmt: skip
         except NotFoundError as error:
             if entry.required:
-                listed = f" It is listed by {entry.listed_by}." if entry.listed_by else ""
-                raise type(error)(f"{error}{listed}") from None
+                raise
             missing.append(error)
             return
         done[entry.name] = True
@@ -245,8 +264,8 @@ def fetch(
             raise
     fetched = list(dict.fromkeys(e.name for e in entries if e.name in done))
     if not fetched and names != []:
-        raise missing[0] if missing else NotFoundError(f"{url} does not exist.")
-    return Dataset(target, fetched, cache, lease, every if every is not None else entries)
+        raise missing[0] if missing else NotFoundError(f"{plan.url} does not exist.")
+    return Dataset(plan.target, fetched, cache, lease, plan.entries)
 
 
 def open_url(url: str, **options: Any) -> Any:
@@ -258,24 +277,25 @@ def open_url(url: str, **options: Any) -> Any:
     from ..api import open as open_path
 
     cache_options = {k: options.pop(k) for k in _CACHE_OPTIONS if k in options}
+    plan = _plan(url, **cache_options)  # once: a dataset no format opens lazily is fetched from the same listing
     if "backend" not in cache_options:
-        lazy = _open_lazily(url, cache_options, options)
+        lazy = _open_lazily(plan, cache_options, options)
         if lazy is not None:
             return lazy
-    dataset = fetch(url, **cache_options)
+    dataset = _bring(plan)
     reader = open_path(dataset.target, **options)
     reader.hold(dataset.lease)  # released by close() (or when the reader is collected)
     return reader
 
 
-def _open_lazily(url: str, cache_options: dict[str, Any], options: dict[str, Any]) -> Any:
+def _open_lazily(plan: _Plan, cache_options: dict[str, Any], options: dict[str, Any]) -> Any:
     """A dataset (a folder, a file or prefix, a glob) whose format can fetch its data files on first use opens with
     its index files only (its module's ``remote_lazy(folder, names)`` says whether the index files, fetched here, or
     headers read by range tell how large every data file is and where its documents are); else None."""
     from ..api import open as open_path
     from .lazy import RemoteFiles
 
-    index = fetch(url, names=[], **cache_options)
+    index = _bring(plan, names=[])
     names = [e.name for e in index.entries]
 
     def keyed(descriptor: Any) -> bool:

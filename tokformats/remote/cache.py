@@ -286,11 +286,18 @@ class Cache:
         sha256: str | None = None,
         adopt: Path | None = None,
         keep: frozenset[Path] | set[Path] = frozenset(),
+        listed_by: str | None = None,
     ) -> Path:
         """:meth:`fetch`, then hold ``name`` in ``lease`` (eviction spares it) and evict down to
-        ``max_cache_bytes`` (sparing ``keep`` too: the files a fetch under way is bringing)."""
+        ``max_cache_bytes`` (sparing ``keep`` too: the files a fetch under way is bringing). ``listed_by``: the index
+        that names the file, said by a :class:`NotFoundError`."""
         for _ in range(3):  # another process's eviction may take the file between our fetch and our lease
-            path = self.fetch(name, size=size, sha256=sha256, adopt=adopt)
+            try:
+                path = self.fetch(name, size=size, sha256=sha256, adopt=adopt)
+            except NotFoundError as error:
+                if listed_by is None:
+                    raise
+                raise type(error)(f"{error} It is listed by {listed_by}.") from None
             lease.add(self.lock_path(name))
             if path.is_file():
                 self.evict(keep={path, *keep})

@@ -59,9 +59,7 @@ class RemoteFiles:
         self._held: OrderedDict[str, Lease] = OrderedDict()
         self._unloaders: dict[str, list[weakref.WeakMethod[Callable[[], None]]]] = {}
         self._guard = threading.Lock()
-        self._index_released = False
-        for name in self.index:  # held while the reader lives (fetched again if evicted since it was pickled)
-            self._fetch(name, self._index_lease)
+        self._hold_index()
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (RemoteFiles, (self.url, self.folder, self.entries, self.options, self.index))
@@ -145,9 +143,7 @@ class RemoteFiles:
         if not ahead:
             self.last_read = Path(path)
         if self._index_released:  # the reader is used again after close(): its index files come back first
-            self._index_released = False
-            for index in self.index:
-                self._fetch(index, self._index_lease)
+            self._hold_index()
         lease = Lease()
         found = self._fetch(name, lease)
         with self._guard:
@@ -158,15 +154,16 @@ class RemoteFiles:
         self._shrink()
         return found
 
+    def _hold_index(self) -> None:
+        """Fetch (again, if eviction took them) and hold the index files, for as long as the reader lives."""
+        self._index_released = False
+        for name in self.index:
+            self._fetch(name, self._index_lease)
+
     def _fetch(self, name: str, lease: Lease) -> Path:
         entry = self.entries.get(name, {})
-        try:
-            return self.cache.fetch_held(
-                name, lease, size=entry.get("size"), sha256=entry.get("sha256"), adopt=self._adoptable(name)
-            )
-        except NotFoundError as error:
-            listed = f" It is listed by {entry['listed_by']}." if entry.get("listed_by") else ""
-            raise type(error)(f"{error}{listed}") from None
+        return self.cache.fetch_held(name, lease, size=entry.get("size"), sha256=entry.get("sha256"),
+                                     adopt=self._adoptable(name), listed_by=entry.get("listed_by"))  # fmt: skip
 
     def on_release(self, path: Path | str, unload: Callable[[], None]) -> None:
         """Call ``unload`` (a bound method, held weakly) when this reader stops holding ``path`` (so that the map
