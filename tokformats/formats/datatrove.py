@@ -216,9 +216,7 @@ class Reader(PartsReader):
         last, token_size = _last_end(file), _metadata_token_size(file)
         if token_size is None and dtype is not None:
             token_size = resolve_dtype(dtype, None, format="datatrove", allowed=("uint16", "uint32")).itemsize
-        if self._remote.recorded_size(file) is None and last is not None and token_size is not None:
-            self._remote.expect(file, last * token_size)
-        return self._remote.size(file)
+        return self._remote.size(file, last * token_size if last is not None and token_size is not None else None)
 
     def _part(self, file: Path, dtype: npt.DTypeLike | None) -> Part:
         size = self._data_size(file, dtype)

@@ -213,9 +213,10 @@ class Reader(PartsReader):
         if not self._remote.has(file):
             raise NoFilesError(f"{file} is not a file of {self._remote.url}.")
         rows = self._rows.get(k)
-        if self._remote.recorded_size(file) is None and rows is not None and dtype is not None:
-            self._remote.expect(file, (int(rows[1][-1]) if len(rows[1]) else 0) * parse_dtype(dtype).itemsize)
-        return self._remote.size(file)
+        implied = None
+        if rows is not None and dtype is not None:
+            implied = (int(rows[1][-1]) if len(rows[1]) else 0) * parse_dtype(dtype).itemsize
+        return self._remote.size(file, implied)
 
     def _part_offsets(self, index: int) -> np.ndarray:
         part = self._parts[index]

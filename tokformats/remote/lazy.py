@@ -111,12 +111,16 @@ class RemoteFiles:
         size = self.entries.get(self.name_of(path), {}).get("size")
         return size if isinstance(size, int) else None
 
-    def size(self, path: Path | str) -> int:
-        """The size of ``path`` in bytes: what the dataset's records say, else the cached copy's, else the store's
-        (one HEAD request; no data is downloaded)."""
+    def size(self, path: Path | str, implied: int | None = None) -> int:
+        """The size of ``path`` in bytes: what the dataset's records say, else ``implied`` (what a reader's index
+        files make it; the download is checked against it), else the cached copy's, else the store's (one HEAD
+        request; no data is downloaded)."""
         recorded = self.recorded_size(path)
         if recorded is not None:
             return recorded
+        if implied is not None:
+            self.expect(path, implied)
+            return implied
         name = self.name_of(path)
         cached = self.cache.cached(name)
         size = cached.stat().st_size if cached is not None else self.cache.stat(name).size
