@@ -114,8 +114,8 @@ def test_loss_masks_are_read(tmp_path: Path) -> None:
         writer.write([4, 5])
     (tmp_path / "a.ds.loss").write_bytes(bytes([0, 1, 1, 1, 0]))
     with tokformats.open(tmp_path / "a.ds") as reader:
-        assert reader.loss_mask(0).tolist() == [False, True, True]
-        assert reader.loss_mask(-1).tolist() == [True, False]
+        assert reader.loss_mask(0).tolist() == [0, 1, 1] and reader.loss_mask(0).dtype == np.uint8
+        assert reader.loss_mask(-1).tolist() == [1, 0]
         assert reader.metadata["loss"] is True
 
 

@@ -328,6 +328,24 @@ class TokenReader(Reader[np.ndarray]):
 
         return prefetch_after(self._remote, self._data_files(), count, self.hold)
 
+    # -- the per-token side stream: which tokens are trained on ------------------------------------
+    @property
+    def loss_masks(self) -> TokenArray | None:
+        """The stored loss mask of every token: a flat uint8 array parallel to :attr:`tokens` (1: the token is
+        trained on, 0: it is not), sliced by the same :attr:`offsets`; None when the dataset stores no mask (every
+        token is trained on). Formats that store masks (datatrove's ``.ds.loss``, ...) override it."""
+        return None
+
+    def loss_mask(self, index: int) -> np.ndarray:
+        """Document ``index``'s loss mask: uint8, as long as ``self[index]``, 1 where the token is trained on
+        (all ones when the dataset stores no mask)."""
+        position = checked_position(index, len(self), "document", "documents", f" in {self.path}")
+        start, stop = self.offsets.item(position), self.offsets.item(position + 1)
+        masks = self.loss_masks
+        if masks is None:
+            return np.ones(stop - start, dtype=np.uint8)
+        return np.asarray(masks[start:stop], dtype=np.uint8)
+
     def span(self, start: int, stop: int) -> np.ndarray:
         """Tokens ``start:stop`` of the whole stream as a plain ndarray (a view whenever they lie in one file)."""
         return self._view[start:stop]

@@ -182,7 +182,7 @@ class Reader(PartsReader):
         remote: set by ``tokformats.open(URL)``: the dataset's files, each ``.ds`` fetched on first use.
 
     Without a ``.ds.index`` (datatrove's ``save_index=False``) a file reads as one document. :meth:`loss_mask`
-    gives the ``.ds.loss`` bytes of a document when the files have them.
+    gives the ``.ds.loss`` bytes of a document (uint8) when the files have them.
     """
 
     format = "datatrove"
@@ -274,13 +274,10 @@ class Reader(PartsReader):
             maps.append(self._map(path, np.dtype("u1")) if part.tokens else np.zeros(0, dtype="u1"))
         return maps[0] if len(maps) == 1 else ConcatenatedArray(maps)
 
-    def loss_mask(self, index: int) -> np.ndarray:
-        """Document ``index``'s loss mask as booleans (True: the token counts in the loss)."""
-        if self.loss is None:
-            raise FormatError(f"{self.path}: these datatrove files have no {LOSS} files.")
-        position = int(index) + len(self) if int(index) < 0 else int(index)
-        start, stop = self.offsets[position], self.offsets[position + 1]
-        return np.asarray(self.loss[start:stop]).astype(bool)
+    @property
+    def loss_masks(self) -> ConcatenatedArray | np.ndarray | None:
+        """The ``.ds.loss`` bytes of every token (see :attr:`tokformats.TokenReader.loss_masks`)."""
+        return self.loss
 
     def _cached_maps(self) -> tuple[str, ...]:
         return (*super()._cached_maps(), "loss")
