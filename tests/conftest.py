@@ -53,8 +53,8 @@ def reliability_long(request: pytest.FixtureRequest) -> bool:
 def tokenizer_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small byte-level BPE (``<|endoftext|>`` among its specials) trained on the package's built-in sample text,
     so that tests needing a tokenizer run on a fresh clone without ``shared/``."""
-    from tokformats.samples import sample_texts
-    from tokformats.tokenizer import train_tokenizer
+    from tokformats.tokenization.sample_text import sample_texts
+    from tokformats.tokenization.tokenizer import train_tokenizer
 
     path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
     train_tokenizer(sample_texts(300), 500, progress=False).save(str(path))

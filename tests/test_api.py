@@ -142,7 +142,7 @@ def test_python_dash_m_quickstart_runs_every_writable_format() -> None:
 
 
 def test_sample_texts_are_deterministic_and_multibyte() -> None:
-    from tokformats.samples import sample_texts
+    from tokformats.tokenization.sample_text import sample_texts
 
     first, again = sample_texts(50), sample_texts(50)
     assert first == again and len(first) == 50
@@ -171,7 +171,7 @@ def test_formats_register_through_the_entry_point_group(monkeypatch: pytest.Monk
     """A plugin package declares ``[project.entry-points."tokformats.formats"]``; tokformats loads it lazily."""
     import importlib.metadata
 
-    from tokformats import registry
+    from tokformats.core import registry
 
     plugin = tokformats.FormatDescriptor("plugin-raw", "a plugin", (".plg",), "tokformats.formats.raw", False)
 
@@ -195,7 +195,7 @@ def test_formats_register_through_the_entry_point_group(monkeypatch: pytest.Monk
     monkeypatch.setattr(registry, "_plugins_loaded", False)
     try:
         with pytest.warns(UserWarning, match="failed to load"):
-            assert tokformats.registry.descriptor("plugin-raw") is plugin
+            assert registry.descriptor("plugin-raw") is plugin
         assert "plugin-raw" in tokformats.formats
     finally:
         registry._REGISTRY.pop("plugin-raw", None)

@@ -251,7 +251,7 @@ def test_ctrl_c_during_tokenize_says_how_to_resume(tmp_path: Path, tokenizer_pat
 def test_progress_counts_encoded_bytes_and_can_be_forced(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], tokenizer_path: Path
 ) -> None:
-    from tokformats.pipeline import Progress, Stats
+    from tokformats.tokenization.pipeline import Progress, Stats
 
     class Read:
         count = 900  # the reader thread is ahead: 900 of 1,000 bytes read
@@ -270,7 +270,7 @@ def test_progress_counts_encoded_bytes_and_can_be_forced(
 def test_quickstart_skips_a_format_whose_extra_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from tokformats.quickstart import run
+    from tokformats.cli.quickstart import run
 
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # as on a machine with only `pip install tokformats`
     rows = {row["format"]: row["check"] for row in run(documents=100, vocab_size=400)}

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import tokformats
-from tokformats import pipeline
 from tokformats.api import corpus_writers
-from tokformats.engines import (
+from tokformats.tokenization import pipeline
+from tokformats.tokenization.engines import (
     Engine,
     EngineError,
     EngineMismatchError,
@@ -22,7 +22,7 @@ from tokformats.engines import (
     first_difference,
     select_engine,
 )
-from tokformats.samples import sample_texts
+from tokformats.tokenization.sample_text import sample_texts
 
 
 def _tokenizer(path: Path) -> Any:

@@ -90,7 +90,7 @@ def test_info_warns_when_the_delimiter_never_occurs(tmp_path: Path, capsys: pyte
 
     with tokformats.create(tmp_path / "one", "llmc", vocab_size=50257) as writer:
         writer.write_batch(np.arange(1, 101), [100])  # no delimiter anywhere: one document
-    from tokformats.inspect import describe
+    from tokformats.cli.describe import describe
 
     with tokformats.open(tmp_path / "one_000000.bin") as reader:
         info = describe(reader)

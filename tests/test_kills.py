@@ -209,7 +209,7 @@ OPENED = {"convert": "{target}_[0-9]*.bin", "merge": "{target}", "tokenize": "{t
 
 @pytest.mark.parametrize("operation", ["convert", "merge", "tokenize"])
 def test_kills_during_convert_merge_and_tokenize(tmp_path: Path, operation: str) -> None:
-    from tokformats.tokenizer import train_tokenizer
+    from tokformats.tokenization.tokenizer import train_tokenizer
 
     source = tmp_path / "source"
     source.mkdir()

@@ -16,7 +16,7 @@ import tokformats
 from tokformats import FormatError, HeaderError, OutputExistsError, SizeMismatchError, TokenRangeError
 from tokformats.cli import main
 from tokformats.formats.llmc_vocab import Vocab
-from tokformats.tokenizer import SPECIAL_TOKENS, padded_vocab_size, text_decoder, train_tokenizer
+from tokformats.tokenization.tokenizer import SPECIAL_TOKENS, padded_vocab_size, text_decoder, train_tokenizer
 
 
 @pytest.fixture(scope="module")

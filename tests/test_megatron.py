@@ -12,7 +12,7 @@ import pytest
 
 import tokformats
 from tokformats import DTypeError, FormatError, HeaderError, SizeMismatchError
-from tokformats.checks import VerificationError
+from tokformats.core.reports import VerificationError
 from tokformats.formats import megatron
 from tokformats.testing import TokenFormatTests
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import tokformats
-from tokformats import FormatError, NoFilesError, OutputExistsError, SizeMismatchError, UnsafePickleError, torchfile
+from tokformats import FormatError, NoFilesError, OutputExistsError, SizeMismatchError, UnsafePickleError
+from tokformats.formats import _torchfile as torchfile
 from tokformats.formats import pt
 from tokformats.testing import TokenFormatTests
 

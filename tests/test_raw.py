@@ -79,7 +79,7 @@ def test_eos_and_bos_splitting(tmp_path: Path) -> None:
 
 
 def test_splitting_scans_in_chunks(tmp_path: Path) -> None:
-    from tokformats.documents import split_offsets
+    from tokformats.core.documents import split_offsets
 
     tokens = np.array([1, 0, 2, 3, 0, 4, 0, 0, 5], dtype=np.uint16)
     for chunk in (1, 2, 3, 100):

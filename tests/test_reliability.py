@@ -162,7 +162,8 @@ def test_a_huge_memo_index_is_refused_before_unpickling(tmp_path: Path) -> None:
 
 
 def test_build_on_an_allowed_global_is_refused(tmp_path: Path) -> None:
-    from tokformats import UnsafePickleError, torchfile
+    from tokformats import UnsafePickleError
+    from tokformats.formats import _torchfile as torchfile
 
     defaults = torchfile._rebuild_v2.__defaults__
     evil = b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\n}X\x0c\x00\x00\x00__defaults__(K\x07tsb."
@@ -369,7 +370,7 @@ CRAFTED = {
 def test_crafted_pickles_never_run_code(tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    from tokformats import torchfile
+    from tokformats.formats import _torchfile as torchfile
 
     ran: list[str] = []
     monkeypatch.setattr(os, "system", lambda *a: ran.append("os.system") or 0)

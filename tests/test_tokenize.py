@@ -20,9 +20,9 @@ from tokenizers import Tokenizer
 import tokformats
 from tokformats import FormatError, OutputExistsError
 from tokformats.formats import megatron
-from tokformats.pipeline import assign_splits, output_paths, parse_split
-from tokformats.samples import sample_texts
-from tokformats.sources import SourceError
+from tokformats.tokenization.pipeline import assign_splits, output_paths, parse_split
+from tokformats.tokenization.sample_text import sample_texts
+from tokformats.tokenization.sources import SourceError
 
 
 @pytest.fixture(scope="module")
@@ -398,7 +398,7 @@ def test_cli_tokenize(
 
 def test_fast_json_parser_changes_no_text(tmp_path: Path) -> None:
     """orjson (when installed) parses JSONL; what it refuses goes to json, so texts and errors are the same."""
-    from tokformats import sources
+    from tokformats.tokenization import sources
 
     lines = [
         b'{"text": "caf\\u00e9 \\ud800 lone surrogate"}',

@@ -15,8 +15,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from . import _moved
 from .api import convert, create, open
-from .arrays import ConcatenatedArray
+from .core.arrays import ConcatenatedArray
+from .core.protocol import Reader, TokenReader, TokenWriter, Writer
+from .core.registry import FormatDescriptor, detect, register
+from .core.registry import formats as _format_table
 from .errors import (
     ConfigError,
     DataWarning,
@@ -30,9 +34,6 @@ from .errors import (
     UnknownFormatError,
     UnsafePickleError,
 )
-from .protocol import Reader, TokenReader, TokenWriter, Writer
-from .registry import FormatDescriptor, detect, register
-from .registry import formats as _format_table
 
 # Importing the package tokformats/formats/ binds ``tokformats.formats`` to it (once, on its first import);
 # the public name is the registry's read-only table, so the package is imported first and the name rebound.
@@ -41,19 +42,21 @@ formats = _format_table
 
 __version__ = "0.1.0"
 
+_moved.install()  # the module paths of 0.1, for one release
+
 if TYPE_CHECKING:
-    from .pipeline import tokenize
     from .remote import publish
-    from .tokenizer import train_tokenizer
+    from .tokenization.pipeline import tokenize
+    from .tokenization.tokenizer import train_tokenizer
 
 
 def __getattr__(name: str) -> Any:
     if name == "train_tokenizer":  # imports the tokenizer glue only when asked for
-        from .tokenizer import train_tokenizer
+        from .tokenization.tokenizer import train_tokenizer
 
         return train_tokenizer
     if name == "tokenize":
-        from .pipeline import tokenize
+        from .tokenization.pipeline import tokenize
 
         return tokenize
     if name == "publish":

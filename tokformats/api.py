@@ -6,12 +6,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .boundaries import choose_delimiter, delimit
-from .documents import document_runs
+from .core.boundaries import choose_delimiter, delimit
+from .core.documents import document_runs
+from .core.protocol import PathLike, Reader, TokenReader, TokenWriter, Writer
+from .core.registry import descriptor, detect, formats
 from .errors import DTypeError, FormatError, NoFilesError, UnknownFormatError
-from .journal import recover_near
-from .protocol import PathLike, Reader, TokenReader, TokenWriter, Writer
-from .registry import descriptor, detect, formats, is_url
+from .fs.journal import recover_near
+from .fs.paths import is_url
 
 __all__ = ["open", "create", "convert", "merge", "export_tokenizer", "vocabulary_formats", "corpus_writers"]
 
@@ -32,7 +33,7 @@ def open(path: Any, format: str | None = None, **options: Any) -> Reader[Any]:
     if is_url(path):
         from .remote import open_url
 
-        remote: Reader[Any] = open_url(path, format=format, **options)
+        remote: Reader[Any] = open_url(path, open, format=format, **options)
         return remote
     if format is None:
         recover_near(path)  # detection reads the files: a killed writer's commit is completed first
@@ -177,7 +178,7 @@ def vocabulary_formats() -> list[str]:
 
 def export_tokenizer(tokenizer: Any, path: PathLike, format: str, *, overwrite: bool = False) -> Path:
     """Write ``tokenizer``'s vocabulary (a ``tokenizers.Tokenizer`` or a tokenizer.json) in vocabulary ``format``."""
-    from .tokenizer import load_tokenizer
+    from .tokenization.tokenizer import load_tokenizer
 
     module = descriptor(format).load()
     exporter = getattr(module, "export_tokenizer", None)

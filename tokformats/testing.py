@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 
 import tokformats
-from tokformats import OutputExistsError, TokenRangeError
+
+from . import OutputExistsError, TokenRangeError
 
 __all__ = ["TokenFormatTests", "random_corpus"]
 
@@ -377,7 +378,7 @@ class TokenFormatTests:
     def test_converts_to_and_from_every_format(self, tmp_path: Path) -> None:
         """Into every other corpus format and back: the same documents (a delimiter the way through added stays
         at its end, or start), the same token count."""
-        from tokformats.api import corpus_writers
+        from .api import corpus_writers
 
         flat, lengths = random_corpus(np.random.default_rng(21), 15, low=max(self.low_id, 1), high=900)
         source = self.target(tmp_path, "src")

@@ -24,14 +24,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..arrays import ConcatenatedArray
-from ..checks import Problem
-from ..dtypes import resolve_dtype
+from ..core.arrays import ConcatenatedArray
+from ..core.dtypes import resolve_dtype
+from ..core.protocol import PathLike, TokenWriter
+from ..core.registry import FormatDescriptor, Probe
+from ..core.reports import Problem
 from ..errors import DTypeError, FormatError, NoFilesError, SizeMismatchError, option
-from ..limits import read_file
-from ..parts import Part, PartsReader, checked_offsets
-from ..protocol import PathLike, TokenWriter
-from ..registry import FormatDescriptor, Probe, expand_paths
+from ..fs.paths import expand_paths
+from ..fs.untrusted import read_file
+from ._parts import Part, PartsReader, checked_offsets
 
 if TYPE_CHECKING:
     import numpy.typing as npt

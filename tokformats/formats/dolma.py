@@ -26,14 +26,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..documents import add_delimiter, split_offsets
-from ..dtypes import check_id, parse_dtype, resolve_dtype
+from ..core.documents import add_delimiter, split_offsets
+from ..core.dtypes import check_id, parse_dtype, resolve_dtype
+from ..core.protocol import PathLike, TokenWriter
+from ..core.registry import FormatDescriptor, Probe
 from ..errors import DTypeError, FormatError, NoFilesError, SizeMismatchError, option
-from ..limits import MAX_DEFLATE_RATIO, require_regular
-from ..parts import Part, PartsReader, checked_offsets
-from ..protocol import PathLike, TokenWriter
-from ..registry import FormatDescriptor, Probe, expand_paths
-from ..shards import DocumentShards
+from ..fs.paths import expand_paths
+from ..fs.untrusted import MAX_DEFLATE_RATIO, require_regular
+from ._parts import Part, PartsReader, checked_offsets
+from ._shards import DocumentShards
 
 if TYPE_CHECKING:
     import numpy.typing as npt

@@ -26,14 +26,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..documents import offsets_from_lengths
-from ..dtypes import little_endian, resolve_dtype
+from ..core.documents import offsets_from_lengths
+from ..core.dtypes import little_endian, resolve_dtype
+from ..core.protocol import PathLike, TokenWriter
+from ..core.registry import FormatDescriptor, Probe
 from ..errors import DTypeError, FormatError, NoFilesError
-from ..limits import read_json_object
-from ..parts import Part, PartsReader, checked_offsets
-from ..protocol import PathLike, TokenWriter
-from ..registry import FormatDescriptor, Probe
-from ..shards import DocumentShards
+from ..fs.untrusted import read_json_object
+from ._parts import Part, PartsReader, checked_offsets
+from ._shards import DocumentShards
 
 if TYPE_CHECKING:
     import numpy.typing as npt

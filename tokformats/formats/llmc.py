@@ -27,13 +27,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from ..documents import add_delimiter, split_offsets
-from ..dtypes import check_id, resolve_dtype
+from ..core.documents import add_delimiter, split_offsets
+from ..core.dtypes import check_id, resolve_dtype
+from ..core.protocol import PathLike, TokenWriter
+from ..core.registry import FormatDescriptor, Probe
 from ..errors import FormatError, HeaderError, NoFilesError, SizeMismatchError
-from ..parts import MappedParts, Part
-from ..protocol import PathLike, TokenWriter
-from ..registry import FormatDescriptor, Probe, expand_paths
-from ..shards import StreamShards
+from ..fs.paths import expand_paths
+from ._parts import MappedParts, Part
+from ._shards import StreamShards
 
 if TYPE_CHECKING:
     import numpy.typing as npt

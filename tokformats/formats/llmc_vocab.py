@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..core.protocol import PathLike
+from ..core.protocol import Reader as BaseReader
+from ..core.protocol import Writer as BaseWriter
+from ..core.registry import FormatDescriptor, Probe
 from ..errors import HeaderError, NoFilesError, SizeMismatchError, TokenRangeError
-from ..limits import read_file
-from ..protocol import PathLike
-from ..protocol import Reader as BaseReader
-from ..protocol import Writer as BaseWriter
-from ..registry import FormatDescriptor, Probe
+from ..fs.untrusted import read_file
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -124,7 +124,7 @@ class Vocab(BaseReader[bytes]):
         Byte-level BPE and SentencePiece-style vocabularies are supported. The end-of-text id is
         ``eot_token`` (an id or a token string) or else the tokenizer's ``<|endoftext|>``.
         """
-        from ..tokenizer import end_of_text_id, load_tokenizer, token_bytes
+        from ..tokenization.tokenizer import end_of_text_id, load_tokenizer, token_bytes
 
         loaded = load_tokenizer(tokenizer)
         return cls.from_tokens(token_bytes(loaded), end_of_text_id(loaded, eot_token), version=version)

@@ -32,14 +32,14 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
-from ..arrays import GrowableArray
-from ..atomic import AtomicFiles
-from ..documents import offsets_from_lengths
-from ..dtypes import as_token_array, little_endian, resolve_dtype
+from ..core.arrays import GrowableArray
+from ..core.documents import offsets_from_lengths
+from ..core.dtypes import as_token_array, little_endian, resolve_dtype
+from ..core.protocol import PathLike, TokenReader, TokenWriter, checked_position
+from ..core.registry import FormatDescriptor, Probe
 from ..errors import DTypeError, FormatError, HeaderError, NoFilesError, SizeMismatchError
-from ..oscopy import append_file
-from ..protocol import PathLike, TokenReader, TokenWriter, checked_position
-from ..registry import FormatDescriptor, Probe
+from ..fs.atomic import AtomicFiles
+from ..fs.filecopy import append_file
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -436,7 +436,7 @@ class Reader(TokenReader):
 
     def _problems(self) -> list[Any]:
         """What opening does not check: every sequence pointer equals the running byte offset."""
-        from ..checks import Problem
+        from ..core.reports import Problem
 
         try:
             self._offsets()  # document indices in order, lengths non-negative and adding up to the .bin

@@ -32,16 +32,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import torchfile
-from ..arrays import ConcatenatedArray, LazyArray, TokenArray, map_file
-from ..atomic import AtomicFiles
-from ..documents import add_delimiter, split_offsets
-from ..dtypes import check_id, check_tokens, resolve_dtype
+from ..core.arrays import ConcatenatedArray, LazyArray, TokenArray, map_file
+from ..core.documents import add_delimiter, split_offsets
+from ..core.dtypes import check_id, check_tokens, resolve_dtype
+from ..core.protocol import PathLike, TokenReader, TokenWriter
+from ..core.registry import FormatDescriptor, Probe
 from ..errors import DTypeError, FormatError, NoFilesError, OutputExistsError, option
-from ..limits import read_json_object
-from ..protocol import PathLike, TokenReader, TokenWriter
-from ..registry import FormatDescriptor, Probe
-from ..shards import StreamShards
+from ..fs.atomic import AtomicFiles
+from ..fs.untrusted import read_json_object
+from . import _torchfile as torchfile
+from ._shards import StreamShards
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -385,7 +385,7 @@ class FolderReader(Reader):
 
     def _problems(self) -> list[Any]:
         """The manifest against the files: counts, each listed shard's size and SHA-256 (Genesis v3)."""
-        from ..checks import Problem
+        from ..core.reports import Problem
 
         for array in self._arrays:  # a folder opened by URL: every shard is checked, so every shard is fetched
             if isinstance(array, LazyArray):
@@ -672,7 +672,7 @@ class FolderWriter(Writer):
             "shards": kept + self._shard_entries,
         }
         if self.tokenizer is not None:
-            from ..tokenizer import load_tokenizer
+            from ..tokenization.tokenizer import load_tokenizer
 
             handle = self._files.create(self.path / TOKENIZER)
             handle.write(load_tokenizer(self.tokenizer).to_str().encode("utf-8"))

@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..documents import add_delimiter, split_offsets
-from ..dtypes import check_id, parse_dtype, resolve_dtype
+from ..core.documents import add_delimiter, split_offsets
+from ..core.dtypes import check_id, parse_dtype, resolve_dtype
+from ..core.protocol import PathLike, TokenReader, TokenWriter
+from ..core.registry import FormatDescriptor, Probe
 from ..errors import DataWarning, DTypeError, NoFilesError, SizeMismatchError, option
-from ..protocol import PathLike, TokenReader, TokenWriter
-from ..registry import FormatDescriptor, Probe
 
 if TYPE_CHECKING:
     import numpy.typing as npt

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..documents import offsets_from_lengths
-from ..dtypes import parse_dtype
+from ..core.documents import offsets_from_lengths
+from ..core.dtypes import parse_dtype
+from ..core.protocol import PathLike, TokenReader
+from ..core.registry import FormatDescriptor, Probe
 from ..errors import FormatError, NoFilesError, UnsafePickleError
-from ..limits import MAX_DEFLATE_RATIO, read_npy, require_regular
-from ..protocol import PathLike, TokenReader
-from ..registry import FormatDescriptor, Probe
+from ..fs.untrusted import MAX_DEFLATE_RATIO, read_npy, require_regular
 
 if TYPE_CHECKING:
     import numpy.typing as npt

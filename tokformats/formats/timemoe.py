@@ -35,14 +35,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..arrays import ConcatenatedArray, GrowableArray, TokenArray
-from ..documents import offsets_from_lengths
-from ..dtypes import as_token_array, parse_dtype, resolve_dtype
+from ..core.arrays import ConcatenatedArray, GrowableArray, TokenArray
+from ..core.documents import offsets_from_lengths
+from ..core.dtypes import as_token_array, parse_dtype, resolve_dtype
+from ..core.protocol import PathLike, TokenReader, TokenWriter, checked_position
+from ..core.registry import FormatDescriptor, Probe
 from ..errors import ConfigError, DTypeError, FormatError, HeaderError, NoFilesError, SizeMismatchError
-from ..limits import read_json_object
-from ..protocol import PathLike, TokenReader, TokenWriter, checked_position
-from ..registry import FormatDescriptor, Probe
-from ..shards import StreamShards
+from ..fs.untrusted import read_json_object
+from ._shards import StreamShards
 
 if TYPE_CHECKING:
     import numpy.typing as npt

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO, ClassVar, TypeVar
 
 from ..errors import FormatError
-from ..registry import URL_SCHEMES as _SCHEMES
-from ..registry import is_url
+from ..fs.paths import URL_SCHEMES as _SCHEMES
+from ..fs.paths import is_url
 
 __all__ = ["RemoteError", "NotFoundError", "RemoteStat", "Backend", "HTTPBackend", "FsspecBackend", "backend_for",
            "is_url", "RETRIES"]  # fmt: skip

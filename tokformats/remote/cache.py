@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..journal import fsync_folder, start_writeback
+from ..fs.journal import fsync_folder, start_writeback
 from . import backends
 from .backends import RETRIES, Backend, NotFoundError, RemoteError, RemoteStat, _safe, backend_for
 

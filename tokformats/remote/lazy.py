@@ -217,9 +217,9 @@ class RemoteFiles:
         return self.cache.backend.read_range(self.cache.url_of(name), start, stop)
 
     def _adoptable(self, name: str) -> Path | None:
-        from . import _adopted
+        from .hooks import adopted
 
-        return _adopted(self.cache.root, name)
+        return adopted(self.cache.root, name)
 
     def prefetch(self, paths: Sequence[Path]) -> threading.Thread:
         """Fetch ``paths`` in a background thread (returned, started); a failure there is raised again when the

@@ -22,14 +22,14 @@ from .samples import GPTSamples
 from .windows import RandomWindows, windows
 
 if TYPE_CHECKING:
-    from .shards import ShardRotation
+    from .shard_rotation import ShardRotation
 
 __all__ = ["GPTSamples", "Blend", "BatchSampler", "RandomWindows", "windows", "ShardRotation"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "ShardRotation":  # imports the pt format only when asked for
-        from .shards import ShardRotation
+        from .shard_rotation import ShardRotation
 
         return ShardRotation
     raise AttributeError(f"module 'tokformats.training' has no attribute {name!r}")

@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 
+from ..core.protocol import TokenReader, checked_position
 from ..errors import ConfigError
-from ..protocol import TokenReader, checked_position
 from . import indices
-from .cache import IndexCache, cache_key
+from .index_cache import IndexCache, cache_key
 from .samples import GPTSamples
 
 __all__ = ["Blend"]

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from ..core.protocol import TokenReader
 from ..errors import ConfigError
-from ..protocol import TokenReader
 
 __all__ = ["RandomWindows", "windows"]
 

@@ -17,12 +17,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import __version__, api
-from .errors import FormatError, OutputExistsError, UnknownFormatError, command_line_flags
-from .inspect import describe
-from .protocol import TokenReader
+from .. import __version__, api
+from ..core.protocol import TokenReader
+from ..core.registry import default_corpus_format, formats
+from ..errors import FormatError, OutputExistsError, UnknownFormatError, command_line_flags
+from .describe import describe
 from .quickstart import format_table
-from .registry import default_corpus_format, formats
 
 __all__ = ["main", "build_parser"]
 
@@ -53,7 +53,7 @@ def _open(args: argparse.Namespace) -> Any:
 
 
 def _open_corpus(args: argparse.Namespace) -> Any:
-    from .protocol import TokenReader
+    from ..core.protocol import TokenReader
 
     reader = _open(args)
     if not isinstance(reader, TokenReader):
@@ -69,7 +69,7 @@ def _print_json(data: Any) -> None:
 def _decoder(args: argparse.Namespace) -> Callable[[Any], str] | None:
     if not (getattr(args, "tokenizer", None) or getattr(args, "vocab", None)):
         return None
-    from .tokenizer import text_decoder
+    from ..tokenization.tokenizer import text_decoder
 
     return text_decoder(tokenizer=args.tokenizer, vocab=args.vocab)
 
@@ -116,7 +116,7 @@ def _vocab_size(args: argparse.Namespace) -> int | None:
     if args.vocab_size is not None:
         return int(args.vocab_size)
     if args.tokenizer:
-        from .tokenizer import load_tokenizer
+        from ..tokenization.tokenizer import load_tokenizer
 
         return int(load_tokenizer(args.tokenizer).get_vocab_size(with_added_tokens=True))
     return None
@@ -286,7 +286,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
 
 
 def _cmd_train_tokenizer(args: argparse.Namespace) -> int:
-    from .tokenizer import padded_vocab_size, train_tokenizer
+    from ..tokenization.tokenizer import padded_vocab_size, train_tokenizer
 
     exports = []
     for item in args.export:
@@ -326,7 +326,7 @@ def _number(text: str) -> Any:
 
 
 def _cmd_tokenize(args: argparse.Namespace) -> int:
-    from .pipeline import tokenize
+    from ..tokenization.pipeline import tokenize
 
     bad = [option for option in args.writer_option if "=" not in option]
     if bad:
@@ -384,7 +384,7 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
 
 
 def _cmd_publish(args: argparse.Namespace) -> int:
-    from .remote import publish
+    from ..remote import publish
 
     summary = publish(args.folder, args.url, dry_run=args.dry_run)
     if args.json:
@@ -398,7 +398,7 @@ def _cmd_publish(args: argparse.Namespace) -> int:
 
 
 def _cmd_fetch(args: argparse.Namespace) -> int:
-    from .remote import fetch
+    from ..remote import fetch
 
     started = time.perf_counter()
     dataset = fetch(

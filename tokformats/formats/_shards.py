@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .documents import offsets_from_lengths
+from ..core.documents import offsets_from_lengths
 
 __all__ = ["StreamShards", "DocumentShards"]
 

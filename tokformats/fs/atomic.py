@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO
 
-from .errors import OutputExistsError, option
+from ..errors import OutputExistsError, option
 from .journal import (
     finish_journal,
     folder_lock,

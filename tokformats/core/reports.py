@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from ..errors import FormatError
 from .arrays import ConcatenatedArray, iter_chunks
-from .errors import FormatError
 
 if TYPE_CHECKING:
     from .protocol import TokenReader

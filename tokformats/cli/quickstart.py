@@ -16,13 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from . import api
-from .errors import NoFilesError, UnknownFormatError
-from .inspect import describe
-from .protocol import TokenReader, TokenWriter
-from .registry import formats
-from .samples import sample_texts
-from .tokenizer import text_decoder, train_tokenizer
+from .. import api
+from ..core.protocol import TokenReader, TokenWriter
+from ..core.registry import formats
+from ..errors import NoFilesError, UnknownFormatError
+from ..tokenization.sample_text import sample_texts
+from ..tokenization.tokenizer import text_decoder, train_tokenizer
+from .describe import describe
 
 __all__ = ["run", "format_table", "FormatTrip"]
 
@@ -70,7 +70,7 @@ def run(output: Path | None = None, *, documents: int = 2000, vocab_size: int = 
     Raises:
         AssertionError: a document did not come back as its text (a bug: please report it).
     """
-    from .pipeline import tokenize
+    from ..tokenization.pipeline import tokenize
 
     texts = sample_texts(documents)
     with tempfile.TemporaryDirectory(prefix="tokformats-quickstart-") as scratch:

@@ -37,14 +37,14 @@ from typing import Any
 
 import numpy as np
 
-from . import api
-from .atomic import AtomicFiles
-from .documents import add_delimiter, document_runs, offsets_from_lengths
-from .dtypes import dtype_for_vocab
+from .. import api
+from ..core.documents import add_delimiter, document_runs, offsets_from_lengths
+from ..core.dtypes import dtype_for_vocab
+from ..core.protocol import TokenWriter
+from ..core.registry import default_corpus_format
+from ..errors import ConfigError, FormatError, OutputExistsError, option
+from ..fs.atomic import AtomicFiles
 from .engines import EngineMismatchError, TokenizersEngine, differing_text, select_engine
-from .errors import ConfigError, FormatError, OutputExistsError, option
-from .protocol import TokenWriter
-from .registry import default_corpus_format
 from .sources import Input, Record, SourceError, iter_records, resolve_inputs
 from .tokenizer import END_OF_TEXT, load_tokenizer
 
@@ -231,7 +231,7 @@ def copy_spool(writer: TokenWriter, folder: Path, name: str, dtype: np.dtype) ->
 def _discard(work: Path) -> None:
     """Remove a finished run's work folder: renamed away in one step first, so that a kill during the removal
     never leaves a half-deleted folder that a resume could take for an unfinished run."""
-    from .journal import dead_temporaries, temporary_name
+    from ..fs.journal import dead_temporaries, temporary_name
 
     trash = temporary_name(work, "tmp")
     try:

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .errors import FormatError, SizeMismatchError
+from ..errors import FormatError, SizeMismatchError
 
 __all__ = [
     "require_regular",
@@ -106,7 +106,7 @@ def read_npy(handle: Readable, where: str, *, budget: int, allow_pickle: bool = 
     ``budget`` (what the file can hold). Object arrays load through pickle and need ``allow_pickle``."""
     from numpy.lib import format as npy
 
-    from .errors import UnsafePickleError
+    from ..errors import UnsafePickleError
 
     try:
         version = npy.read_magic(handle)

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import FormatError
+from ..errors import FormatError
 
 __all__ = [
     "JOURNAL",
@@ -225,7 +225,7 @@ def _recover_locked(journal: Path) -> list[Path]:
 def recover_near(path: object) -> None:
     """Complete the commits a killed writer left beside (or inside) ``path`` (a file, prefix, folder, glob or
     list), so that what is opened there is read whole, old or new, never half of each. One ``stat`` per folder."""
-    from .registry import expand_paths
+    from .paths import expand_paths
 
     try:
         paths = expand_paths(path)

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, overload
 
 import numpy as np
 
+from ..fs.atomic import AtomicFiles, naming_output
+from ..fs.journal import recover_near
 from .arrays import LazyArray, TokenArray, map_file
-from .atomic import AtomicFiles, naming_output
-from .journal import recover_near
 
 if TYPE_CHECKING:
     import threading
@@ -34,10 +34,10 @@ if TYPE_CHECKING:
     import numpy.typing as npt
     from typing_extensions import Self
 
-    from .remote.lazy import RemoteFiles
+    from ..remote.lazy import RemoteFiles
+from ..errors import FormatError, SizeMismatchError
 from .documents import document_runs, offsets_from_lengths
 from .dtypes import as_token_array, check_lengths, check_tokens
-from .errors import FormatError, SizeMismatchError
 
 __all__ = ["Reader", "TokenReader", "Writer", "TokenWriter", "PathLike", "checked_position"]
 
@@ -324,7 +324,7 @@ class TokenReader(Reader[np.ndarray]):
     def prefetch(self, count: int) -> threading.Thread | None:
         """For a dataset opened by URL, download the ``count`` data files after the one read last in a background
         thread (returned, started), for sequential reading; None for a local dataset."""
-        from .remote.lazy import prefetch_after
+        from ..remote.lazy import prefetch_after
 
         return prefetch_after(self._remote, self._data_files(), count, self.hold)
 
@@ -360,13 +360,13 @@ class TokenReader(Reader[np.ndarray]):
         """Every problem found by reading the whole dataset once: the format's own checks (index consistency,
         recorded sizes and checksums), ids below ``vocab_size`` (negative ids and non-finite values always),
         and delimiters where the format splits at one. Empty when the dataset is sound."""
-        from .checks import problems
+        from .reports import problems
 
         return problems(self, vocab_size)
 
     def verify(self, vocab_size: int | None = None) -> None:
         """:meth:`problems`, raising :class:`tokformats.checks.VerificationError` (listing them all) if any."""
-        from .checks import VerificationError
+        from .reports import VerificationError
 
         found = self.problems(vocab_size)
         if found:
@@ -374,14 +374,14 @@ class TokenReader(Reader[np.ndarray]):
 
     def stats(self, top: int = 20) -> dict[str, Any]:
         """Documents, tokens, length percentiles and histogram, most frequent ids, files (``tokformats stats``)."""
-        from .checks import stats
+        from .reports import stats
 
         return stats(self, top=top)
 
     def decode(self, index: int, tokenizer: Any) -> str:
         """Document ``index`` as text, with a ``tokenizers.Tokenizer`` (or a tokenizer.json path) or an llm.c
         vocabulary."""
-        from .tokenizer import text_decoder
+        from ..tokenization.tokenizer import text_decoder
 
         if hasattr(tokenizer, "decode_bytes"):  # an llm.c Vocab
             return text_decoder(vocab=tokenizer)(self[index])

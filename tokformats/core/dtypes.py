@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import DTypeError, TokenRangeError
+from ..errors import DTypeError, TokenRangeError
 
 if TYPE_CHECKING:
     import numpy.typing as npt

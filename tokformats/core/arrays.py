@@ -207,7 +207,7 @@ class LazyArray:
         """The data, loading it the first time (and again after :meth:`unload`)."""
         data = self._data  # one read: another thread may unload it meanwhile
         if data is None:
-            from .errors import FormatError
+            from ..errors import FormatError
 
             data = self._load()
             if len(data) != self._length or data.dtype != self.dtype:

@@ -16,9 +16,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .arrays import ConcatenatedArray, LazyArray, TokenArray
-from .errors import FormatError
-from .protocol import TokenReader
+from ..core.arrays import ConcatenatedArray, LazyArray, TokenArray
+from ..core.protocol import TokenReader
+from ..errors import FormatError
 
 __all__ = ["Part", "MappedParts", "PartsReader", "checked_offsets"]
 

@@ -18,7 +18,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, NamedTuple
 
-from .errors import NoFilesError, UnknownFormatError
+from ..errors import NoFilesError, UnknownFormatError
+from ..fs.paths import expand_paths, read_head
 
 __all__ = [
     "FormatDescriptor",
@@ -26,11 +27,6 @@ __all__ = [
     "register",
     "descriptor",
     "detect",
-    "expand_paths",
-    "is_pattern",
-    "is_url",
-    "pattern_matches",
-    "read_head",
     "Probe",
     "load_plugins",
     "default_corpus_format",
@@ -101,6 +97,8 @@ def _table() -> dict[str, FormatDescriptor]:
         package = importlib.import_module("tokformats.formats")
         found = []
         for info in pkgutil.iter_modules(package.__path__):
+            if info.name.startswith("_"):  # the formats' private helpers (the .pt codec, parts, shards)
+                continue
             module = importlib.import_module(f"{package.__name__}.{info.name}")
             declared = getattr(module, "DESCRIPTOR", None)
             if isinstance(declared, FormatDescriptor):
@@ -285,62 +283,6 @@ class Probe:
         return self.sibling(self.path / name)
 
 
-def read_head(path: Path, size: int) -> bytes:
-    """The first ``size`` bytes of ``path`` (fewer if it is shorter; empty if it cannot be read or is not a regular
-    file: opening a FIFO would block): for detection."""
-    from .limits import is_regular
-
-    if not is_regular(path):
-        return b""
-    try:
-        with open(path, "rb") as handle:
-            return handle.read(size)
-    except OSError:
-        return b""
-
-
-_GLOB_CHARS = set("*?[")
-#: The URL schemes ``open`` fetches through :mod:`tokformats.remote`.
-URL_SCHEMES = ("http", "https", "s3", "gs", "gcs", "hf")
-
-
-def is_url(path: Any) -> bool:
-    """Whether ``path`` is a URL tokformats fetches (``https://``, ``s3://``, ...) rather than a local path."""
-    if not isinstance(path, str) or "://" not in path:
-        return False
-    return path.split("://", 1)[0].lower() in URL_SCHEMES
-
-
-def is_pattern(text: str) -> bool:
-    """Whether ``text`` is a glob pattern rather than a path: it holds ``*``, ``?`` or ``[`` and nothing exists under
-    that exact name (a file may be called ``a[1].bin``). The one rule every path argument follows."""
-    return bool(_GLOB_CHARS & set(text)) and not os.path.exists(text)
-
-
-def pattern_matches(text: str, *, recursive: bool = False) -> list[Path]:
-    """The paths glob pattern ``text`` matches, sorted (``recursive``: ``**`` spans folders)."""
-    return [Path(m) for m in sorted(glob.glob(text, recursive=recursive))]
-
-
-def expand_paths(path: Any) -> list[Path]:
-    """A path, a glob pattern or a list of paths as a list of paths (globs sorted).
-
-    A glob that matches nothing, or an empty list, raises :class:`NoFilesError`.
-    """
-    if isinstance(path, (str, os.PathLike)):
-        text = os.fspath(path)
-        if is_pattern(text):
-            matches = pattern_matches(text)
-            if not matches:
-                raise NoFilesError(f"the pattern {text!r} matches no file.")
-            return matches
-        return [Path(text)]
-    paths = [Path(os.fspath(p)) for p in path]
-    if not paths:
-        raise NoFilesError("an empty list of paths was given; name at least one file.")
-    return paths
-
-
 def _candidates(path: Path) -> Iterator[FormatDescriptor]:
     """Detectable formats, those whose suffixes match ``path`` first (fewer format modules imported)."""
     detectable = [d for d in _table().values() if d.detectable]
@@ -378,7 +320,7 @@ def detect(path: Any) -> str:
     first = paths[0]
     probe = Probe(first)
     if probe.exists and not probe.is_dir and not probe.is_file:
-        from .limits import require_regular
+        from ..fs.untrusted import require_regular
 
         require_regular(first)  # a FIFO or device: refused before any format opens it
     for candidate in _candidates(first):

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import ConfigError, FormatError, option
 from .arrays import TokenArray
 from .documents import add_delimiter, offsets_from_lengths
-from .errors import ConfigError, FormatError, option
 
 __all__ = ["Delimiter", "choose_delimiter", "delimit"]
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from .arrays import iter_chunks
-from .protocol import Reader, TokenReader
+from ..core.arrays import iter_chunks
+from ..core.protocol import Reader, TokenReader
 
 __all__ = ["describe"]
 

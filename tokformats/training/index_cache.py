@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ..atomic import AtomicFiles
 from ..errors import FormatError
+from ..fs.atomic import AtomicFiles
 
 __all__ = ["IndexCache", "cache_key"]
 

@@ -25,9 +25,9 @@ from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
-from .arrays import map_file
-from .errors import DTypeError, FormatError, HeaderError, NoFilesError, SizeMismatchError, UnsafePickleError
-from .registry import read_head
+from ..core.arrays import map_file
+from ..errors import DTypeError, FormatError, HeaderError, NoFilesError, SizeMismatchError, UnsafePickleError
+from ..fs.paths import read_head
 
 __all__ = ["TensorRef", "load", "save", "write_tensor", "is_torch_file", "SafeUnpickler", "ZIP_MAGIC", "LEGACY_MAGIC"]
 
@@ -737,7 +737,7 @@ def save(array: Any, path: str | os.PathLike[str], *, prefix: str | None = None,
     The archive prefix defaults to the file's stem (as torch names it), or ``archive`` for non-ASCII stems. An
     existing file is replaced only with ``overwrite=True``.
     """
-    from .atomic import AtomicFiles
+    from ..fs.atomic import AtomicFiles
 
     target = Path(path)
     data = np.asarray(array)

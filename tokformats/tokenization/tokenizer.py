@@ -15,7 +15,7 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import FormatError, NoFilesError
+from ..errors import FormatError, NoFilesError
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -240,12 +240,12 @@ def text_decoder(*, tokenizer: Any = None, vocab: Any = None) -> Callable[[Any],
     """
     import numpy as np
 
-    from .errors import TokenRangeError
+    from ..errors import TokenRangeError
 
     if (tokenizer is None) == (vocab is None):
         raise ValueError("pass exactly one of tokenizer= (tokenizer.json) or vocab= (an llm.c vocabulary)")
     if vocab is not None:
-        from .formats.llmc_vocab import Vocab
+        from ..formats.llmc_vocab import Vocab
 
         loaded_vocab = vocab if isinstance(vocab, Vocab) else Vocab(vocab)
         return loaded_vocab.decode

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from .errors import FormatError, NoFilesError
-from .registry import is_pattern, pattern_matches
+from ..errors import FormatError, NoFilesError
+from ..fs.paths import is_pattern, pattern_matches
 
 __all__ = ["Record", "Input", "resolve_inputs", "iter_records", "SourceError", "TEXT_SUFFIXES", "UNITS"]
 

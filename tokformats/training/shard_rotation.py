@@ -11,7 +11,7 @@ import numpy as np
 
 from ..errors import ConfigError, NoFilesError
 from ..formats import pt
-from ..registry import is_url
+from ..fs.paths import is_url
 
 __all__ = ["ShardRotation"]
 
