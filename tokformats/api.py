@@ -14,7 +14,16 @@ from .errors import DTypeError, FormatError, NoFilesError, UnknownFormatError
 from .fs.journal import recover_near
 from .fs.paths import is_url
 
-__all__ = ["open", "create", "convert", "merge", "export_tokenizer", "vocabulary_formats", "corpus_writers"]
+__all__ = [
+    "open",
+    "create",
+    "create_corpus",
+    "convert",
+    "merge",
+    "export_tokenizer",
+    "vocabulary_formats",
+    "corpus_writers",
+]
 
 
 def open(path: Any, format: str | None = None, **options: Any) -> Reader[Any]:
@@ -57,6 +66,12 @@ def create(path: PathLike, format: str, **options: Any) -> Writer[Any]:
         raise UnknownFormatError(f"format {format!r} cannot be written; writable formats: {writable}.")
     writer: Writer[Any] = writer_class(path, **options)
     return writer
+
+
+def create_corpus(path: PathLike, format: str, **options: Any) -> TokenWriter:
+    """:func:`create` for a corpus format: the writer of token documents (:class:`UnknownFormatError` for a format
+    that stores something else, such as a vocabulary)."""
+    return corpus_writer(format)(path, **options)
 
 
 def corpus_writers() -> dict[str, type[TokenWriter]]:
@@ -134,15 +149,14 @@ def convert(
         if "dtype" not in options and "vocab_size" not in options:
             options["dtype"] = writer_class.conventional_dtype or reader.dtype
             try:
-                writer = create(destination, format, **options)
+                writer = create_corpus(destination, format, **options)
             except DTypeError:
                 del options["dtype"]
                 top = reader.tokens.max() if reader.num_tokens else 0
                 options["vocab_size"] = max(int(top), delimiter.id if delimiter else 0) + 1
-                writer = create(destination, format, **options)
+                writer = create_corpus(destination, format, **options)
         else:
-            writer = create(destination, format, **options)
-        assert isinstance(writer, TokenWriter)
+            writer = create_corpus(destination, format, **options)
         added = 0
         check = writer_class.boundaries != "index"
         # What the destination reads back: the bare stream of a delimiter format is one document.
@@ -212,8 +226,7 @@ def merge(sources: Sequence[Any], destination: PathLike, *, overwrite: bool = Fa
         if len(tokens) != len(readers):
             raise UnknownFormatError(f"{name} datasets are not token corpora; only corpora merge.")
         options = {"dtype": tokens[0].dtype, **writer_options}
-        with create(destination, name, overwrite=overwrite, **options) as writer:
-            assert isinstance(writer, TokenWriter)
+        with create_corpus(destination, name, overwrite=overwrite, **options) as writer:
             for corpus in tokens:
                 writer.write_all(corpus.tokens, corpus.lengths)
     finally:

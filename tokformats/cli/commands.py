@@ -1,31 +1,24 @@
-"""The ``tokformats`` command line.
-
-Every subcommand prints a one-line error and exits 2 on bad input (never a traceback); messages name command-line
-flags (``--overwrite``), not Python keywords; ``--json`` prints what scripts need.
-"""
+"""What each ``tokformats`` subcommand does: ``run_NAME(args) -> exit status``, given the parsed arguments
+(:mod:`tokformats.cli.parser` declares them)."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
-import os
 import random
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .. import __version__, api
+from .. import api
 from ..core.protocol import TokenReader
-from ..core.registry import default_corpus_format, formats
-from ..errors import FormatError, OutputExistsError, UnknownFormatError, command_line_flags
+from ..core.registry import formats
+from ..errors import FormatError, OutputExistsError, UnknownFormatError
 from .describe import describe
 from .quickstart import format_table
-
-__all__ = ["main", "build_parser"]
-
 
 # -- shared pieces -----------------------------------------------------------------------------------------
 
@@ -102,7 +95,7 @@ def _print_info(info: dict[str, Any]) -> None:
         print(f"{key:<{width}}{text}")
 
 
-def _cmd_info(args: argparse.Namespace) -> int:
+def run_info(args: argparse.Namespace) -> int:
     with _open(args) as reader:
         info = describe(reader, scan=not args.no_scan)
     if args.json:
@@ -122,7 +115,7 @@ def _vocab_size(args: argparse.Namespace) -> int | None:
     return None
 
 
-def _cmd_verify(args: argparse.Namespace) -> int:
+def run_verify(args: argparse.Namespace) -> int:
     vocab_size = _vocab_size(args)
     report = []
     for path in args.path:
@@ -150,7 +143,7 @@ def _histogram_lines(histogram: list[dict[str, int]], width: int = 40) -> list[s
     return lines
 
 
-def _cmd_stats(args: argparse.Namespace) -> int:
+def run_stats(args: argparse.Namespace) -> int:
     decode = _decoder(args)
     with _open_corpus(args) as reader:
         result = reader.stats(top=args.top)
@@ -218,19 +211,19 @@ def _print_documents(args: argparse.Namespace, pick: Callable[[int], list[int]])
     return 0
 
 
-def _cmd_head(args: argparse.Namespace) -> int:
+def run_head(args: argparse.Namespace) -> int:
     return _print_documents(args, lambda n: list(range(min(args.n, n))))
 
 
-def _cmd_tail(args: argparse.Namespace) -> int:
+def run_tail(args: argparse.Namespace) -> int:
     return _print_documents(args, lambda n: list(range(max(n - args.n, 0), n)))
 
 
-def _cmd_sample(args: argparse.Namespace) -> int:
+def run_sample(args: argparse.Namespace) -> int:
     return _print_documents(args, lambda n: sorted(random.Random(args.seed).sample(range(n), min(args.n, n))))
 
 
-def _cmd_convert(args: argparse.Namespace) -> int:
+def run_convert(args: argparse.Namespace) -> int:
     source_options = {k: v for k, v in _reader_options(args).items() if k != "format"}
     writer_options: dict[str, Any] = {"overwrite": args.overwrite}
     if args.vocab_size is not None:
@@ -263,9 +256,10 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_merge(args: argparse.Namespace) -> int:
+def run_merge(args: argparse.Namespace) -> int:
     with api.merge(args.inputs, args.output, overwrite=args.overwrite) as merged:
-        assert isinstance(merged, TokenReader)
+        if not isinstance(merged, TokenReader):
+            raise FormatError(f"{args.output}: the merged dataset is not a token corpus ({merged.format}).")
         summary = {
             "path": str(merged.path),
             "format": merged.format,
@@ -285,7 +279,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_train_tokenizer(args: argparse.Namespace) -> int:
+def run_train_tokenizer(args: argparse.Namespace) -> int:
     from ..tokenization.tokenizer import padded_vocab_size, train_tokenizer
 
     exports = []
@@ -325,7 +319,7 @@ def _number(text: str) -> Any:
     return {"true": True, "false": False}.get(text.lower(), text)
 
 
-def _cmd_tokenize(args: argparse.Namespace) -> int:
+def run_tokenize(args: argparse.Namespace) -> int:
     from ..tokenization.pipeline import tokenize
 
     bad = [option for option in args.writer_option if "=" not in option]
@@ -383,7 +377,7 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_publish(args: argparse.Namespace) -> int:
+def run_publish(args: argparse.Namespace) -> int:
     from ..remote import publish
 
     summary = publish(args.folder, args.url, dry_run=args.dry_run)
@@ -397,7 +391,7 @@ def _cmd_publish(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_fetch(args: argparse.Namespace) -> int:
+def run_fetch(args: argparse.Namespace) -> int:
     from ..remote import fetch
 
     started = time.perf_counter()
@@ -421,7 +415,7 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_formats(args: argparse.Namespace) -> int:
+def run_formats(args: argparse.Namespace) -> int:
     rows = [
         {
             "format": d.name,
@@ -439,7 +433,7 @@ def _cmd_formats(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_quickstart(args: argparse.Namespace) -> int:
+def run_quickstart(args: argparse.Namespace) -> int:
     from .quickstart import run
 
     rows = run(Path(args.output) if args.output else None)
@@ -450,318 +444,3 @@ def _cmd_quickstart(args: argparse.Namespace) -> int:
     if skipped:
         print(f"skipped (an optional dependency is missing): {', '.join(skipped)}")
     return 0
-
-
-# -- the parser --------------------------------------------------------------------------------------------
-
-
-def _reader_arguments(parser: argparse.ArgumentParser, what: str = "the dataset") -> None:
-    parser.add_argument("--format", "-f", help=f"the format of {what} (detected from its content when omitted)")
-    parser.add_argument("--dtype", help=f"token dtype of {what} when it is a headerless raw stream, e.g. uint16")
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--eos", type=int, metavar="ID", help=f"split {what}'s documents after this id")
-    group.add_argument(
-        "--bos", metavar="ID", help=f"split {what}'s documents before this id ('none': the stream is one document)"
-    )
-
-
-def _decoder_arguments(parser: argparse.ArgumentParser, required: bool = False) -> None:
-    decoder = parser.add_mutually_exclusive_group(required=required)
-    decoder.add_argument("--tokenizer", "-t", help="decode ids with this tokenizer.json (or its folder)")
-    decoder.add_argument("--vocab", help="decode ids with this llm.c vocabulary (gpt2_tokenizer.bin format)")
-
-
-def _command(
-    commands: Any, name: str, help: str, example: str, run: Callable[[argparse.Namespace], int]
-) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = commands.add_parser(
-        name,
-        help=help,
-        description=help[0].upper() + help[1:] + ".",
-        epilog=f"example:\n  {example}",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.set_defaults(run=run)
-    return parser
-
-
-def _add_json(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print the result as JSON for scripts")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``tokformats`` command."""
-    parser = argparse.ArgumentParser(prog="tokformats", description="Read, write and convert tokenized training data.")
-    parser.add_argument("--version", action="version", version=f"tokformats {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    corpus_formats = sorted(api.corpus_writers())
-
-    info = _command(
-        commands,
-        "info",
-        "describe a dataset: format, files, documents, tokens, dtype, ids, header",
-        "tokformats info data/fineweb_train_*.bin",
-        _cmd_info,
-    )
-    info.add_argument("path", nargs="+", help="a file, prefix, folder, glob or several files")
-    _reader_arguments(info)
-    _add_json(info)
-    info.add_argument("--no-scan", action="store_true", help="skip the min/max id scan over all tokens")
-
-    verify = _command(
-        commands,
-        "verify",
-        "check datasets by reading every token: structure, index, ids, delimiters, recorded checksums",
-        "tokformats verify data/owt_text_document --vocab-size 50257",
-        _cmd_verify,
-    )
-    verify.add_argument("path", nargs="+", help="datasets to check (exit 0: all sound; 1: problems found)")
-    _reader_arguments(verify)
-    verify.add_argument("--vocab-size", type=int, help="every id must be below this")
-    verify.add_argument("--tokenizer", "-t", help="take --vocab-size from this tokenizer.json")
-    _add_json(verify)
-
-    stats = _command(
-        commands,
-        "stats",
-        "document and token counts, length percentiles and histogram, most frequent ids, files",
-        "tokformats stats data/owt_text_document --tokenizer tokenizer.json --plot lengths.png",
-        _cmd_stats,
-    )
-    stats.add_argument("path", nargs="+", help="a file, prefix, folder, glob or several files")
-    _reader_arguments(stats)
-    _decoder_arguments(stats)
-    stats.add_argument("--top", type=int, default=20, help="how many of the most frequent ids (default 20)")
-    stats.add_argument("--plot", metavar="FILE.png", help="also draw the length histogram (needs matplotlib)")
-    _add_json(stats)
-
-    for name, what, example, run in (
-        ("head", "the first documents", "tokformats head data/owt_text_document -n 3 -t tokenizer.json", _cmd_head),
-        ("tail", "the last documents", "tokformats tail data/fineweb_train_000001.bin -n 2 --vocab tok.bin", _cmd_tail),
-        (
-            "sample",
-            "random documents",
-            "tokformats sample data/owt_text_document -n 5 --seed 1 -t tok.json",
-            _cmd_sample,
-        ),
-    ):
-        command = _command(commands, name, f"print {what} of a corpus (as text with a decoder, else ids)", example, run)
-        command.add_argument("path", nargs="+", help="a file, prefix, folder, glob or several files")
-        command.add_argument("-n", type=int, default=3, help="how many documents (default 3)")
-        if name == "sample":
-            command.add_argument("--seed", type=int, default=0, help="which documents: the same seed, the same ones")
-        command.add_argument(
-            "--max-chars", type=int, default=2000, help="cut each document after this many characters (0: all)"
-        )
-        _decoder_arguments(command)
-        _reader_arguments(command)
-
-    convert = _command(
-        commands,
-        "convert",
-        "copy a corpus into another format, keeping every token and document boundary",
-        "tokformats convert data/owt_text_document out/owt --to llmc --to-bos 50256",
-        _cmd_convert,
-    )
-    convert.add_argument("source", help="the corpus to read (a file, prefix, folder or glob)")
-    convert.add_argument("destination", help="where to write (a file, prefix or folder, as the format names it)")
-    convert.add_argument("--to", required=True, choices=corpus_formats, help="the destination's format")
-    _reader_arguments(convert, "the source")
-    convert.add_argument("--vocab-size", type=int, help="ids must be below it; also picks the destination's dtype")
-    convert.add_argument("--to-dtype", help="the destination's token dtype (default: the source's, or the format's)")
-    marks = convert.add_mutually_exclusive_group()
-    marks.add_argument("--to-eos", type=int, metavar="ID", help="end each destination document with this id")
-    marks.add_argument("--to-bos", type=int, metavar="ID", help="start each destination document with this id")
-    marks.add_argument(
-        "--drop-boundaries", action="store_true", help="copy the bare token stream (documents read back merged)"
-    )
-    convert.add_argument("--overwrite", action="store_true", help="replace an existing destination")
-    _add_json(convert)
-
-    publishing = _command(
-        commands,
-        "publish",
-        "upload a dataset folder: data files first, SHA256SUMS, then the index files readers key on",
-        "tokformats publish out/shards s3://bucket/genesis/",
-        _cmd_publish,
-    )
-    publishing.add_argument("folder", help="the dataset folder")
-    publishing.add_argument("url", help="where to publish it (https://, s3://, gs://, hf://)")
-    publishing.add_argument("--dry-run", action="store_true", help="say what would be uploaded, upload nothing")
-    _add_json(publishing)
-
-    fetching = _command(
-        commands,
-        "fetch",
-        "download a dataset by URL into the verified cache now (a node warming its cache before training)",
-        "tokformats fetch s3://bucket/genesis/ --cache-dir ~/.cache/tokformats",
-        _cmd_fetch,
-    )
-    fetching.add_argument("url", help="a folder URL (ending in /), a file or prefix, or a glob on a store that lists")
-    fetching.add_argument("--cache-dir", help="the cache root (default: $TOKFORMATS_CACHE or ~/.cache/tokformats)")
-    fetching.add_argument(
-        "--max-cache-bytes", type=float, metavar="N", help="evict least-recently-used files no reader holds beyond N"
-    )
-    fetching.add_argument("--offline", action="store_true", help="use the cache only: fail naming a file not there")
-    _add_json(fetching)
-
-    merging = _command(
-        commands,
-        "merge",
-        "merge datasets of one format into one, in order (Megatron's: byte-identical to its add_index)",
-        "tokformats merge data/a data/b -o data/ab",
-        _cmd_merge,
-    )
-    merging.add_argument("inputs", nargs="+", help="datasets (paths, prefixes or folders), in order")
-    merging.add_argument("--output", "-o", required=True, help="where the merged dataset goes")
-    merging.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --output")
-    _add_json(merging)
-
-    train = _command(
-        commands,
-        "train-tokenizer",
-        "train a byte-level BPE tokenizer on any input tokenize reads",
-        "tokformats train-tokenizer corpus.jsonl.gz --vocab-size 32000 -o tokenizer.json --export llmc-vocab=tok.bin",
-        _cmd_train_tokenizer,
-    )
-    train.add_argument("inputs", nargs="+", help=".txt/.json/.jsonl/.parquet files (.gz/.zst), globs or folders")
-    train.add_argument("--vocab-size", type=int, required=True, help="vocabulary size, specials included")
-    train.add_argument("--min-frequency", type=int, default=2, help="merge only pairs seen this often (default 2)")
-    train.add_argument(
-        "--unit", choices=["line", "file", "paragraph"], default="line", help="a .txt document is a ... (default line)"
-    )
-    train.add_argument("--sample-docs", type=int, help="learn merges from the first N documents only")
-    train.add_argument("--output", "-o", required=True, help="where to write tokenizer.json")
-    train.add_argument(
-        "--export",
-        action="append",
-        default=[],
-        metavar="FORMAT=PATH",
-        help="also write the vocabulary in a vocabulary format (tokformats formats lists them), repeatable",
-    )
-    train.add_argument("--overwrite", action="store_true", help="replace existing outputs")
-    train.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-
-    tok = _command(
-        commands,
-        "tokenize",
-        "tokenize text files into any format, resumably",
-        "tokformats tokenize crawl/*.jsonl.gz -t tokenizer.json -o out/crawl --format megatron --split 98:1:1",
-        _cmd_tokenize,
-    )
-    tok.add_argument("inputs", nargs="+", help=".txt/.json/.jsonl/.parquet files (.gz/.zst), globs or folders")
-    tok.add_argument("--tokenizer", "-t", required=True, help="tokenizer.json or its folder")
-    tok.add_argument("--output", "-o", required=True, help="output path prefix (names: see the README)")
-    default = default_corpus_format()
-    tok.add_argument("--format", "-f", default=default, choices=corpus_formats, help=f"output format ({default})")
-    tok.add_argument("--text-key", action="append", help="JSON/Parquet key(s) holding the text (default: text)")
-    tok.add_argument(
-        "--eos",
-        choices=["append", "prepend", "none"],
-        help="add the end-of-text id after each document, before it, or not (default: the format's convention: "
-        "prepend where documents start with a delimiter, append elsewhere)",
-    )
-    tok.add_argument("--eos-id", type=int, metavar="ID", help="end-of-text id (default: the tokenizer's <|endoftext|>)")
-    tok.add_argument("--split", help="split by document, e.g. 8:1:1 (train:val:test) or 0.9,0.1")
-    tok.add_argument("--seed", type=int, default=0, help="seed of the split assignment (default 0)")
-    tok.add_argument(
-        "--unit", choices=["line", "file", "paragraph"], default="line", help="a .txt document is a ... (default line)"
-    )
-    tok.add_argument("--batch-size", type=int, default=1000, help="documents per encoder call (default 1000)")
-    tok.add_argument("--workers", type=int, default=0, help="encode partitions of the inputs in N processes")
-    tok.add_argument(
-        "--on-error", choices=["raise", "skip"], default="raise", help="on a bad record: stop (raise) or skip it"
-    )
-    tok.add_argument(
-        "--engine",
-        choices=("auto", "tokenizers", "fastokens"),
-        default="auto",
-        help="encoder: fastokens where it passes the identity gate (auto, the default), or one of the two",
-    )
-    tok.add_argument(
-        "--verify-fraction",
-        type=float,
-        default=0.01,
-        metavar="F",
-        help="fraction of batches a faster engine's ids are checked against tokenizers' during the run (0.01)",
-    )
-    tok.add_argument("--resume", action="store_true", help="continue an interrupted run")
-    tok.add_argument("--overwrite", action="store_true", help="replace existing outputs and a failed run's work")
-    tok.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="a progress line on stderr (default: when stderr is a terminal; logs under Slurm are not)",
-    )
-    tok.add_argument("--quiet", "-q", dest="progress", action="store_false", help="the same as --no-progress")
-    tok.add_argument(
-        "--writer-option",
-        "-w",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="passed to the format's writer, e.g. -w shard_size=100000000",
-    )
-    _add_json(tok)
-
-    listing = _command(commands, "formats", "list the formats", "tokformats formats --json", _cmd_formats)
-    _add_json(listing)
-
-    quick = _command(
-        commands,
-        "quickstart",
-        "tokenize built-in sample text into every format, read it back, check it decodes",
-        "tokformats quickstart -o /tmp/tokformats-demo",
-        _cmd_quickstart,
-    )
-    quick.add_argument("--output", "-o", help="keep the files in this folder (default: a temporary one)")
-    return parser
-
-
-#: Python option names whose flag is not ``--`` + the name with dashes, per subcommand.
-_RENAMED = {"convert": {"eos": "--to-eos", "bos": "--to-bos", "keep_boundaries": "--drop-boundaries"}}
-
-
-def _flags(parser: argparse.ArgumentParser, command: str) -> dict[str, str]:
-    """Python option name -> this subcommand's flag, for messages (see :func:`tokformats.errors.option`)."""
-    sub = next(
-        action.choices[command]
-        for action in parser._actions
-        if isinstance(action, argparse._SubParsersAction) and command in action.choices
-    )
-    flags = {}
-    for action in sub._actions:
-        longs = [s for s in action.option_strings if s.startswith("--")]
-        if longs and action.dest not in flags:
-            flags[action.dest] = longs[0]
-    return {**flags, **_RENAMED.get(command, {})}
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status: 0 success, 1 problems found (verify), 2 bad input or
-    arguments (one line on stderr), 130 interrupted."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        with command_line_flags(_flags(parser, args.command)):
-            status: int = args.run(args)
-    except BrokenPipeError:
-        return 0
-    except KeyboardInterrupt:
-        print("\ntokformats: interrupted.", file=sys.stderr)
-        return 130
-    except (FormatError, OSError, ValueError, ImportError) as exc:  # bad input, a missing file or extra: one line
-        if os.environ.get("TOKFORMATS_DEBUG"):
-            raise
-        print(f"tokformats: error: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # a bug: say so, without burying the message under a traceback
-        if os.environ.get("TOKFORMATS_DEBUG"):
-            raise
-        print(
-            f"tokformats: internal error ({type(exc).__name__}: {exc}); please report it. "
-            "TOKFORMATS_DEBUG=1 shows the traceback.",
-            file=sys.stderr,
-        )
-        return 3
-    return status

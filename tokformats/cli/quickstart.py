@@ -102,7 +102,8 @@ def run(output: Path | None = None, *, documents: int = 2000, vocab_size: int = 
             (written,) = summary["outputs"].values()
             dtype = "uint16" if size <= 1 << 16 else "uint32"
             with _open_output(written, trip.read_options(dtype)) as reader:
-                assert isinstance(reader, TokenReader)
+                if not isinstance(reader, TokenReader):
+                    raise AssertionError(f"{trip.format}: {written} did not open as a token corpus")
                 if len(reader) != documents:
                     raise AssertionError(f"{trip.format}: wrote {documents} documents, read {len(reader)}")
                 for k, text in enumerate(texts):

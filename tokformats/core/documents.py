@@ -49,13 +49,12 @@ def split_offsets(
     n = len(tokens)
     if eos is not None and bos is not None:
         raise ValueError("pass eos= or bos=, not both")
-    if eos is None and bos is None:
-        return np.array([0, n] if n else [0], dtype=np.int64)
     if eos is not None:
         cuts = _positions(tokens, eos, chunk) + 1
         tail = [n] if n and (cuts.size == 0 or cuts[-1] != n) else []
         return np.concatenate([[0], cuts, tail]).astype(np.int64)
-    assert bos is not None
+    if bos is None:
+        return np.array([0, n] if n else [0], dtype=np.int64)
     cuts = _positions(tokens, bos, chunk)
     head = [0] if cuts.size == 0 or cuts[0] != 0 else []
     if n == 0:

@@ -309,7 +309,8 @@ def _parse_zip(path: Path) -> tuple[str, dict[str, _Record], bytes, str]:
                 raise FormatError(f"{path}: the archive has no {prefix}/{needed} record; torch.save always writes one.")
         records: dict[str, _Record] = {}
         handle = archive.fp  # the archive's own open file: no second open
-        assert handle is not None
+        if handle is None:
+            raise FormatError(f"{path}: the archive is closed.")
         handle.seek(0, os.SEEK_END)
         size = handle.tell()
         for info in infos:

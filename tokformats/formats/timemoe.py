@@ -337,7 +337,7 @@ class Reader(TokenReader):
         self.denormalize = denormalize
         shards: list[tuple[Path, int]] = []
         columns: list[Scales] = []
-        dtype: np.dtype | None = None
+        dtypes: list[np.dtype] = []
         base = 0
         for folder in self.folders:
             meta = _read_meta(folder)
@@ -345,16 +345,17 @@ class Reader(TokenReader):
                 folder_dtype = parse_dtype(meta["dtype"], what=f"{folder / META}: dtype")
             except DTypeError as exc:
                 raise HeaderError(str(exc)) from None
-            if dtype is not None and folder_dtype != dtype:
-                raise DTypeError(f"{folder}: dtype {folder_dtype.name} differs from {self.folders[0]}'s {dtype.name}.")
-            dtype = folder_dtype
+            if dtypes and folder_dtype != dtypes[0]:
+                raise DTypeError(
+                    f"{folder}: dtype {folder_dtype.name} differs from {self.folders[0]}'s {dtypes[0].name}."
+                )
+            dtypes.append(folder_dtype)
             folder_shards = _shards(folder, meta, folder_dtype, remote)
             total = sum(count for _, count in folder_shards)
             columns.append(_scale_columns(folder, meta, base, total))
             shards.extend(folder_shards)
             base += total
-        assert dtype is not None
-        self._dtype = dtype
+        self._dtype = dtypes[0]  # self.folders is not empty
         self._shard_list = shards
         self.scales = _concatenate_scales(columns)
         self._total = base
@@ -547,9 +548,11 @@ class Windows:
     def _transformed_values(self, sequence: int, start: int, stop: int) -> np.ndarray:
         """Values ``start:stop`` of ``transform(sequence)``, as float32 (Time-MoE casts the window)."""
         if self._transformed is None or self._transformed[0] != sequence:
-            assert self.transform is not None
+            transform = self.transform
+            if transform is None:
+                raise ValueError("these windows have no transform")
             whole = np.array(self.reader[sequence])  # a writable copy, as Time-MoE hands its callable
-            result = np.asarray(self.transform(whole))
+            result = np.asarray(transform(whole))
             if result.shape != whole.shape:
                 raise ConfigError(
                     f"transform returned shape {result.shape} for sequence {sequence} of shape {whole.shape}; "

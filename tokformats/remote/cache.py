@@ -376,7 +376,8 @@ class Cache:
                 digest, recorded = self._resume_point(partial, record)  # keep what arrived, resume after it
                 time.sleep(min(backends.BACKOFF * 2**attempt, backends.MAX_BACKOFF))
                 continue
-            assert remote is not None  # answered() ran: download() calls it before the first byte
+            if remote is None:  # answered() runs before the first byte: a backend that never called it is broken
+                raise RemoteError(f"downloading {_safe(url)}: the store sent no size or status before its body.")
             if partial.stat().st_size < remote.size:  # the connection ended early without an error
                 digest, recorded = self._resume_point(partial, record)
                 continue

@@ -386,6 +386,170 @@ def _add_eos(
     return add_delimiter(flat, lengths, plan.eos_id, before=plan.eos == "prepend", only=only)
 
 
+def _load_checkpoint(folder: Path, plan: Plan, resume: bool) -> dict[str, Any]:
+    """The checkpoint of an unfinished run in ``folder`` (empty for a new one, whose folder is made): refused without
+    ``resume``, or when it was written with other settings."""
+    checkpoint = folder / CHECKPOINT
+    if not checkpoint.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        return {}
+    state: dict[str, Any] = json.loads(checkpoint.read_text(encoding="utf-8"))
+    if not resume:
+        raise OutputExistsError(
+            f"{folder} holds an unfinished run; pass {option('resume')} to continue it, or "
+            f"{option('overwrite')} to start over."
+        )
+    if state.get("plan") != asdict(plan):
+        before, now = state.get("plan") or {}, asdict(plan)
+        changed = [k for k in now if before.get(k) != now[k]]
+        detail = "; ".join(f"{k} was {before.get(k)!r:.80}, now {now[k]!r:.80}" for k in changed[:3])
+        raise FormatError(
+            f"{checkpoint} was written by a run with other settings ({detail}); it cannot be resumed with these. "
+            f"Run with the same settings to resume, or pass {option('overwrite')} to start over."
+        )
+    return state
+
+
+class _PartitionRun:
+    """Encoding one partition's inputs (global numbers ``first_input...``) into spools in ``folder``: the spools,
+    the counters and the position reached, checkpointed every ``checkpoint_every`` seconds; resumable."""
+
+    def __init__(
+        self, plan: Plan, encoder: Encoder, inputs: list[Input], first_input: int, folder: Path, *, resume: bool
+    ) -> None:
+        self.plan, self.encoder, self.inputs, self.first_input = plan, encoder, inputs, first_input
+        self.checkpoint = folder / CHECKPOINT
+        self.dtype = dtype_for_vocab(plan.vocab_size)
+        state = _load_checkpoint(folder, plan, resume)
+        counted = state.get("stats", {})
+        self.stats = Stats(**{k: v for k, v in counted.items() if k in ("records", "documents", "tokens", "skipped")})
+        self.stats.errors = list(state.get("errors", []))
+        recorded = state.get("spools", {})
+        self.spools = {
+            stream: Spool(folder, _stream_name(*stream), self.dtype, **recorded.get(_stream_name(*stream), {}))
+            for stream in plan.streams
+        }
+        input_number, record = state.get("position", (first_input, 0))
+        self.position = (int(input_number), int(record))
+        self.done = bool(state.get("done"))
+        self.delimit_empty = api.corpus_writer(plan.format).delimit_empty_documents
+        self.fractions = list(plan.split.values()) if plan.split else [1.0]
+
+    def save(self, done: bool = False) -> None:
+        """Checkpoint: every spool fsynced, then the counts and the position committed in one step."""
+        for spool in self.spools.values():
+            spool.sync()
+        stats = self.stats
+        _write_json_atomically(
+            self.checkpoint,
+            {
+                "plan": asdict(self.plan),
+                "position": list(self.position),
+                "spools": {
+                    _stream_name(*s): {"tokens": sp.num_tokens, "documents": sp.num_documents, "tails": sp.tails()}
+                    for s, sp in self.spools.items()
+                },
+                "stats": {
+                    "records": stats.records,
+                    "documents": stats.documents,
+                    "tokens": stats.tokens,
+                    "skipped": stats.skipped,
+                },
+                "errors": stats.errors[-100:],
+                "done": done,
+            },
+        )
+
+    def close(self) -> None:
+        """Close every spool."""
+        for spool in self.spools.values():
+            spool.close()
+
+    def _good_records(self, batch: list[Record]) -> list[Record]:
+        """The batch's records that hold text; bad ones raise, or are counted and skipped with ``on_error="skip"``."""
+        good = []
+        for record in batch:
+            if record.texts is not None:
+                good.append(record)
+            elif record.error is not None:
+                if self.plan.on_error != "skip":
+                    raise SourceError(
+                        f"{record.error} Pass {option('on_error', repr('skip'))} to count and skip bad records."
+                    )
+                self.stats.skipped += 1
+                self.stats.errors.append(record.error)
+        return good
+
+    def _spool(self, key: str, flat: np.ndarray, lengths: np.ndarray, split_of: np.ndarray) -> None:
+        """Append one text key's encoded documents to the spools of their splits."""
+        if len(self.fractions) == 1:
+            self.spools[(key, self.plan.splits[0])].append(flat, lengths)
+            return
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        for s, split in enumerate(self.plan.splits):
+            chosen = np.flatnonzero(split_of == s)
+            if chosen.size:
+                pieces = [flat[offsets[i] : offsets[i + 1]] for i in chosen.tolist()]
+                self.spools[(key, split)].append(np.concatenate(pieces), lengths[chosen])
+
+    def take(self, batch: list[Record]) -> None:
+        """Encode one batch of records into the spools and move the position past it."""
+        good = self._good_records(batch)
+        self.stats.records += len(batch)
+        if good:
+            split_of = assign_splits(
+                self.plan.seed,
+                np.array([r.input + self.first_input for r in good], dtype=np.int64),
+                np.array([r.index for r in good], dtype=np.int64),
+                self.fractions,
+            )
+            for k, key in enumerate(self.plan.keys):
+                flat, lengths = self.encoder.encode(
+                    [r.texts[k] for r in good if r.texts],
+                    self.dtype,
+                    lambda n, good=good: f"{self.inputs[good[n].input].name}, record {good[n].index}",
+                )
+                flat, lengths = _add_eos(self.plan, flat, lengths, self.delimit_empty)
+                self._spool(key, flat, lengths, split_of)
+                if k == 0:
+                    self.stats.documents += len(good)
+                self.stats.tokens += len(flat)
+        last = batch[-1]
+        self.position = (last.input + self.first_input, last.index)
+
+    def run(self, *, batch_size: int, progress: Progress | None, checkpoint_every: float) -> None:
+        """Read the inputs from the position in a reader thread (a few batches ahead, never the corpus) and encode
+        them batch by batch, checkpointing as it goes; the last checkpoint says ``done``."""
+        counters: list[Any] = [] if progress is None else progress.counters
+        local_start = (self.position[0] - self.first_input, self.position[1])
+        records = iter_records(self.inputs, tuple(self.plan.keys), self.plan.unit, start=local_start, counter=counters)
+        batches: queue.Queue[Any] = queue.Queue(maxsize=4)
+        stop = threading.Event()
+        reader = threading.Thread(target=_batches, args=(records, batch_size, batches, stop, counters), daemon=True)
+        reader.start()
+        last_save = time.perf_counter()
+        try:
+            while (item := batches.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                batch, read_through = item
+                self.take(batch)
+                if progress is not None:
+                    progress.encoded = read_through
+                    progress.update(self.stats)
+                if time.perf_counter() - last_save >= checkpoint_every:
+                    self.save()
+                    last_save = time.perf_counter()
+            self.save(done=True)
+        finally:
+            stop.set()
+            while reader.is_alive():  # unblock a reader waiting on a full queue
+                try:
+                    batches.get_nowait()
+                except queue.Empty:
+                    reader.join(0.05)
+
+
 def _encode_partition(
     plan: Plan,
     encoder: Encoder,
@@ -399,139 +563,14 @@ def _encode_partition(
     checkpoint_every: float = 5.0,
 ) -> Stats:
     """Encode ``inputs`` (global numbers ``first_input...``) into spools in ``folder`` with ``encoder``;
-    resumable."""
-    dtype = dtype_for_vocab(plan.vocab_size)
-    checkpoint = folder / CHECKPOINT
-    state: dict[str, Any] = {}
-    if checkpoint.exists():
-        state = json.loads(checkpoint.read_text(encoding="utf-8"))
-        if not resume:
-            raise OutputExistsError(
-                f"{folder} holds an unfinished run; pass {option('resume')} to continue it, or "
-                f"{option('overwrite')} to start over."
-            )
-        if state.get("plan") != asdict(plan):
-            before, now = state.get("plan") or {}, asdict(plan)
-            changed = [k for k in now if before.get(k) != now[k]]
-            detail = "; ".join(f"{k} was {before.get(k)!r:.80}, now {now[k]!r:.80}" for k in changed[:3])
-            raise FormatError(
-                f"{checkpoint} was written by a run with other settings ({detail}); it cannot be resumed with these. "
-                f"Run with the same settings to resume, or pass {option('overwrite')} to start over."
-            )
-    else:
-        folder.mkdir(parents=True, exist_ok=True)
-    stats = Stats(
-        **{k: v for k, v in state.get("stats", {}).items() if k in ("records", "documents", "tokens", "skipped")}
-    )
-    stats.errors = list(state.get("errors", []))
-    spools = {
-        stream: Spool(folder, _stream_name(*stream), dtype, **state.get("spools", {}).get(_stream_name(*stream), {}))
-        for stream in plan.streams
-    }
-    position = tuple(state.get("position", (first_input, 0)))
-    if state.get("done"):
-        for spool in spools.values():
-            spool.close()
-        return stats
-
-    def save(done: bool = False) -> None:
-        for spool in spools.values():
-            spool.sync()
-        _write_json_atomically(
-            checkpoint,
-            {
-                "plan": asdict(plan),
-                "position": list(position),
-                "spools": {
-                    _stream_name(*s): {"tokens": sp.num_tokens, "documents": sp.num_documents, "tails": sp.tails()}
-                    for s, sp in spools.items()
-                },
-                "stats": {
-                    "records": stats.records,
-                    "documents": stats.documents,
-                    "tokens": stats.tokens,
-                    "skipped": stats.skipped,
-                },
-                "errors": stats.errors[-100:],
-                "done": done,
-            },
-        )
-
-    counters: list[Any] = [] if progress is None else progress.counters
-    local_start = (position[0] - first_input, position[1])
-    records = iter_records(inputs, tuple(plan.keys), plan.unit, start=local_start, counter=counters)
-    batches: queue.Queue[Any] = queue.Queue(maxsize=4)  # memory: a few batches, never the corpus
-    stop = threading.Event()
-    reader = threading.Thread(target=_batches, args=(records, batch_size, batches, stop, counters), daemon=True)
-    reader.start()
-    delimit_empty = api.corpus_writer(plan.format).delimit_empty_documents
-    fractions = list(plan.split.values()) if plan.split else [1.0]
-    last_save = time.perf_counter()
+    resumable (a partition a checkpoint says is done is not read again)."""
+    run = _PartitionRun(plan, encoder, inputs, first_input, folder, resume=resume)
     try:
-        while True:
-            item = batches.get()
-            if item is None:
-                break
-            if isinstance(item, BaseException):
-                raise item
-            batch, read_through = item
-            good = []
-            for record in batch:
-                if record.texts is not None:
-                    good.append(record)
-                elif record.error is not None:
-                    if plan.on_error != "skip":
-                        raise SourceError(
-                            f"{record.error} Pass {option('on_error', repr('skip'))} to count and skip bad records."
-                        )
-                    stats.skipped += 1
-                    stats.errors.append(record.error)
-            stats.records += len(batch)
-            if good:
-                split_of = assign_splits(
-                    plan.seed,
-                    np.array([r.input + first_input for r in good], dtype=np.int64),
-                    np.array([r.index for r in good], dtype=np.int64),
-                    fractions,
-                )
-                for k, key in enumerate(plan.keys):
-                    flat, lengths = encoder.encode(
-                        [r.texts[k] for r in good if r.texts],
-                        dtype,
-                        lambda n, good=good: f"{inputs[good[n].input].name}, record {good[n].index}",
-                    )
-                    flat, lengths = _add_eos(plan, flat, lengths, delimit_empty)
-                    if len(fractions) == 1:
-                        spools[(key, plan.splits[0])].append(flat, lengths)
-                    else:
-                        offsets = np.concatenate([[0], np.cumsum(lengths)])
-                        for s, split in enumerate(plan.splits):
-                            chosen = np.flatnonzero(split_of == s)
-                            if chosen.size:
-                                pieces = [flat[offsets[i] : offsets[i + 1]] for i in chosen.tolist()]
-                                spools[(key, split)].append(np.concatenate(pieces), lengths[chosen])
-                    if k == 0:
-                        stats.documents += len(good)
-                    stats.tokens += len(flat)
-            last = batch[-1]
-            position = (last.input + first_input, last.index)
-            if progress is not None:
-                progress.encoded = read_through
-                progress.update(stats)
-            if time.perf_counter() - last_save >= checkpoint_every:
-                save()
-                last_save = time.perf_counter()
-        save(done=True)
+        if not run.done:
+            run.run(batch_size=batch_size, progress=progress, checkpoint_every=checkpoint_every)
     finally:
-        stop.set()
-        while reader.is_alive():  # unblock a reader waiting on a full queue
-            try:
-                batches.get_nowait()
-            except queue.Empty:
-                reader.join(0.05)
-        for spool in spools.values():
-            spool.close()
-    return stats
+        run.close()
+    return run.stats
 
 
 # -- partitions ---------------------------------------------------------------------------------------
@@ -629,94 +668,28 @@ def tokenize(
     started = time.perf_counter()
     format = format or default_corpus_format()
     writer_class = api.corpus_writer(format)
-    if eos is None:
-        eos = "prepend" if writer_class.boundaries == "bos" else "append"
-    if eos not in EOS_MODES:
-        raise ValueError(f"eos must be one of {EOS_MODES}, not {eos!r}")
-    if on_error not in ("raise", "skip"):
-        raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
-    if not 0 <= verify_fraction <= 1:
-        raise ConfigError(f"verify_fraction must be between 0 and 1, found {verify_fraction}.")
+    eos = _eos_mode(eos, writer_class, on_error, verify_fraction)
     resolved = resolve_inputs(inputs)
     loaded = load_tokenizer(tokenizer)
-    vocab_size = loaded.get_vocab_size(with_added_tokens=True)
-    if eos != "none" and eos_id is None:
-        found = loaded.token_to_id(END_OF_TEXT)
-        if found is None:
-            raise FormatError(
-                f"the tokenizer has no {END_OF_TEXT!r} token; pass {option('eos_id', 'ID')} or "
-                f"{option('eos', repr('none'))}."
-            )
-        eos_id = int(found)
-    keys = [text_key] if isinstance(text_key, str) else list(text_key)
-    import hashlib
-
-    plan = Plan(
-        inputs=[i.name for i in resolved],
-        format=format,
-        keys=keys,
-        eos=eos,
-        eos_id=eos_id if eos != "none" else None,
-        split=parse_split(split),
-        seed=int(seed),
-        unit=unit,
-        vocab_size=vocab_size,
-        tokenizer_hash=hashlib.sha256(loaded.to_str().encode("utf-8")).hexdigest(),
-        on_error=on_error,
-    )
-    targets = output_paths(output, format, keys, plan.splits)
+    plan = _make_plan(resolved, loaded, format, text_key, eos, eos_id, split, seed, unit, on_error)
+    targets = output_paths(output, format, plan.keys, plan.splits)
     work = Path(f"{output}.tokenize")
-    if overwrite and not resume and work.exists():
-        shutil.rmtree(work)  # a failed run's spools: overwrite starts over
-    if not overwrite and not (resume and work.exists()):
-        for target in targets.values():
-            for path in writer_class.existing_outputs(target):
-                raise OutputExistsError(
-                    f"{path} already exists; pass {option('overwrite')} to replace it (nothing was written)."
-                )
+    _check_outputs(writer_class, targets, work, overwrite=overwrite, resume=resume)
     total_bytes = sum(i.size or 0 for i in resolved) or None
     show = sys.stderr.isatty() if progress is None else progress
-    counters: list[Any] = []
-    monitor = Progress(show, total_bytes, counters)
+    monitor = Progress(show, total_bytes, [])
     encoder = Encoder(loaded, engine, verify_fraction, seed=plan.seed, partition=0)
     if show:
         print(f"tokformats: encoding with {encoder.engine.name}: {encoder.reason}", file=sys.stderr)
-
+    settings = (batch_size, resume, checkpoint_every)
     if executor is None:
-        stats = _encode_partition(
-            plan,
-            encoder,
-            resolved,
-            0,
-            work / "part-0000",
-            batch_size=batch_size,
-            resume=resume,
-            progress=monitor,
-            checkpoint_every=checkpoint_every,
-        )
         parts = [work / "part-0000"]
-        all_stats = [stats]
+        all_stats = [_encode_partition(plan, encoder, resolved, 0, parts[0], batch_size=batch_size, resume=resume,
+                                       progress=monitor, checkpoint_every=checkpoint_every)]  # fmt: skip
     else:
-        if any(i.path is None for i in resolved):
-            raise FormatError("executor= needs file inputs: an in-memory iterable cannot be shipped to workers.")
-        groups = _partition(resolved, min(partitions or len(resolved), 64, len(resolved)))
-        parts = [work / f"part-{n:04d}" for n in range(len(groups))]
-        jobs = [
-            (
-                asdict(plan),
-                loaded.to_str(),
-                [str(i.path) for i in group],
-                first,
-                str(part),
-                batch_size,
-                resume,
-                checkpoint_every,
-                # The workers run the engine the gate chose here (and gate it again).
-                (encoder.engine.name if engine == "auto" else engine, verify_fraction),
-            )
-            for (first, group), part in zip(groups, parts)
-        ]
-        all_stats = [Stats(**result) for result in executor.map(_partition_job, jobs)]
+        chosen_engine = (encoder.engine.name if engine == "auto" else engine, verify_fraction)
+        parts, all_stats = _encode_in_parallel(plan, loaded, resolved, work, executor, partitions, settings,
+                                               chosen_engine)  # fmt: skip
     total = Stats(
         records=sum(s.records for s in all_stats),
         documents=sum(s.documents for s in all_stats),
@@ -725,19 +698,139 @@ def tokenize(
         errors=[e for s in all_stats for e in s.errors][:100],
     )
     monitor.update(total, final=True)
+    outputs = _write_outputs(plan, writer_class, targets, parts, writer_options, replace=bool(resume or overwrite))
+    _discard(work)
+    return {
+        "documents": total.documents,
+        "tokens": total.tokens,
+        "bytes": total_bytes,
+        "seconds": round(time.perf_counter() - started, 3),
+        "skipped": total.skipped,
+        "errors": total.errors,
+        "engine": encoder.engine.name,
+        "engine_reason": encoder.reason,
+        "outputs": outputs,
+    }
 
+
+# -- the steps of a run -------------------------------------------------------------------------------------
+
+
+def _eos_mode(eos: str | None, writer_class: type[TokenWriter], on_error: str, verify_fraction: float) -> str:
+    """The run's end-of-document mode (by default the format's convention), after checking the plain options."""
+    if eos is None:
+        eos = "prepend" if writer_class.boundaries == "bos" else "append"
+    if eos not in EOS_MODES:
+        raise ValueError(f"eos must be one of {EOS_MODES}, not {eos!r}")
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+    if not 0 <= verify_fraction <= 1:
+        raise ConfigError(f"verify_fraction must be between 0 and 1, found {verify_fraction}.")
+    return eos
+
+
+def _make_plan(
+    resolved: list[Input],
+    loaded: Any,
+    format: str,
+    text_key: str | list[str],
+    eos: str,
+    eos_id: int | None,
+    split: Any,
+    seed: int,
+    unit: str,
+    on_error: str,
+) -> Plan:
+    """Everything that decides the output (what a checkpoint must match to be resumed)."""
+    import hashlib
+
+    if eos != "none" and eos_id is None:
+        found = loaded.token_to_id(END_OF_TEXT)
+        if found is None:
+            raise FormatError(
+                f"the tokenizer has no {END_OF_TEXT!r} token; pass {option('eos_id', 'ID')} or "
+                f"{option('eos', repr('none'))}."
+            )
+        eos_id = int(found)
+    return Plan(
+        inputs=[i.name for i in resolved],
+        format=format,
+        keys=[text_key] if isinstance(text_key, str) else list(text_key),
+        eos=eos,
+        eos_id=eos_id if eos != "none" else None,
+        split=parse_split(split),
+        seed=int(seed),
+        unit=unit,
+        vocab_size=loaded.get_vocab_size(with_added_tokens=True),
+        tokenizer_hash=hashlib.sha256(loaded.to_str().encode("utf-8")).hexdigest(),
+        on_error=on_error,
+    )
+
+
+def _check_outputs(
+    writer_class: type[TokenWriter], targets: dict[tuple[str, str], Path], work: Path, *, overwrite: bool, resume: bool
+) -> None:
+    """Refuse outputs that exist (before any work is done), unless replacing or resuming; ``overwrite`` without
+    ``resume`` starts a failed run's work folder over."""
+    if overwrite and not resume and work.exists():
+        shutil.rmtree(work)
+    if overwrite or (resume and work.exists()):
+        return
+    for target in targets.values():
+        for path in writer_class.existing_outputs(target):
+            raise OutputExistsError(
+                f"{path} already exists; pass {option('overwrite')} to replace it (nothing was written)."
+            )
+
+
+def _encode_in_parallel(
+    plan: Plan,
+    loaded: Any,
+    resolved: list[Input],
+    work: Path,
+    executor: Executor,
+    partitions: int | None,
+    settings: tuple[int, bool, float],
+    engine: tuple[str, float],
+) -> tuple[list[Path], list[Stats]]:
+    """Encode partitions of the inputs in ``executor``'s workers, each into its own spools (joined in input order
+    later, so the output equals a single-process run). ``engine``: the one the gate chose here, gated again there."""
+    if any(i.path is None for i in resolved):
+        raise FormatError("executor= needs file inputs: an in-memory iterable cannot be shipped to workers.")
+    groups = _partition(resolved, min(partitions or len(resolved), 64, len(resolved)))
+    parts = [work / f"part-{n:04d}" for n in range(len(groups))]
+    batch_size, resume, checkpoint_every = settings
+    tokenizer_json = loaded.to_str()
+    jobs = [
+        (asdict(plan), tokenizer_json, [str(i.path) for i in group], first, str(part), batch_size, resume,
+         checkpoint_every, engine)
+        for (first, group), part in zip(groups, parts)
+    ]  # fmt: skip
+    return parts, [Stats(**result) for result in executor.map(_partition_job, jobs)]
+
+
+def _write_outputs(
+    plan: Plan,
+    writer_class: type[TokenWriter],
+    targets: dict[tuple[str, str], Path],
+    parts: list[Path],
+    writer_options: dict[str, Any],
+    *,
+    replace: bool,
+) -> dict[str, Any]:
+    """Feed each stream's spools, partition by partition, to the format's writer; each output appears atomically."""
     outputs = {}
-    dtype = dtype_for_vocab(vocab_size)
+    dtype = dtype_for_vocab(plan.vocab_size)
     for (key, split), target in targets.items():
         name = _stream_name(key, split)
         options = {
-            "vocab_size": vocab_size,
+            "vocab_size": plan.vocab_size,
             **writer_class.tokenize_options,
             **writer_class.split_options(split or None),
             **writer_options,
         }
-        with api.create(target, format, overwrite=bool(resume or overwrite), **options) as writer:
-            assert isinstance(writer, TokenWriter)
+        writer = api.create_corpus(target, plan.format, overwrite=replace, **options)
+        with writer:
             for part in parts:
                 copy_spool(writer, part, name, dtype)
         outputs[name] = {
@@ -746,16 +839,4 @@ def tokenize(
             "tokens": writer.num_tokens,
             "files": [str(p) for p in writer.written],
         }
-    _discard(work)
-    seconds = time.perf_counter() - started
-    return {
-        "documents": total.documents,
-        "tokens": total.tokens,
-        "bytes": total_bytes,
-        "seconds": round(seconds, 3),
-        "skipped": total.skipped,
-        "errors": total.errors,
-        "engine": encoder.engine.name,
-        "engine_reason": encoder.reason,
-        "outputs": outputs,
-    }
+    return outputs

@@ -108,5 +108,6 @@ class IndexCache:
                 files.abort()
                 raise
         loaded = self.load(key, names)
-        assert loaded is not None
+        if loaded is None:  # written and committed just now: only a concurrent removal explains it
+            raise FormatError(f"{self.folder}: the index files {key} just written cannot be read back.")
         return loaded
