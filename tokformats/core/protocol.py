@@ -26,18 +26,16 @@ import numpy as np
 
 from ..fs.atomic import AtomicFiles, naming_output
 from ..fs.journal import recover_near
-from .arrays import LazyArray, TokenArray, map_file
+from .arrays import LazyArray, TokenArray
+from .documents import document_runs, offsets_from_lengths
+from .dtypes import as_token_array, check_lengths, check_tokens
+from .files import DatasetFiles, LazyFiles
 
 if TYPE_CHECKING:
     import threading
 
     import numpy.typing as npt
     from typing_extensions import Self
-
-    from ..remote.lazy import RemoteFiles
-from ..errors import FormatError, SizeMismatchError
-from .documents import document_runs, offsets_from_lengths
-from .dtypes import as_token_array, check_lengths, check_tokens
 
 __all__ = ["Reader", "TokenReader", "Writer", "TokenWriter", "PathLike", "checked_position"]
 
@@ -238,84 +236,47 @@ class TokenReader(Reader[np.ndarray]):
         offsets = self.offsets
         return self._view[offsets.item(index) : offsets.item(index + 1)]
 
-    # -- files pinned at open -------------------------------------------------------------------
+    # -- the reader's files: pinned at open, mapped read-only, fetched on first use when opened by URL ---------
+    #: The dataset's files when it was opened by URL and its data files are fetched on first use (readers that
+    #: support it take a ``remote=`` option and set this), else None.
+    _remote: LazyFiles | None = None
+
+    @property
+    def _files(self) -> DatasetFiles:
+        """How this reader reaches its files (:class:`tokformats.core.files.DatasetFiles`), made on first use."""
+        files: DatasetFiles | None = self.__dict__.get("_dataset_files")
+        if files is None:
+            files = self.__dict__["_dataset_files"] = DatasetFiles(self._remote, self.hold, self.format)
+        files.remote = self._remote
+        return files
+
     def _pin(self, *paths: Path) -> None:
-        """Remember what ``paths`` are now (device, inode, size, modification time): the files this open
-        validated. :meth:`_map` refuses to map one that has changed since, so a dataset replaced on disk after
-        ``open`` is never read with the old index (or half old, half new)."""
-        pins = self.__dict__.setdefault("_pins", {})
-        for path in paths:
-            info = os.stat(path)
-            pins[Path(path)] = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+        """Pin ``paths``: the files this open validated (see :meth:`DatasetFiles.pin`)."""
+        self._files.pin(*paths)
 
     def _check_pin(self, path: Path) -> None:
         """Raise if pinned ``path`` is no longer the file that was opened."""
-        pinned = self.__dict__.get("_pins", {}).get(Path(path))
-        if pinned is not None:
-            info = os.stat(path)
-            if (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns) != pinned:
-                raise FormatError(
-                    f"{path} changed on disk since this {self.format} reader opened it (replaced, truncated or "
-                    "rewritten); open the dataset again."
-                )
+        self._files.check_pin(path)
 
     def _map(self, path: Path, dtype: np.dtype, offset: int = 0, count: int | None = None) -> np.ndarray:
-        """A read-only map of a pinned file, after checking it is still the file that was opened (for a dataset
-        opened by URL, fetched again first if eviction took it while the reader was closed)."""
-        if self._remote is not None and not os.path.exists(path) and self._remote.has(path):
-            self._fetched(path)
-        self._check_pin(path)
-        try:
-            return map_file(path, dtype, offset, count)
-        except ValueError as error:  # "mmap length is greater than file size": shrunk under an unpinned map
-            raise SizeMismatchError(f"{path}: cannot map it as opened ({error}).") from None
-
-    # -- a dataset opened by URL: data files arrive on first use --------------------------------
-    #: The dataset's files when it was opened by URL and its data files are fetched on first use (readers that
-    #: support it take a ``remote=`` option and set this), else None.
-    _remote: RemoteFiles | None = None
+        """A read-only map of a pinned file that is still the file that was opened."""
+        return self._files.map(path, dtype, offset, count)
 
     def _fetched(self, path: Path) -> Path:
-        """``path``, brought into the cache first (verified, and held until :meth:`close`) when the reader reads a
-        dataset opened by URL; pinned as fetched. A header read earlier by range (:meth:`_head`) must agree."""
-        if self._remote is not None:
-            self.hold(self._remote)
-            self._remote.fetch(path)
-            self._pin(path)
-            ranged = self.__dict__.get("_ranged_heads", {}).pop(Path(path), None)
-            if ranged is not None:
-                with open(path, "rb") as handle:
-                    if handle.read(len(ranged)) != ranged:
-                        raise FormatError(
-                            f"{path}: its header differs from the one read by range before the file was downloaded "
-                            "(the store changed it in between); open the dataset again."
-                        )
-        return path
+        """``path``, brought into the cache first when the dataset was opened by URL."""
+        return self._files.fetched(path)
 
     def _head(self, path: Path, size: int) -> bytes:
-        """The first ``size`` bytes of ``path`` (a header); for a dataset opened by URL whose file has not arrived,
-        one ranged request, remembered and compared with the file when it arrives."""
-        if self._remote is not None and Path(path) not in self.__dict__.get("_pins", {}):
-            head = self._remote.read_range(path, 0, size)
-            self.__dict__.setdefault("_ranged_heads", {})[Path(path)] = head
-            return head
-        with open(path, "rb") as handle:
-            return handle.read(size)
+        """The first ``size`` bytes of ``path`` (by range when it has not arrived from the store)."""
+        return self._files.head(path, size)
 
     def _map_lazily(self, path: Path, dtype: np.dtype, offset: int, count: int) -> np.ndarray | LazyArray:
-        """:meth:`_map` for a local dataset; for one opened by URL, a :class:`LazyArray` of ``count`` elements that
-        fetches ``path`` the first time a value of it is read."""
-        if self._remote is None:
-            return self._map(path, dtype, offset, count)
-        return self._lazy_array(path, count, dtype, lambda: self._map(self._fetched(path), dtype, offset, count))
+        """A map of ``path``, or a :class:`LazyArray` that fetches it on first read when opened by URL."""
+        return self._files.map_lazily(path, dtype, offset, count)
 
     def _lazy_array(self, path: Path, count: int, dtype: npt.DTypeLike, load: Callable[[], np.ndarray]) -> LazyArray:
-        """A :class:`LazyArray` over data file ``path`` of a dataset opened by URL, unloaded when the reader stops
-        holding the file (its working set moved on under ``max_cache_bytes``)."""
-        array = LazyArray(count, dtype, load, str(path))
-        if self._remote is not None:
-            self._remote.on_release(path, array.unload)
-        return array
+        """A :class:`LazyArray` over data file ``path``, unloaded when the reader stops holding it."""
+        return self._files.lazy_array(path, count, dtype, load)
 
     def _data_files(self) -> list[Path]:
         """The reader's data files in reading order (what :meth:`prefetch` walks)."""
@@ -324,9 +285,7 @@ class TokenReader(Reader[np.ndarray]):
     def prefetch(self, count: int) -> threading.Thread | None:
         """For a dataset opened by URL, download the ``count`` data files after the one read last in a background
         thread (returned, started), for sequential reading; None for a local dataset."""
-        from ..remote.lazy import prefetch_after
-
-        return prefetch_after(self._remote, self._data_files(), count, self.hold)
+        return self._files.prefetch(self._data_files(), count)
 
     # -- the per-token side stream: which tokens are trained on ------------------------------------
     @property

@@ -37,7 +37,7 @@ from ._parts import Part, PartsReader, checked_offsets
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-    from ..remote.lazy import RemoteFiles
+    from ..core.files import LazyFiles
 
 __all__ = ["Reader", "Writer", "detect", "metric", "output_filename"]
 
@@ -189,7 +189,7 @@ class Reader(PartsReader):
     format = "datatrove"
 
     def __init__(
-        self, path: PathLike | list[PathLike], *, dtype: npt.DTypeLike | None = None, remote: RemoteFiles | None = None
+        self, path: PathLike | list[PathLike], *, dtype: npt.DTypeLike | None = None, remote: LazyFiles | None = None
     ) -> None:
         super().__init__(path, dtype=dtype, remote=remote)
         self._remote = remote

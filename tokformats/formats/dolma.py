@@ -39,7 +39,7 @@ from ._shards import DocumentShards
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-    from ..remote.lazy import RemoteFiles
+    from ..core.files import LazyFiles
 
 __all__ = ["Reader", "Writer", "detect", "read_metadata", "DEFAULT_MAX_TOKENS"]
 
@@ -102,7 +102,7 @@ def _folder_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*.npy") if not p.name.startswith(".") and _is_memmap(p))
 
 
-def _remote_files(remote: RemoteFiles, folder: Path) -> list[Path]:
+def _remote_files(remote: LazyFiles, folder: Path) -> list[Path]:
     """The memmaps of a folder opened by URL: every ``.npy`` below ``folder`` published with its ``.csv.gz``."""
     return [p for p in remote.paths(".npy", folder) if remote.has(metadata_path(p))]
 
@@ -153,7 +153,7 @@ class Reader(PartsReader):
         *,
         dtype: npt.DTypeLike | None = None,
         eos: int | None = None,
-        remote: RemoteFiles | None = None,
+        remote: LazyFiles | None = None,
     ) -> None:
         super().__init__(path, dtype=dtype, eos=eos, remote=remote)
         self._remote = remote

@@ -37,7 +37,7 @@ from ._shards import DocumentShards
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-    from ..remote.lazy import RemoteFiles
+    from ..core.files import LazyFiles
 
 __all__ = ["Reader", "Writer", "detect", "data_format_dtype", "NUMPY_DTYPES", "TORCH_DTYPES", "DEFAULT_CHUNK_TOKENS"]
 
@@ -121,7 +121,7 @@ class Reader(PartsReader):
 
     format = "litdata"
 
-    def __init__(self, path: PathLike, *, remote: RemoteFiles | None = None) -> None:
+    def __init__(self, path: PathLike, *, remote: LazyFiles | None = None) -> None:
         super().__init__(path, remote=remote)
         self._remote = remote
         self._folder = Path(path)
@@ -172,7 +172,7 @@ class Reader(PartsReader):
 
     def _part_offsets(self, index: int) -> np.ndarray:
         part = self._parts[index]
-        if self._remote is not None and part.path not in self.__dict__.get("_pins", {}):
+        if self._remote is not None and not self._files.is_pinned(part.path):
             # A chunk not fetched yet: its header alone, by one ranged request (`lengths` of a corpus opened by URL
             # need every chunk's header, not every chunk); checked against the chunk when it arrives.
             header = np.frombuffer(self._head(part.path, part.offset), dtype=_HEADER)

@@ -39,7 +39,7 @@ from ._shards import StreamShards
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-    from ..remote.lazy import RemoteFiles
+    from ..core.files import LazyFiles
 
 __all__ = [
     "Reader",
@@ -144,7 +144,7 @@ def read_header(path: Path, head: bytes | None = None, size: int | None = None) 
 _SHARD_NAME = re.compile(r"^(?P<stem>.+)_(?P<index>\d+)\.bin$")
 
 
-def folder_shards(folder: Path, remote: RemoteFiles | None = None) -> list[Path]:
+def folder_shards(folder: Path, remote: LazyFiles | None = None) -> list[Path]:
     """The shards of the one split in ``folder`` (``{name}_{split}_{index}.bin``), in order (for a folder opened by
     URL, the listing's ``.bin`` files named so).
 
@@ -212,7 +212,7 @@ class Reader(MappedParts):
     format = "llmc"
 
     def __init__(
-        self, path: PathLike | list[PathLike], *, bos: int | str | None = "auto", remote: RemoteFiles | None = None
+        self, path: PathLike | list[PathLike], *, bos: int | str | None = "auto", remote: LazyFiles | None = None
     ) -> None:
         super().__init__(path, bos=bos, remote=remote)
         self._remote = remote

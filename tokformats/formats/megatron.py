@@ -44,7 +44,7 @@ from ..fs.filecopy import append_file
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-    from ..remote.lazy import RemoteFiles
+    from ..core.files import LazyFiles
 
 __all__ = [
     "Reader",
@@ -177,7 +177,7 @@ class Reader(TokenReader):
 
     format = "megatron"
 
-    def __init__(self, path: PathLike, *, multimodal: bool | None = None, remote: RemoteFiles | None = None) -> None:
+    def __init__(self, path: PathLike, *, multimodal: bool | None = None, remote: LazyFiles | None = None) -> None:
         super().__init__(path, multimodal=multimodal, remote=remote)
         self._remote = remote
         self.prefix = resolve_prefix(path)

@@ -46,7 +46,7 @@ from ._shards import StreamShards
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-    from ..remote.lazy import RemoteFiles
+    from ..core.files import LazyFiles
 
 __all__ = [
     "Reader",
@@ -307,7 +307,7 @@ class FolderReader(Reader):
         *,
         eos: int | None = None,
         bos: int | None = None,
-        remote: RemoteFiles | None = None,
+        remote: LazyFiles | None = None,
     ):
         super().__init__(path, eos=eos, bos=bos, remote=remote)
         self._path = Path(path)

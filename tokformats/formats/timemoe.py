@@ -47,7 +47,7 @@ from ._shards import StreamShards
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-    from ..remote.lazy import RemoteFiles
+    from ..core.files import LazyFiles
 
 __all__ = [
     "Reader",
@@ -155,7 +155,7 @@ def _read_meta(folder: Path) -> dict[str, Any]:
     return meta
 
 
-def _remote_dataset_folders(remote: RemoteFiles, root: Path) -> list[Path]:
+def _remote_dataset_folders(remote: LazyFiles, root: Path) -> list[Path]:
     """The dataset folders of a tree opened by URL: those whose ``meta.json`` (fetched at open) has ``.bin`` files
     beside it in the listing."""
     names = remote.names(root)
@@ -164,7 +164,7 @@ def _remote_dataset_folders(remote: RemoteFiles, root: Path) -> list[Path]:
 
 
 def _shards(
-    folder: Path, meta: dict[str, Any], dtype: np.dtype, remote: RemoteFiles | None = None
+    folder: Path, meta: dict[str, Any], dtype: np.dtype, remote: LazyFiles | None = None
 ) -> list[tuple[Path, int]]:
     """``(path, elements)`` of each shard in numeric order, checked against the files on disk (for a dataset opened
     by URL, against its listing; the download is checked against the size ``meta.json`` gives)."""
@@ -325,7 +325,7 @@ class Reader(TokenReader):
 
     format = "timemoe"
 
-    def __init__(self, path: PathLike, *, denormalize: bool = True, remote: RemoteFiles | None = None) -> None:
+    def __init__(self, path: PathLike, *, denormalize: bool = True, remote: LazyFiles | None = None) -> None:
         super().__init__(path, denormalize=denormalize, remote=remote)
         self._path = Path(path)
         self._remote = remote

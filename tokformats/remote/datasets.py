@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..core.files import LazyFiles
 from ..core.registry import formats
 from ..errors import HeaderError
 from .backends import Backend, NotFoundError, RemoteError
@@ -256,7 +257,7 @@ def _open_lazily(plan: _Plan, opener: Opener, cache_options: dict[str, Any], opt
             for e in index.entries
         }  # fmt: skip
         cache = {**cache_options, "cache_dir": str(index.cache.root)}  # no backend here: it pickles with the reader
-        remote = RemoteFiles(index.cache.url, index.cache.folder, records, cache, index=index.files)
+        remote: LazyFiles = RemoteFiles(index.cache.url, index.cache.folder, records, cache, index=index.files)
         index.lease.release()  # the reader's RemoteFiles holds the index files now
         try:
             reader = opener(index.target, **{**options, "format": descriptor.name}, remote=remote)

@@ -20,7 +20,7 @@ from ..errors import SizeMismatchError
 from .backends import NotFoundError
 from .cache import Cache, Lease
 
-__all__ = ["RemoteFiles", "prefetch_after"]
+__all__ = ["RemoteFiles"]
 
 
 class RemoteFiles:
@@ -244,14 +244,3 @@ class RemoteFiles:
             lease.release()
         self._index_lease.release()
         self._index_released = True
-
-
-def prefetch_after(remote: RemoteFiles | None, paths: Sequence[Path], count: int,
-                   hold: Callable[[RemoteFiles], None]) -> threading.Thread | None:  # fmt: skip
-    """Start fetching the ``count`` data files (``paths``, in reading order) after the one read last (the first
-    ``count`` when none was); ``hold`` makes the reader hold ``remote``. None for a local dataset."""
-    if remote is None:
-        return None
-    hold(remote)
-    first = paths.index(remote.last_read) + 1 if remote.last_read in paths else 0
-    return remote.prefetch(list(dict.fromkeys(paths[first : first + count])))
