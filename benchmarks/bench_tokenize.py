@@ -39,8 +39,8 @@ from common import machine, scratch, table
 
 import tokformats
 from tokformats.api import corpus_writers
+from tokformats.core.vocab import SPECIAL_TOKENS
 from tokformats.tokenization.engines import FastokensEngine, TokenizersEngine
-from tokformats.tokenization.tokenizer import SPECIAL_TOKENS
 
 
 def corpus_files(megabytes: float) -> list[Path]:

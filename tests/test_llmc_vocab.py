@@ -15,8 +15,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 import tokformats
 from tokformats import FormatError, HeaderError, OutputExistsError, SizeMismatchError, TokenRangeError
 from tokformats.cli import main
+from tokformats.core.vocab import SPECIAL_TOKENS, padded_vocab_size
 from tokformats.formats.llmc_vocab import Vocab
-from tokformats.tokenization.tokenizer import SPECIAL_TOKENS, padded_vocab_size, text_decoder, train_tokenizer
+from tokformats.tokenization.tokenizer import text_decoder, train_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -280,7 +280,8 @@ def run_merge(args: argparse.Namespace) -> int:
 
 
 def run_train_tokenizer(args: argparse.Namespace) -> int:
-    from ..tokenization.tokenizer import padded_vocab_size, train_tokenizer
+    from ..core.vocab import padded_vocab_size
+    from ..tokenization.tokenizer import train_tokenizer
 
     exports = []
     for item in args.export:

@@ -338,13 +338,15 @@ class TokenReader(Reader[np.ndarray]):
         return stats(self, top=top)
 
     def decode(self, index: int, tokenizer: Any) -> str:
-        """Document ``index`` as text, with a ``tokenizers.Tokenizer`` (or a tokenizer.json path) or an llm.c
-        vocabulary."""
-        from ..tokenization.tokenizer import text_decoder
+        """Document ``index`` as text, with a ``tokenizers.Tokenizer`` (or a tokenizer.json path or folder), or
+        anything with ``decode(ids) -> str`` (an llm.c :class:`~tokformats.formats.llmc_vocab.Vocab`, ...)."""
+        from tokenizers import Tokenizer
 
-        if hasattr(tokenizer, "decode_bytes"):  # an llm.c Vocab
-            return text_decoder(vocab=tokenizer)(self[index])
-        return text_decoder(tokenizer=tokenizer)(self[index])
+        from .vocab import load_tokenizer, tokenizer_decoder
+
+        if not isinstance(tokenizer, (Tokenizer, str, os.PathLike)) and callable(getattr(tokenizer, "decode", None)):
+            return str(tokenizer.decode(self[index]))
+        return tokenizer_decoder(load_tokenizer(tokenizer))(self[index])
 
     def sample_units(self) -> tuple[np.ndarray, np.ndarray]:
         """``(lengths, offsets)`` of the units fixed-length training samples are cut from (see

@@ -124,7 +124,7 @@ class Vocab(BaseReader[bytes]):
         Byte-level BPE and SentencePiece-style vocabularies are supported. The end-of-text id is
         ``eot_token`` (an id or a token string) or else the tokenizer's ``<|endoftext|>``.
         """
-        from ..tokenization.tokenizer import end_of_text_id, load_tokenizer, token_bytes
+        from ..core.vocab import end_of_text_id, load_tokenizer, token_bytes
 
         loaded = load_tokenizer(tokenizer)
         return cls.from_tokens(token_bytes(loaded), end_of_text_id(loaded, eot_token), version=version)

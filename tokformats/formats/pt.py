@@ -672,7 +672,7 @@ class FolderWriter(Writer):
             "shards": kept + self._shard_entries,
         }
         if self.tokenizer is not None:
-            from ..tokenization.tokenizer import load_tokenizer
+            from ..core.vocab import load_tokenizer
 
             handle = self._files.create(self.path / TOKENIZER)
             handle.write(load_tokenizer(self.tokenizer).to_str().encode("utf-8"))

@@ -42,11 +42,12 @@ from ..core.documents import add_delimiter, document_runs, offsets_from_lengths
 from ..core.dtypes import dtype_for_vocab
 from ..core.protocol import TokenWriter
 from ..core.registry import default_corpus_format
+from ..core.vocab import END_OF_TEXT
 from ..errors import ConfigError, FormatError, OutputExistsError, option
 from ..fs.atomic import AtomicFiles
 from .engines import EngineMismatchError, TokenizersEngine, differing_text, select_engine
 from .sources import Input, Record, SourceError, iter_records, resolve_inputs
-from .tokenizer import END_OF_TEXT, load_tokenizer
+from .tokenizer import load_tokenizer
 
 __all__ = ["tokenize", "parse_split", "output_paths"]
 

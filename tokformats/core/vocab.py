@@ -1,0 +1,178 @@
+"""What a token id means, for any tokenizer the formats store or name: loading a ``tokenizers`` tokenizer, each
+token's raw bytes (byte-level BPE and SentencePiece-style vocabularies), the end-of-text id, the specials tokformats
+reserves, and decoding ids to text with range checks. Format-neutral: llm.c's vocabulary format, the ``.pt`` folders
+and the tokenization pipeline all build on it."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import FormatError, NoFilesError, TokenRangeError
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+__all__ = [
+    "END_OF_TEXT",
+    "SPECIAL_TOKENS",
+    "load_tokenizer",
+    "end_of_text_id",
+    "token_bytes",
+    "bytes_to_unicode",
+    "padded_vocab_size",
+    "tokenizer_decoder",
+]
+
+END_OF_TEXT = "<|endoftext|>"
+#: Special tokens reserved at ids 0-8 by default (the llm.c tutorial's and NeuroShard Genesis's order).
+SPECIAL_TOKENS: tuple[str, ...] = (
+    END_OF_TEXT,
+    "<|padding|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|thought|>",
+    "<|/thought|>",
+)
+
+
+def padded_vocab_size(vocab_size: int, multiple: int = 64) -> int:
+    """The embedding size training code pads to: the next multiple of 64 (20,009 -> 20,032)."""
+    return (vocab_size + multiple - 1) // multiple * multiple
+
+
+@lru_cache(maxsize=1)
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character table used by byte-level BPE."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    characters = printable[:]
+    extra = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            characters.append(256 + extra)
+            extra += 1
+    return dict(zip(printable, map(chr, characters)))
+
+
+@lru_cache(maxsize=1)
+def _unicode_to_bytes() -> dict[str, int]:
+    return {character: byte for byte, character in bytes_to_unicode().items()}
+
+
+def load_tokenizer(tokenizer: Any) -> Tokenizer:
+    """A ``tokenizers.Tokenizer`` from itself, a ``tokenizer.json`` path, or a folder holding one."""
+    from tokenizers import Tokenizer
+
+    if isinstance(tokenizer, Tokenizer):
+        return tokenizer
+    path = Path(os.fspath(tokenizer))
+    if path.is_dir():
+        path = path / "tokenizer.json"
+    if not path.is_file():
+        raise NoFilesError(f"{path} does not exist; pass a tokenizers.Tokenizer, a tokenizer.json or its folder.")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises a bare Exception for bad JSON
+        raise FormatError(f"{path} is not a tokenizers tokenizer.json ({exc}).") from None
+
+
+def end_of_text_id(tokenizer: Tokenizer, eot_token: int | str | None = None) -> int:
+    """The end-of-text id: ``eot_token`` (an id or a token string), else the tokenizer's ``<|endoftext|>``."""
+    if isinstance(eot_token, int):
+        return eot_token
+    name = eot_token or END_OF_TEXT
+    found = tokenizer.token_to_id(name)
+    if found is None:
+        raise FormatError(f"the tokenizer has no {name!r} token; pass the end-of-text id explicitly (eot_token=ID).")
+    return int(found)
+
+
+def _component_types(node: Any) -> set[str]:
+    """Every ``type`` named in a tokenizer.json component, looking inside Sequences."""
+    if not isinstance(node, dict):
+        return set()
+    found = {node["type"]} if "type" in node else set()
+    for key in ("pretokenizers", "decoders", "normalizers", "processors"):
+        for child in node.get(key) or []:
+            found |= _component_types(child)
+    return found
+
+
+def _byte_fallback(piece: str) -> int | None:
+    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+        try:
+            return int(piece[3:5], 16)
+        except ValueError:
+            return None
+    return None
+
+
+def token_bytes(tokenizer: Tokenizer) -> list[bytes]:
+    """Each token's raw bytes (what decoding that id alone yields), in id order.
+
+    Byte-level BPE tokens are mapped back through GPT-2's byte/unicode table; SentencePiece-style
+    pieces turn ``▁`` into a space and ``<0xNN>`` into byte NN; added and special tokens are their
+    UTF-8 text. Other tokenizer models are refused.
+    """
+    config = json.loads(tokenizer.to_str())
+    model = config.get("model") or {}
+    components = _component_types(config.get("pre_tokenizer")) | _component_types(config.get("decoder"))
+    added = {int(i): token.content for i, token in tokenizer.get_added_tokens_decoder().items()}
+    if "ByteLevel" in components:
+        style = "byte-level"
+    elif "Metaspace" in components or model.get("byte_fallback") or "ByteFallback" in components:
+        style = "sentencepiece"
+    else:
+        raise FormatError(
+            f"cannot export a {model.get('type', 'unknown')} tokenizer without a ByteLevel or SentencePiece-style "
+            "(Metaspace / byte fallback) decoder: its tokens have no defined raw bytes."
+        )
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    table = _unicode_to_bytes()
+    result: list[bytes] = []
+    for token_id in range(size):
+        if token_id in added:
+            result.append(added[token_id].encode("utf-8"))
+            continue
+        piece = tokenizer.id_to_token(token_id)
+        if piece is None:
+            raise FormatError(f"the tokenizer has no token with id {token_id} (its ids must run from 0 to {size - 1}).")
+        if style == "byte-level":
+            try:
+                result.append(bytes(table[c] for c in piece))
+            except KeyError as exc:
+                raise FormatError(
+                    f"token {token_id} ({piece!r}) has the character {exc.args[0]!r}, outside the byte-level alphabet."
+                ) from None
+        else:
+            fallback = _byte_fallback(piece)
+            result.append(bytes([fallback]) if fallback is not None else piece.replace("\u2581", " ").encode("utf-8"))
+    return result
+
+
+def tokenizer_decoder(tokenizer: Tokenizer) -> Callable[[Any], str]:
+    """A function turning ids into text with ``tokenizer`` (specials kept); ids outside its vocabulary raise
+    :class:`~tokformats.TokenRangeError` naming the id."""
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def decode(ids: Any) -> str:
+        array = np.asarray(ids)
+        if array.size:
+            bad = (array < 0) | (array >= size)
+            if bad.any():
+                value = int(array.ravel()[np.argmax(bad.ravel())])
+                raise TokenRangeError(f"token id {value} is not in the tokenizer's vocabulary of {size:,} tokens.")
+        return str(tokenizer.decode(array.tolist(), skip_special_tokens=False))
+
+    return decode
