@@ -5,17 +5,16 @@
 >>> with tokformats.create("out/corpus", format="llmc", vocab_size=50257) as w:  # doctest: +SKIP
 ...     w.write([50256, 15496, 995])
 
-``tokformats.formats`` is the read-only table of formats (name -> descriptor). The modules holding
-each format's reader and writer live in the ``tokformats.formats`` *package*; each is also the attribute
-``tokformats.NAME`` (``tokformats.megatron``, ...), imported on first use; ``dir(tokformats)`` lists them.
+``tokformats.formats`` is the package of format modules and also the read-only table of formats (name ->
+descriptor): ``tokformats.formats["megatron"]``, ``tokformats.formats.megatron``. Each format module is also the
+attribute ``tokformats.NAME`` (``tokformats.megatron``, ...), imported on first use; ``dir(tokformats)`` lists them.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
-from . import _moved
+from . import _moved, formats  # formats: the package of format modules, also the table of formats
 from .api import convert, create, open
 from .core.arrays import ConcatenatedArray
 from .core.protocol import Reader, TokenReader, TokenWriter, Writer
@@ -34,11 +33,6 @@ from .errors import (
     UnknownFormatError,
     UnsafePickleError,
 )
-
-# Importing the package tokformats/formats/ binds ``tokformats.formats`` to it (once, on its first import);
-# the public name is the registry's read-only table, so the package is imported first and the name rebound.
-importlib.import_module(".formats", __name__)
-formats = _format_table
 
 __version__ = "0.1.0"
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from .core.boundaries import choose_delimiter, delimit
 from .core.documents import document_runs
+from .core.format_module import ExportsTokenizer, Merges
 from .core.protocol import PathLike, Reader, TokenReader, TokenWriter, Writer
 from .core.registry import descriptor, detect, formats
 from .errors import DTypeError, FormatError, NoFilesError, UnknownFormatError
@@ -187,20 +188,18 @@ def convert(
 
 def vocabulary_formats() -> list[str]:
     """The formats a tokenizer's vocabulary can be exported to (their module defines ``export_tokenizer``)."""
-    return [name for name, entry in formats.items() if hasattr(entry.load(), "export_tokenizer")]
+    return [name for name, entry in formats.items() if entry.capability(ExportsTokenizer) is not None]
 
 
 def export_tokenizer(tokenizer: Any, path: PathLike, format: str, *, overwrite: bool = False) -> Path:
     """Write ``tokenizer``'s vocabulary (a ``tokenizers.Tokenizer`` or a tokenizer.json) in vocabulary ``format``."""
-    from .tokenization.tokenizer import load_tokenizer
+    from .core.vocab import load_tokenizer
 
-    module = descriptor(format).load()
-    exporter = getattr(module, "export_tokenizer", None)
+    exporter = descriptor(format).capability(ExportsTokenizer)
     if exporter is None:
         names = ", ".join(vocabulary_formats()) or "none"
         raise UnknownFormatError(f"format {format!r} stores no tokenizer vocabulary; the ones that do: {names}.")
-    written: Path = exporter(load_tokenizer(tokenizer), path, overwrite=overwrite)
-    return written
+    return exporter.export_tokenizer(load_tokenizer(tokenizer), path, overwrite=overwrite)
 
 
 def merge(sources: Sequence[Any], destination: PathLike, *, overwrite: bool = False, **writer_options: Any) -> Reader:
@@ -213,10 +212,9 @@ def merge(sources: Sequence[Any], destination: PathLike, *, overwrite: bool = Fa
     if not sources:
         raise NoFilesError("merge needs at least one dataset.")
     name = detect(sources[0])
-    module = descriptor(name).load()
-    if hasattr(module, "merge"):
-        merged: Reader = module.merge(sources, destination, overwrite=overwrite)
-        return merged
+    merging = descriptor(name).capability(Merges)
+    if merging is not None:
+        return merging.merge(sources, destination, overwrite=overwrite)
     readers = [open(source) for source in sources]
     try:
         others = {r.format for r in readers} - {name}

@@ -25,6 +25,8 @@ import pytest
 import tokformats
 
 from . import OutputExistsError, TokenRangeError
+from .core.conformance import conformance_problems
+from .core.registry import formats as format_table
 
 __all__ = ["TokenFormatTests", "random_corpus"]
 
@@ -106,6 +108,11 @@ class TokenFormatTests:
         assert reader.num_tokens == sum(len(d) for d in expected)
 
     # -- the suite -----------------------------------------------------------------------
+    def test_module_keeps_the_format_module_contract(self) -> None:
+        """The module the descriptor names has what tokformats looks up in it (:mod:`tokformats.core.format_module`)."""
+        module = format_table[self.format].load()
+        assert conformance_problems(module) == []
+
     @pytest.mark.parametrize("seed", [0, 1])
     @pytest.mark.filterwarnings("ignore::tokformats.DataWarning")  # ids across the whole dtype range look odd
     def test_round_trip_random_corpus(self, tmp_path: Path, seed: int) -> None:
@@ -251,7 +258,7 @@ class TokenFormatTests:
         self.write(target, flat, lengths)
         with self.open_written(target, self.dtypes[0]) as reader:
             probe = reader.path
-        for name, entry in tokformats.formats.items():
+        for name, entry in format_table.items():
             claims = entry.detect(probe)
             if name == self.format:
                 assert claims == entry.detectable, f"{name} does not recognise its own output {probe}"
@@ -401,7 +408,7 @@ class TokenFormatTests:
                 continue
             opened = middle if middle.exists() else there["files"][0]
             how = dict(there["read_with"])
-            if not tokformats.formats[name].detectable:  # headerless: say what it is
+            if not format_table[name].detectable:  # headerless: say what it is
                 how.update(format=name, dtype=there["dtype"])
             back = self.target(tmp_path, f"back_{name}")
             tokformats.convert(opened, back, self.format, source_format=how.pop("format", None), source_options=how,

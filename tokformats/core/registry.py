@@ -13,13 +13,14 @@ import glob
 import importlib
 import os
 import pkgutil
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any, NamedTuple
 
 from ..errors import NoFilesError, UnknownFormatError
 from ..fs.paths import expand_paths, read_head
+from .format_module import Capability, Detectable, FormatModule, HintsWhenUndetected, Writable, capability
 
 __all__ = [
     "FormatDescriptor",
@@ -65,23 +66,30 @@ class FormatDescriptor(NamedTuple):
         """Import (the first time) and return the format's module."""
         return importlib.import_module(self.module)
 
+    def capability(self, kind: type[Capability]) -> Capability | None:
+        """The format's module as ``kind`` (a protocol of :mod:`tokformats.core.format_module`, such as ``Merges``)
+        when it has every member of it, else None."""
+        return capability(self.load(), kind)
+
     @property
     def reader(self) -> type:
         """The format's Reader class."""
-        return self.load().Reader
+        module = self.load()
+        if not isinstance(module, FormatModule):
+            raise UnknownFormatError(f"{self.module} (format {self.name!r}) has no Reader or no DESCRIPTOR.")
+        return module.Reader
 
     @property
     def writer(self) -> type | None:
         """The format's Writer class, or None when the format is read-only."""
-        return getattr(self.load(), "Writer", None) if self.writable else None
+        writable = self.capability(Writable) if self.writable else None
+        return writable.Writer if writable is not None else None
 
     def detect(self, path: Any) -> bool:
         """True if ``path`` (a path, or a :class:`Probe` shared with the other formats' detectors) is, by its bytes
         and layout, a dataset of this format."""
-        if not self.detectable:
-            return False
-        detector: Callable[[Probe], bool] = self.load().detect
-        return detector(path if isinstance(path, Probe) else Probe(path))
+        detectable = self.capability(Detectable) if self.detectable else None
+        return detectable is not None and detectable.detect(path if isinstance(path, Probe) else Probe(path))
 
 
 _REGISTRY: dict[str, FormatDescriptor] = {}
@@ -330,8 +338,8 @@ def detect(path: Any) -> str:
         raise NoFilesError(f"{first} does not exist.{_did_you_mean(first)}")
     hints = []
     for entry in _table().values():
-        hint = getattr(entry.load(), "undetected_hint", None)
-        text = hint(probe) if hint is not None else None
+        hinting = entry.capability(HintsWhenUndetected)
+        text = hinting.undetected_hint(probe) if hinting is not None else None
         if text:
             hints.append(text)
     raise UnknownFormatError(" ".join([f"{first} is not in a format tokformats recognises by its content.", *hints]))

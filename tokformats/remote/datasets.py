@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core.files import LazyFiles
-from ..core.registry import formats
+from ..core.format_module import PublishedLast, RemoteLazy
+from ..core.registry import FormatDescriptor, formats
 from ..errors import HeaderError
 from .backends import Backend, NotFoundError, RemoteError
 from .cache import Cache, Lease
@@ -242,14 +243,17 @@ def _open_lazily(plan: _Plan, opener: Opener, cache_options: dict[str, Any], opt
     index = _bring(plan, names=[])
     names = [e.name for e in index.entries]
 
-    def keyed(descriptor: Any) -> bool:
+    def keyed(descriptor: FormatDescriptor) -> bool:
         """Whether an index file fetched here is one this format publishes last (so it is asked first)."""
-        patterns = getattr(descriptor.load(), "PUBLISHED_LAST", ())
+        publishing = descriptor.capability(PublishedLast)
+        patterns = publishing.PUBLISHED_LAST if publishing is not None else ()
         return any(fnmatch.fnmatch(Path(n).name, p) for n in index.files for p in patterns)
 
     for descriptor in sorted(formats.values(), key=lambda d: not keyed(d)):  # stable: registry order within
-        hook = getattr(descriptor.load(), "remote_lazy", None)
-        if hook is None or options.get("format") not in (None, descriptor.name) or not hook(index.cache.folder, names):
+        lazy = descriptor.capability(RemoteLazy)
+        if lazy is None or options.get("format") not in (None, descriptor.name):
+            continue
+        if not lazy.remote_lazy(index.cache.folder, names):
             continue
         records = {
             e.name: {"size": e.size, "sha256": e.sha256, "listed_by": e.listed_by,

@@ -7,48 +7,52 @@ import fnmatch
 from pathlib import Path
 from typing import Any
 
+from ..core.format_module import (
+    Capability,
+    PublishedLast,
+    RemoteAdopt,
+    RemoteCompanions,
+    RemoteIndex,
+)
 from ..core.registry import formats
 
 __all__ = ["adopted", "companions", "index_readers", "published_last"]
 
 
-def _hooks(name: str) -> list[Any]:
-    """Every registered format module defining hook ``name`` (modules are imported on first use)."""
+def _modules(kind: type[Capability]) -> list[Capability]:
+    """Every registered format with capability ``kind`` (modules are imported on first use)."""
     found = []
     for descriptor in formats.values():
-        module = descriptor.load()
-        if hasattr(module, name):
-            found.append(getattr(module, name))
+        module = descriptor.capability(kind)
+        if module is not None:
+            found.append(module)
     return found
 
 
 def index_readers() -> list[tuple[tuple[str, ...], Any]]:
     """``(index file names, remote_files)`` of every format that lists its data files in an index."""
-    found = []
-    for descriptor in formats.values():
-        module = descriptor.load()
-        if hasattr(module, "REMOTE_INDEX") and hasattr(module, "remote_files"):
-            found.append((tuple(module.REMOTE_INDEX), module.remote_files))
-    return found
+    return [(tuple(module.REMOTE_INDEX), module.remote_files) for module in _modules(RemoteIndex)]
 
 
 def adopted(root: Path, name: str) -> Path | None:
     """A file already under the cache root that a format says may be ``name`` (NeuroShard's own cache names)."""
-    for hook in _hooks("remote_adopt"):
-        found = hook(root, name)
+    for module in _modules(RemoteAdopt):
+        found = module.remote_adopt(root, name)
         if found is not None:
             return Path(found)
     return None
 
 
 def companions(name: str) -> list[tuple[str, bool]]:
+    """The files that go with file (or prefix) ``name``, as every format says: ``[(name, required), ...]``."""
     seen: dict[str, bool] = {}
-    for hook in _hooks("remote_companions"):
-        for other, required in hook(name):
+    for module in _modules(RemoteCompanions):
+        for other, required in module.remote_companions(name):
             seen[other] = seen.get(other, False) or required
     return list(seen.items())
 
 
 def published_last(name: str) -> bool:
     """Whether file ``name`` is an index a format's readers key on (uploaded last, fetched first)."""
-    return any(fnmatch.fnmatch(Path(name).name, p) for patterns in _hooks("PUBLISHED_LAST") for p in patterns)
+    patterns = [p for module in _modules(PublishedLast) for p in module.PUBLISHED_LAST]
+    return any(fnmatch.fnmatch(Path(name).name, p) for p in patterns)
