@@ -12,7 +12,7 @@ from .core.format_module import ExportsTokenizer, Merges
 from .core.protocol import PathLike, Reader, TokenReader, TokenWriter, Writer
 from .core.registry import descriptor, detect, formats
 from .errors import DTypeError, FormatError, NoFilesError, UnknownFormatError
-from .fs.journal import recover_near
+from .fs.journal import one_recovery, recover_near
 from .fs.paths import is_url
 
 __all__ = [
@@ -45,10 +45,11 @@ def open(path: Any, format: str | None = None, **options: Any) -> Reader[Any]:
 
         remote: Reader[Any] = open_url(path, open, format=format, **options)
         return remote
-    if format is None:
-        recover_near(path)  # detection reads the files: a killed writer's commit is completed first
-    name = format if format is not None else detect(path)
-    reader: Reader[Any] = descriptor(name).reader(path, **options)
+    with one_recovery():  # detection and the reader each complete a killed writer's commit first: once per folder
+        if format is None:
+            recover_near(path)
+        name = format if format is not None else detect(path)
+        reader: Reader[Any] = descriptor(name).reader(path, **options)
     return reader
 
 
@@ -202,7 +203,9 @@ def export_tokenizer(tokenizer: Any, path: PathLike, format: str, *, overwrite: 
     return exporter.export_tokenizer(load_tokenizer(tokenizer), path, overwrite=overwrite)
 
 
-def merge(sources: Sequence[Any], destination: PathLike, *, overwrite: bool = False, **writer_options: Any) -> Reader:
+def merge(
+    sources: Sequence[Any], destination: PathLike, *, overwrite: bool = False, **writer_options: Any
+) -> Reader[Any]:
     """Concatenate datasets of one format into one dataset of that format, in order, and open it.
 
     A format whose module defines ``merge`` (Megatron: byte-identical to its ``add_index`` chain, the ``.bin`` files

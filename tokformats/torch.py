@@ -44,7 +44,7 @@ def collate(samples: Sequence[Any]) -> Any:
     return torch.from_numpy(np.stack(samples))
 
 
-class Dataset(torch.utils.data.Dataset):
+class Dataset(torch.utils.data.Dataset[Any]):
     """A map-style torch dataset over any tokformats sample sequence (``GPTSamples``, ``Blend``, windows, ...).
 
     Picklable into DataLoader workers: readers pickle by path and re-open in the worker.
@@ -60,7 +60,7 @@ class Dataset(torch.utils.data.Dataset):
         return to_tensor(self.samples[index])
 
 
-class IterableDataset(torch.utils.data.IterableDataset):
+class IterableDataset(torch.utils.data.IterableDataset[Any]):
     """This rank's micro-batches (as :class:`~tokformats.training.BatchSampler` orders them), split across
     DataLoader workers, resumable.
 

@@ -77,7 +77,8 @@ class FormatDescriptor(NamedTuple):
         module = self.load()
         if not isinstance(module, FormatModule):
             raise UnknownFormatError(f"{self.module} (format {self.name!r}) has no Reader or no DESCRIPTOR.")
-        return module.Reader
+        reader: type = module.Reader
+        return reader
 
     @property
     def writer(self) -> type | None:

@@ -232,7 +232,8 @@ class Vocab(BaseReader[bytes]):
         # Position of every output byte in the blob: its token's start plus its offset in the token.
         ends = np.cumsum(sizes)
         positions = np.arange(total, dtype=np.int64) - np.repeat(ends - sizes - self._starts[array], sizes)
-        return self._blob[positions].tobytes()
+        joined: bytes = self._blob[positions].tobytes()
+        return joined
 
     def decode(self, ids: npt.ArrayLike) -> str:
         """The text of ``ids``: their bytes decoded as UTF-8 with replacement characters."""

@@ -347,7 +347,8 @@ class Reader(TokenReader):
                 f"{self.idx_path}: document_indices decrease at entry {where + 1} ({int(di[where])} then "
                 f"{int(di[where + 1])})."
             )
-        return self.sequence_offsets[di]
+        offsets: np.ndarray = self.sequence_offsets[di]
+        return offsets
 
     def __len__(self) -> int:
         return len(self.document_indices) - 1

@@ -23,6 +23,8 @@ import os
 import re
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,7 @@ __all__ = [
     "temporary_name",
     "dead_temporaries",
     "recover_near",
+    "one_recovery",
     "remove_dead_temporaries",
 ]
 
@@ -222,6 +225,21 @@ def _recover_locked(journal: Path) -> list[Path]:
     return done
 
 
+#: The folders recovered in the current :func:`one_recovery` block (None outside one).
+_RECOVERED: ContextVar[set[Path] | None] = ContextVar("tokformats_recovered", default=None)
+
+
+@contextmanager
+def one_recovery() -> Iterator[None]:
+    """Within the block, :func:`recover_near` completes each folder's commits once: ``tokformats.open`` detects the
+    format (reading the files) and then constructs the reader, and both first recover what they read."""
+    token = _RECOVERED.set(set())
+    try:
+        yield
+    finally:
+        _RECOVERED.reset(token)
+
+
 def recover_near(path: object) -> None:
     """Complete the commits a killed writer left beside (or inside) ``path`` (a file, prefix, folder, glob or
     list), so that what is opened there is read whole, old or new, never half of each. One ``stat`` per folder."""
@@ -231,5 +249,10 @@ def recover_near(path: object) -> None:
         paths = expand_paths(path)
     except (FormatError, TypeError):  # nothing there (the reader says so), or not a path at all
         return
+    done = _RECOVERED.get()
     for folder in sorted({p.parent for p in paths} | {p for p in paths if p.is_dir()}):
+        if done is not None:
+            if folder in done:
+                continue
+            done.add(folder)
         recover(folder)

@@ -219,7 +219,8 @@ def _megatron_helpers() -> object | None:
             from megatron.core.datasets import helpers_cpp
         except Exception:  # not installed, or built for another Python/torch: use the Python greedy
             return None
-    return helpers_cpp
+    module: object = helpers_cpp
+    return module
 
 
 def blending_indices(weights: Sequence[float], size: int) -> tuple[np.ndarray, np.ndarray]:

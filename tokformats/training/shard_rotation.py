@@ -117,7 +117,8 @@ class ShardRotation(Iterator[np.ndarray]):
         start = self.position
         rows = start + self.sequence_length * np.arange(self.batch_size)[:, None] + np.arange(self.sequence_length + 1)
         self.position += self.batch_size * self.sequence_length
-        return tokens[rows].astype(np.int64)
+        batch: np.ndarray = tokens[rows].astype(np.int64)
+        return batch
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able position: which shard and token, and what the assignment was."""
