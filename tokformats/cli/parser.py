@@ -198,8 +198,8 @@ def _convert_args() -> list[Row]:
     ]
 
 
-def commands() -> list[Command]:
-    """Every subcommand, in the order ``tokformats --help`` lists them."""
+def _reading_commands() -> list[Command]:
+    """Commands that look at datasets."""
     return [
         Command(
             "info",
@@ -255,6 +255,12 @@ def commands() -> list[Command]:
             "tokformats sample data/owt_text_document -n 5 --seed 1 -t tok.json",
             run.run_sample,
         ),
+    ]
+
+
+def _writing_commands() -> list[Command]:
+    """Commands that copy, merge, publish or fetch datasets."""
+    return [
         Command(
             "convert",
             "copy a corpus into another format, keeping every token and document boundary",
@@ -304,6 +310,12 @@ def commands() -> list[Command]:
                 JSON,
             ],
         ),
+    ]
+
+
+def _tokenizing_commands() -> list[Command]:
+    """Commands that train tokenizers and turn text into datasets, and the tour."""
+    return [
         Command(
             "train-tokenizer",
             "train a byte-level BPE tokenizer on any input tokenize reads",
@@ -344,6 +356,11 @@ def commands() -> list[Command]:
             [Arg("--output", "-o", help="keep the files in this folder (default: a temporary one)")],
         ),
     ]
+
+
+def commands() -> list[Command]:
+    """Every subcommand, in the order ``tokformats --help`` lists them."""
+    return [*_reading_commands(), *_writing_commands(), *_tokenizing_commands()]
 
 
 def build_parser(table: Sequence[Command] | None = None) -> argparse.ArgumentParser:

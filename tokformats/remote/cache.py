@@ -318,7 +318,7 @@ class Cache:
         fsync_folder(target.parent)
         return target
 
-    def _download(self, name: str, target: Path, size: int | None, sha256: str | None) -> None:
+    def _download(self, name: str, target: Path, size: int | None, sha256: str | None) -> None:  # noqa: PLR0915 - split once the download limits land
         """Download ``name`` to ``NAME.partial`` (resuming what an earlier attempt left), verify, fsync, rename.
 
         One request per attempt: the answer's headers give the object's size and ETag (checked against ``size``
