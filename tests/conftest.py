@@ -6,30 +6,29 @@ from pathlib import Path
 
 import pytest
 
-from tokformats.testing import random_corpus
-
-__all__ = ["FIXTURES", "GOLDENS", "SHARED_GOLDENS", "random_corpus"]
-
 #: Golden files written by the owners' tools (read-only, never regenerated): ``shared/`` beside the repository.
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
-#: The project's own golden files, written by the owners' tools through ``tests/make_goldens.py``; ``shared/`` holds
-#: a copy of ``FIXTURES`` so that a clone alone runs every golden test.
-GOLDENS = Path(__file__).resolve().parent / "data"
-#: Where the shared golden files are read from: the reference when present, else the committed copy.
-SHARED_GOLDENS = FIXTURES if FIXTURES.is_dir() else GOLDENS / "shared"
+_REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+#: The project's own golden files, written by the owners' tools through ``tests/make_goldens.py``; ``data/shared``
+#: holds a copy of the reference so that a clone alone runs every golden test.
+_GOLDENS = Path(__file__).resolve().parent / "data"
 
 
 @pytest.fixture(scope="session")
-def fixtures() -> Path:
-    """The shared golden files: ``shared/fixtures`` beside the repository when it is there (the reference), else
-    the copy committed in ``tests/data/shared``."""
-    return SHARED_GOLDENS
+def reference_fixtures() -> Path | None:
+    """``shared/fixtures`` beside the repository (the owners' golden files, the reference), or None without it."""
+    return _REFERENCE if _REFERENCE.is_dir() else None
+
+
+@pytest.fixture(scope="session")
+def fixtures(reference_fixtures: Path | None) -> Path:
+    """The shared golden files: the reference when it is there, else the copy committed in ``tests/data/shared``."""
+    return reference_fixtures or _GOLDENS / "shared"
 
 
 @pytest.fixture(scope="session")
 def goldens() -> Path:
     """``tests/data``: golden files of the formats ``shared/fixtures`` does not cover."""
-    return GOLDENS
+    return _GOLDENS
 
 
 

@@ -223,25 +223,35 @@ def test_stale_work_folder_overwrite_and_mismatch(
     assert status == 0 and "50 documents" in out and not (tmp_path / "o.tokenize").exists()
 
 
+#: Runs the CLI with the encoding held after its first batch (a file says so) until the test's SIGINT arrives, so that
+#: the signal always lands mid-run however fast the engine is.
+HELD_AFTER_FIRST_BATCH = """
+import sys, time
+from pathlib import Path
+from tokformats.cli import main
+from tokformats.tokenization import pipeline
+take, ready = pipeline._PartitionRun.take, Path(sys.argv[1])
+def held(self, batch):
+    take(self, batch)
+    ready.touch()
+    while True:
+        time.sleep(0.05)
+pipeline._PartitionRun.take = held
+sys.exit(main(sys.argv[2:]))
+"""
+
+
 def test_ctrl_c_during_tokenize_says_how_to_resume(tmp_path: Path, tokenizer_path: Path) -> None:
     text = tmp_path / "big.txt"
-    text.write_text("\n".join(f"document number {k} " * 20 for k in range(200_000)))
-    command = [
-        sys.executable,
-        "-m",
-        "tokformats",
-        "tokenize",
-        str(text),
-        "-t",
-        str(tokenizer_path),
-        "-o",
-        str(tmp_path / "b"),
-    ]
+    text.write_text("\n".join(f"document number {k} " * 20 for k in range(5_000)))
+    ready = tmp_path / "encoding"
+    arguments = ["tokenize", str(text), "-t", str(tokenizer_path), "-o", str(tmp_path / "b")]
+    command = [sys.executable, "-c", HELD_AFTER_FIRST_BATCH, str(ready), *arguments]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     deadline = time.monotonic() + 60
-    while not (tmp_path / "b.tokenize").exists() and time.monotonic() < deadline:
+    while not ready.exists() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(0.5)
+    assert ready.exists(), "the run never reached its first batch"
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=60)
     assert process.returncode == 130, err

@@ -7,6 +7,7 @@ Hypothesis truncates the golden files and overwrites random bytes; every outcome
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,7 +18,6 @@ from hypothesis import strategies as st
 import tokformats
 from tokformats import FormatError
 
-from .conftest import SHARED_GOLDENS as FIXTURES
 from .fuzz_worker import GOLDEN as CASES
 
 
@@ -31,12 +31,14 @@ def touch_everything(reader: Any) -> None:
 @pytest.mark.parametrize("case", sorted(CASES))
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_corruption_gives_the_library_error(tmp_path_factory: pytest.TempPathFactory, case: str, data: Any) -> None:
+def test_corruption_gives_the_library_error(
+    tmp_path_factory: pytest.TempPathFactory, fixtures: Path, case: str, data: Any
+) -> None:
     target, files, options = CASES[case]
     root = tmp_path_factory.mktemp("fuzz")
     for name in files:
         (root / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(FIXTURES / name, root / name)
+        shutil.copyfile(fixtures / name, root / name)
     victim = root / data.draw(st.sampled_from(files), label="file")
     content = bytearray(victim.read_bytes())
     if data.draw(st.booleans(), label="truncate"):

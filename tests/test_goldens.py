@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from tests.conftest import FIXTURES, GOLDENS
 
-
-def test_committed_copy_of_the_shared_fixtures_is_identical() -> None:
-    if not FIXTURES.is_dir():
-        pytest.skip(f"{FIXTURES} is absent: the committed copy is the only reference here")
-    reference = {p.relative_to(FIXTURES): p.read_bytes() for p in FIXTURES.rglob("*") if p.is_file()}
-    copy = {p.relative_to(GOLDENS / "shared"): p.read_bytes() for p in (GOLDENS / "shared").rglob("*") if p.is_file()}
+def test_committed_copy_of_the_shared_fixtures_is_identical(reference_fixtures: Path | None, goldens: Path) -> None:
+    if reference_fixtures is None:
+        pytest.skip(
+            "compares tests/data/shared with the owners' reference fixtures (shared/fixtures beside the clone), "
+            "which are not here; every golden test reads the committed copy"
+        )
+    files = [p for p in reference_fixtures.rglob("*") if p.is_file()]
+    reference = {p.relative_to(reference_fixtures): p.read_bytes() for p in files}
+    copy = {p.relative_to(goldens / "shared"): p.read_bytes() for p in (goldens / "shared").rglob("*") if p.is_file()}
     assert sorted(copy) == sorted(reference), "tests/data/shared lists other files: run tests/make_goldens.py shared"
     different = [str(name) for name, data in reference.items() if copy[name] != data]
     assert not different, f"tests/data/shared differs from shared/fixtures: {different}"

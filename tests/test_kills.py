@@ -58,6 +58,25 @@ print("finished")
 )
 
 
+#: Writes the same documents one at a time, slowly, saying when the writer exists: a kill at a random moment after
+#: "writing" lands while it writes or commits.
+SLOW_CHILD = """
+import json, sys, time
+import numpy as np
+import tokformats
+fmt, target, options, start = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
+lengths = [7, 11, 5, 13, 9, 6, 10, 8, 12, 4] * 3
+flat = (np.arange(sum(lengths)) + start) % 40000 + 1
+offsets = np.concatenate([[0], np.cumsum(lengths)])
+with tokformats.create(target, fmt, overwrite=True, **options) as writer:
+    print("writing", flush=True)
+    for k in range(len(lengths)):
+        writer.write(flat[offsets[k] : offsets[k + 1]])
+        time.sleep(0.02)
+print("finished", flush=True)
+"""
+
+
 def documents(target: Path, fmt: str) -> list[list[float]] | None:
     _, read, pattern = WRITERS[fmt]
     path = pattern.format(target=target)
@@ -124,18 +143,25 @@ def test_kill_at_random_moments(tmp_path: Path, fmt: str, reliability_long: bool
     folder.mkdir()
     assert write(folder / "d", fmt, start=1).returncode == 0
     old = documents(folder / "d", fmt)
-    for _ in range(100 if reliability_long else 4):
+    rounds = 100 if reliability_long else 4
+    mid_write = 0
+    for _ in range(rounds):
         process = subprocess.Popen(
-            [sys.executable, "-c", CHILD, fmt, str(folder / "d"), json.dumps(WRITERS[fmt][0]), "-1", "500"],
+            [sys.executable, "-c", SLOW_CHILD, fmt, str(folder / "d"), json.dumps(WRITERS[fmt][0]), "500"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
+            text=True,
         )
-        time.sleep(rng.uniform(0.1, 0.5))
+        assert process.stdout is not None
+        assert process.stdout.readline().strip() == "writing"  # the writer exists: the kill lands in its run
+        time.sleep(rng.uniform(0.0, 0.5))  # the documents take about 0.6 s to write, then the commit
         process.send_signal(signal.SIGKILL)
-        process.communicate(timeout=60)
+        out, _ = process.communicate(timeout=60)
+        mid_write += "finished" not in out
         seen = documents(folder / "d", fmt)
         assert seen == old or seen == documents_of_new(tmp_path, fmt)
         old = seen
+    assert mid_write >= rounds // 2, f"only {mid_write} of {rounds} kills landed before the writer finished"
 
 
 _NEW: dict[str, Any] = {}

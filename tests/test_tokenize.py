@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 import tokformats
 from tokformats import FormatError, OutputExistsError
 from tokformats.formats import megatron
-from tokformats.tokenization.pipeline import assign_splits, output_paths, parse_split
+from tokformats.tokenization.pipeline import assign_splits, output_paths, split_fractions
 from tokformats.tokenization.sample_text import sample_texts
 from tokformats.tokenization.sources import SourceError
 
@@ -196,9 +196,9 @@ def test_split_assignment_is_uniform() -> None:
     chosen = assign_splits(0, np.zeros(100_000, np.int64), np.arange(100_000), [0.8, 0.1, 0.1])
     shares = np.bincount(chosen, minlength=3) / len(chosen)
     np.testing.assert_allclose(shares, [0.8, 0.1, 0.1], atol=0.01)
-    assert parse_split("9:1") == {"train": 0.9, "val": 0.1}
+    assert split_fractions("9:1") == {"train": 0.9, "val": 0.1}
     with pytest.raises(ValueError):
-        parse_split("1:-1")
+        split_fractions("1:-1")
 
 
 def test_output_names() -> None:

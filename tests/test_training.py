@@ -16,9 +16,8 @@ import pytest
 import tokformats
 from tokformats import training
 from tokformats.errors import ConfigError, NoFilesError
+from tokformats.testing import random_corpus
 from tokformats.training import indices
-
-from .conftest import random_corpus
 
 
 def reference_samples(
@@ -117,7 +116,7 @@ def test_refusals(tmp_path: Path) -> None:
         training.GPTSamples(reader, 8, split="1,1,1", split_name="valid", num_samples=5)
     assert len(training.GPTSamples(reader, 8, split="1,1,1", split_name="valid")) == 0
     with pytest.raises(ConfigError, match="negative"):
-        indices.parse_split("1,-1")
+        indices.split_matrix("1,-1")
     with pytest.raises(ConfigError, match="split_name"):
         training.GPTSamples(reader, 8, split_name="dev")
     samples = training.GPTSamples(reader, 8)

@@ -16,9 +16,8 @@ import pytest
 
 import tokformats
 from tokformats import training
+from tokformats.testing import random_corpus
 from tokformats.training import indices
-
-from .conftest import random_corpus
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -115,7 +114,7 @@ def test_gpt_samples_equal_megatron_core(megatron: Any, tmp_path: Path, trial: i
     sequence_length = int(rng.choice([7, 32, 64, 257]))
     add_extra = trial % 4 != 1
     drop_last_valid = trial % 2 == 0
-    matrix = indices.parse_split(split)
+    matrix = indices.split_matrix(split)
     reader = tokformats.open(prefix)
     tokens = [
         int(reader.sequence_lengths[slice(*indices.split_range(split, n, len(reader.sequence_lengths)))].sum())

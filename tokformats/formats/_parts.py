@@ -74,11 +74,6 @@ class MappedParts(TokenReader):
     def files(self) -> list[Path]:
         return list(dict.fromkeys(p.path for p in self._parts))
 
-    @property
-    def num_parts(self) -> int:
-        """Number of token files (parts)."""
-        return len(self._parts)
-
     @cached_property
     def shards(self) -> list[np.ndarray]:
         """Each part's tokens as its own read-only memory map (for a dataset opened by URL, a

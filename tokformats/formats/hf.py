@@ -76,15 +76,6 @@ def detect(probe: Probe) -> bool:
     return STATE in names and INFO in names and any(n.endswith(".arrow") for n in names)
 
 
-def _feature_dtype(feature: Any) -> str | None:
-    """The value dtype of a ``List``/``Sequence`` feature of ``Value``s, or None."""
-    if isinstance(feature, dict) and feature.get("_type") in ("List", "Sequence", "LargeList"):
-        inner = feature.get("feature")
-        if isinstance(inner, dict) and inner.get("_type") == "Value":
-            return str(inner.get("dtype"))
-    return None
-
-
 #: The index a folder URL is read from, and uploaded last by ``publish``.
 REMOTE_INDEX = (STATE,)
 PUBLISHED_LAST = (STATE, INFO)

@@ -49,7 +49,7 @@ from .engines import EngineMismatchError, TokenizersEngine, differing_text, sele
 from .sources import Input, Record, SourceError, iter_records, resolve_inputs
 from .tokenizer import load_tokenizer
 
-__all__ = ["tokenize", "parse_split", "output_paths"]
+__all__ = ["tokenize", "split_fractions", "output_paths"]
 
 EOS_MODES = ("append", "prepend", "none")
 CHECKPOINT = "checkpoint.json"
@@ -59,7 +59,7 @@ _SPOOL_CHUNK = 1 << 24  # tokens per write_batch call when writing the outputs
 # -- configuration --------------------------------------------------------------------------------------
 
 
-def parse_split(split: Any) -> dict[str, float] | None:
+def split_fractions(split: Any) -> dict[str, float] | None:
     """``{"train": 0.8, ...}``, ``"8:1:1"`` or ``"0.9,0.1"`` (train, val[, test]) or None; fractions normalised
     to sum to 1."""
     if split is None:
@@ -83,6 +83,19 @@ def parse_split(split: Any) -> dict[str, float] | None:
     if not weights or total <= 0 or any(v < 0 or v != v for v in weights.values()):
         raise ConfigError(f"split ratios must be non-negative and not all zero, found {weights}.")
     return {k: v / total for k, v in weights.items()}
+
+
+def parse_split(split: Any) -> dict[str, float] | None:
+    """Deprecated name of :func:`split_fractions` (tokformats 0.1); it goes away in the next release."""
+    import warnings
+
+    warnings.warn(
+        "tokformats.tokenization.pipeline.parse_split is now split_fractions (the old name goes away in the next "
+        "release).",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return split_fractions(split)
 
 
 @dataclass
@@ -334,8 +347,6 @@ class Encoder:
         self._draws = np.random.default_rng([seed, partition])
         self.batches = 0
         self._sampled_bytes = 0
-        #: Documents re-encoded with tokenizers to check the engine.
-        self.verified = 0
 
     def encode(self, texts: list[str], dtype: np.dtype, where: Any) -> tuple[np.ndarray, np.ndarray]:
         """``texts`` as ``(ids in dtype, lengths)``; ``where(k)`` names text k's record for an error."""
@@ -363,7 +374,6 @@ class Encoder:
         picked = chosen.tolist()
         offsets = offsets_from_lengths(lengths)
         got = np.concatenate([flat[offsets[k] : offsets[k + 1]] for k in picked])
-        self.verified += len(picked)
         n = differing_text(*self.reference.encode([texts[k] for k in picked]), got, lengths[chosen])
         if n is None:
             return
@@ -759,7 +769,7 @@ def _make_plan(
         keys=[text_key] if isinstance(text_key, str) else list(text_key),
         eos=eos,
         eos_id=eos_id if eos != "none" else None,
-        split=parse_split(split),
+        split=split_fractions(split),
         seed=int(seed),
         unit=unit,
         vocab_size=loaded.get_vocab_size(with_added_tokens=True),

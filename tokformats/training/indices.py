@@ -4,7 +4,7 @@ Everything here is a pure function of the unit lengths and the options, so that 
 (:class:`~tokformats.training.GPTSamples`, :class:`~tokformats.training.Blend`) can cache its results and
 tests can compare it directly with ``megatron.core.datasets``:
 
-- ``parse_split``/``split_range``: ``BlendedMegatronDatasetConfig``'s split string and the builder's ranges.
+- ``split_matrix``/``split_range``: ``BlendedMegatronDatasetConfig``'s split string and the builder's ranges.
 - ``document_index``/``shuffle_index``: ``gpt_dataset._build_document_index``/``_build_shuffle_index``
   (NumPy's legacy ``RandomState``, whose streams are frozen by NEP 19).
 - ``sample_index``: ``helpers.cpp``'s ``build_sample_idx`` as one ``cumsum`` and one ``searchsorted``.
@@ -27,7 +27,7 @@ from ..errors import ConfigError
 
 __all__ = [
     "SPLIT_NAMES",
-    "parse_split",
+    "split_matrix",
     "split_index",
     "split_range",
     "num_epochs",
@@ -46,7 +46,7 @@ _SPLIT_ALIASES = {"train": 0, "valid": 1, "validation": 1, "val": 1, "test": 2}
 _INT32_MAX = np.iinfo(np.int32).max
 
 
-def parse_split(split: str | Sequence[float]) -> list[tuple[float, float] | None]:
+def split_matrix(split: str | Sequence[float]) -> list[tuple[float, float] | None]:
     """The split matrix of a split string such as ``"969,30,1"`` (or a sequence of weights).
 
     As ``parse_and_normalize_split`` + ``convert_split_vector_to_split_matrix``: the numbers are found with
@@ -86,7 +86,7 @@ def split_index(name: str) -> int:
 
 def split_range(split: str | Sequence[float], name: str, count: int) -> tuple[int, int]:
     """``(begin, end)`` of split ``name`` over ``count`` units, as the builder rounds them (Python's round)."""
-    matrix = parse_split(split)
+    matrix = split_matrix(split)
     bounds = matrix[split_index(name)]
     if bounds is None:
         raise ConfigError(f"split {split!r} gives the {name!r} split no share of the data; it has no samples.")
