@@ -202,6 +202,7 @@ def test_old_module_paths_import_with_a_deprecation_warning(old: str) -> None:
         sys.modules.pop(old, None)
         module = importlib.import_module(old)
     assert module is importlib.import_module(MOVED[old])
+    assert module.__spec__ is not None and module.__spec__.name == MOVED[old]  # relative imports inside still work
     assert any(issubclass(w.category, DeprecationWarning) and MOVED[old] in str(w.message) for w in caught)
 
 

@@ -50,6 +50,7 @@ class _AliasLoader(importlib.abc.Loader):
 
     def __init__(self, new: str) -> None:
         self.new = new
+        self._spec: importlib.machinery.ModuleSpec | None = None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         warnings.warn(
@@ -57,10 +58,14 @@ class _AliasLoader(importlib.abc.Loader):
             DeprecationWarning,
             stacklevel=2,
         )
-        return importlib.import_module(self.new)
+        module = importlib.import_module(self.new)
+        self._spec = module.__spec__
+        return module
 
     def exec_module(self, module: ModuleType) -> None:
-        """Nothing to run: the module was imported under its new name."""
+        """Nothing to run (the module was imported under its new name); only its own spec is put back, which the
+        import system replaced with the old name's (relative imports inside the module read it)."""
+        module.__spec__ = self._spec
 
 
 class _AliasFinder(importlib.abc.MetaPathFinder):
