@@ -9,7 +9,7 @@ from typing import Any
 
 from ..core.registry import formats
 
-__all__ = ["adopted", "companions", "index_readers", "published_last"]
+__all__ = ["adopted", "companions", "index_file", "index_readers", "published_last"]
 
 
 def _hooks(name: str) -> list[Any]:
@@ -52,3 +52,9 @@ def companions(name: str) -> list[tuple[str, bool]]:
 def published_last(name: str) -> bool:
     """Whether file ``name`` is an index a format's readers key on (uploaded last, fetched first)."""
     return any(fnmatch.fnmatch(Path(name).name, p) for patterns in _hooks("PUBLISHED_LAST") for p in patterns)
+
+
+def index_file(name: str) -> bool:
+    """Whether file ``name`` is an index (one a format's readers key on, or lists its data files in)."""
+    base = Path(name).name
+    return published_last(name) or any(base in names for names, _ in index_readers())

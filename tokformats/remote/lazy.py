@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SizeMismatchError
+from ..fs.paths import public_url
 from .backends import NotFoundError
 from .cache import Cache, Lease
 
@@ -65,7 +66,7 @@ class RemoteFiles:
         return (RemoteFiles, (self.url, self.folder, self.entries, self.options, self.index))
 
     def __repr__(self) -> str:
-        return f"RemoteFiles({self.url!r}, files={len(self.entries)})"
+        return f"RemoteFiles({public_url(self.url)!r}, files={len(self.entries)})"
 
     @property
     def cache(self) -> Cache:
@@ -134,7 +135,7 @@ class RemoteFiles:
         known = entry.get("size")
         if isinstance(known, int) and known != size:
             raise SizeMismatchError(
-                f"{self.url}/{self.name_of(path)}: the dataset's index makes it {size:,} bytes, its listing says "
+                f"{self.cache.url}/{self.name_of(path)}: the dataset's index makes it {size:,} bytes, its listing says "
                 f"{known:,}."
             )
         entry["size"] = size
