@@ -386,7 +386,7 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
 def _cmd_publish(args: argparse.Namespace) -> int:
     from ..remote import publish
 
-    summary = publish(args.folder, args.url, dry_run=args.dry_run)
+    summary = publish(args.folder, args.url, dry_run=args.dry_run, prune=args.prune)
     if args.json:
         _print_json(summary)
         return 0
@@ -394,10 +394,13 @@ def _cmd_publish(args: argparse.Namespace) -> int:
     print(f"{verb} {len(summary['uploaded'])} files ({summary['bytes']:,} bytes); {len(summary['skipped'])} unchanged")
     for name in summary["uploaded"]:
         print(f"  {name}")
+    for name in summary["removed"]:
+        print(f"  {'would remove' if args.dry_run else 'removed'} {name}")
     return 0
 
 
 def _cmd_fetch(args: argparse.Namespace) -> int:
+    from ..fs.paths import public_url
     from ..remote import fetch
 
     started = time.perf_counter()
@@ -408,7 +411,7 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     folder = dataset.cache.folder
     size = sum((folder / name).stat().st_size for name in dataset.files if (folder / name).is_file())
     summary = {
-        "url": args.url,
+        "url": public_url(args.url),  # never a signed URL's query or a password
         "folder": str(folder),
         "files": dataset.files,
         "bytes": size,
@@ -588,6 +591,9 @@ def build_parser() -> argparse.ArgumentParser:
     publishing.add_argument("folder", help="the dataset folder")
     publishing.add_argument("url", help="where to publish it (https://, s3://, gs://, hf://)")
     publishing.add_argument("--dry-run", action="store_true", help="say what would be uploaded, upload nothing")
+    publishing.add_argument(
+        "--prune", action="store_true", help="delete files of an earlier version the new one does not hold"
+    )
     _add_json(publishing)
 
     fetching = _command(
