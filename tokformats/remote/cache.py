@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..fs.journal import fsync_folder, start_writeback
+from ..fs.names import safe_relative_name
 from ..fs.paths import public_url
 from . import backends
 from .backends import (
@@ -250,7 +251,7 @@ class Cache:
         self.limits = Limits.of(connect_timeout, stall_timeout, retries, max_index_bytes)
         self.revalidate = revalidate
         self._backend = backend
-        self._fresh: set[str] = set()  # index files revalidated by this cache
+        self._fresh: dict[str, bool] = {}  # index files revalidated by this cache: whether the cached copy is current
 
     @property
     def source(self) -> str:
@@ -277,7 +278,11 @@ class Cache:
     def check_name(self, name: object, where: str | None = None) -> str:
         """``name`` when it may be a file of this dataset (see :func:`~tokformats.remote.cachefiles.dataset_name`);
         ``where`` names the index and entry it came from."""
-        return dataset_name(name, where=where or f"{self.url}/", folder=self.folder)
+        where = where or f"{self.url}/"
+        checked = dataset_name(name, where=where)
+        if "/" in checked:  # the folders on the way: never a link (the file itself: see path())
+            safe_relative_name(checked.rsplit("/", 1)[0], where=where, folder=self.folder)
+        return checked
 
     def path(self, name: str) -> Path:
         """Where file ``name`` is (or will be) cached: the name is checked first, and the dataset's cache folder must
@@ -291,7 +296,9 @@ class Cache:
                 f"{self.folder} (the cache of {self.url}/) is a link or a file, not a folder; tokformats never follows "
                 f"it. Remove it (rm {self.folder}) and open the dataset again."
             )
-        return self.folder / self.check_name(name)
+        path = self.folder / self.check_name(name)
+        clear_non_file(path)  # a link planted where the file goes is removed, never followed
+        return path
 
     def lock_path(self, name: str) -> Path:
         """The lock readers hold (shared) while they use ``name``, and eviction takes (exclusive, never waiting)."""
@@ -307,11 +314,11 @@ class Cache:
         """Shared locks on cached files, held while a reader uses them."""
         return Lease([self.lock_path(n) for n in names])
 
-    def cached(self, name: str) -> Path | None:
-        """The cached file ``name`` when it is there (complete and verified; a regular file, never a link), else
-        None."""
+    def cached(self, name: str, *, size: int | None = None, sha256: str | None = None) -> Path | None:
+        """The cached file ``name`` when it is there (complete and verified; a regular file, never a link) and is
+        of the ``size`` and ``sha256`` given (what the dataset's records say now), else None."""
         path = self.path(name)
-        return path if regular_file(path) is not None else None
+        return path if self._verified(name, path, size, sha256) else None
 
     def not_cached(self, name: str) -> NotCachedError:
         """The error for file ``name`` when offline mode is on and it is not cached."""
@@ -352,8 +359,26 @@ class Cache:
                 return target
             index = _is_index(name)
             self._download(name, target, size, sha256, self.limits.max_index_bytes if index else None)
-            self._fresh.add(name)
+            self._fresh[name] = True
         return target
+
+    def _verified(self, name: str, target: Path, size: int | None, sha256: str | None) -> bool:
+        """Whether ``target`` is a regular file (a planted link is removed, never followed) of the size and SHA-256
+        the records give (the digest recorded at download, else computed once and recorded)."""
+        info = regular_file(target)
+        if info is None:
+            clear_non_file(target)
+            return False
+        if size is not None and info.st_size != size:
+            return False
+        if sha256 is None:
+            return True
+        meta = read_meta(self.folder, name)
+        known = meta.get("sha256") if meta.get("size") == info.st_size else None
+        if not isinstance(known, str):
+            known = file_sha256(target)
+            write_meta(self.folder, name, size=info.st_size, etag=meta.get("etag"), sha256=known)
+        return known == sha256.lower()
 
     @staticmethod
     def _verifies(path: Path, size: int | None, sha256: str) -> bool:
@@ -362,33 +387,22 @@ class Cache:
         return info is not None and (size is None or info.st_size == size) and file_sha256(path) == sha256.lower()
 
     def _current(self, name: str, target: Path, size: int | None, sha256: str | None) -> bool:
-        """Whether the cached ``target`` may be used: a regular file (a planted link is removed, never followed),
-        of the size and SHA-256 the records give (the digest recorded at download, else computed once), and, for an
-        index file, still the one the store publishes (asked once per cache, unless offline or ``revalidate=False``)."""
-        info = regular_file(target)
-        if info is None:
-            clear_non_file(target)
+        """Whether the cached ``target`` may be used: :meth:`_verified`, and, for an index file, still the one the
+        store publishes (asked once per cache, unless offline or ``revalidate=False``)."""
+        if not self._verified(name, target, size, sha256):
             return False
-        if size is not None and info.st_size != size:
-            return False
+        info = target.stat()
         meta = read_meta(self.folder, name)
-        if sha256 is not None:
-            known = meta.get("sha256") if meta.get("size") == info.st_size else None
-            if not isinstance(known, str):
-                known = file_sha256(target)
-                meta = {"size": info.st_size, "etag": meta.get("etag"), "sha256": known}
-                write_meta(self.folder, name, size=info.st_size, etag=meta["etag"], sha256=known)
-            if known != sha256.lower():
-                return False
-        if self.offline or not self.revalidate or name in self._fresh or not _is_index(name):
+        if self.offline or not self.revalidate or not _is_index(name):
             return True
-        self._fresh.add(name)
-        try:
-            remote = self.backend.stat(self.url_of(name))
-        except RemoteError:  # gone, or the store cannot be asked now: the verified cached copy stands
-            return True
-        same_etag = meta.get("etag") == remote.etag if meta.get("etag") and remote.etag else True
-        return remote.size == info.st_size and same_etag
+        if name not in self._fresh:
+            try:
+                remote = self.backend.stat(self.url_of(name))
+            except RemoteError:  # gone, or the store cannot be asked now: the verified cached copy stands
+                remote = RemoteStat(info.st_size, meta.get("etag"))
+            same_etag = meta.get("etag") == remote.etag if meta.get("etag") and remote.etag else True
+            self._fresh[name] = remote.size == info.st_size and same_etag
+        return self._fresh[name]
 
     def fetch_held(
         self,
@@ -534,6 +548,25 @@ class Cache:
                 digest, name = line
                 sums[self.check_name(name, f"{where}, line {number}")] = digest
         return sums
+
+    def forget_others(self, names: set[str]) -> list[Path]:
+        """Delete the cached files of this dataset that ``names`` (its files now, by its ``SHA256SUMS`` or index)
+        does not hold and no reader holds: an earlier version's leftovers, which a reader of the cached folder would
+        otherwise see beside the current files. Returns what was deleted."""
+        if regular_file(self.folder) is not None or not self.folder.is_dir() or self.folder.is_symlink():
+            return []
+        removed = []
+        for path in self.folder.rglob("*"):
+            name = path.relative_to(self.folder).as_posix()
+            if name in names or LOCKS in path.parts or META in path.parts or regular_file(path) is None:
+                continue
+            if name.endswith((PARTIAL, PARTIAL + ".json")):
+                continue
+            with contextlib.suppress(BlockingIOError), _locked(self.lock_path(name), fcntl.LOCK_EX | fcntl.LOCK_NB):
+                path.unlink()
+                (self.folder / META / (name.replace("/", "%2F") + ".json")).unlink(missing_ok=True)
+                removed.append(path)
+        return removed
 
     # -- eviction ---------------------------------------------------------------------------------------
     def evict(self, keep: frozenset[Path] | set[Path] = frozenset()) -> list[Path]:

@@ -260,6 +260,8 @@ def _bring(plan: _Plan, names: list[str] | None = None, adopt: dict[str, Path] |
             for future in futures:
                 future.cancel()
             raise
+    if plan.target == cache.folder:  # a folder is read as a whole: only the files the dataset names now are in it
+        cache.forget_others({SUMS, *(e.name for e in plan.entries)})
     fetched = list(dict.fromkeys(e.name for e in entries if e.name in done))
     if not fetched and names != []:
         raise missing[0] if missing else NotFoundError(f"{public_url(plan.url)} does not exist.")
