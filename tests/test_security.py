@@ -509,6 +509,49 @@ def test_readers_go_by_sums_not_by_files_it_does_not_name(scene: Scene) -> None:
         assert [d.tolist() for d in reader] == docs_b
 
 
+@pytest.fixture
+def bucket(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """An S3 bucket on moto's server on 127.0.0.1 (skipped without moto and s3fs)."""
+    pytest.importorskip("s3fs")
+    moto_server = pytest.importorskip("moto.server")
+    boto3 = pytest.importorskip("boto3")
+    running = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    running.start()
+    host, port = running.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint,
+                       "AWS_ENDPOINT_URL_S3": endpoint}.items():  # fmt: skip
+        monkeypatch.setenv(key, value)
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="tokformats-security")
+    import fsspec
+
+    fsspec.filesystem("s3").invalidate_cache()
+    yield "s3://tokformats-security"
+    running.stop()
+
+
+def test_a_store_listing_never_adds_files_sums_does_not_name(scene: Scene, bucket: str) -> None:
+    import fsspec
+
+    first, _ = scene.llmc("a", 60, seed=11)
+    second, docs_b = scene.llmc("b", 15, seed=12)
+    publish(first, f"{bucket}/d/")
+    old, new = {p.name for p in first.iterdir()}, {p.name for p in second.iterdir()}
+    assert old - new
+    with pytest.raises(StaleFilesError, match=sorted(old - new)[-1]):  # the listing shows them
+        publish(second, f"{bucket}/d/")
+    summary = publish(second, f"{bucket}/d/", prune=True)
+    s3 = fsspec.filesystem("s3")
+    s3.invalidate_cache()
+    assert sorted(p.rsplit("/", 1)[1] for p in s3.find(f"{bucket}/d/")) == sorted({"SHA256SUMS", *new})
+    assert summary["removed"] == sorted(old - new)
+    s3.pipe_file(f"{bucket}/d/c_000007.bin", (first / "c_000001.bin").read_bytes())  # another writer's leftover
+    s3.invalidate_cache()
+    with tokformats.open(f"{bucket}/d/", bos=0, cache_dir=scene.cache) as reader:
+        assert [d.tolist() for d in reader] == docs_b
+
+
 def test_command_line_publish_prune(scene: Scene, capsys: pytest.CaptureFixture[str]) -> None:
     first, _ = scene.llmc("a", 60, seed=9)
     second, _ = scene.llmc("b", 15, seed=10)

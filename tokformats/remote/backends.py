@@ -368,6 +368,12 @@ class FsspecBackend(Backend):
             import fsspec
         except ImportError:
             raise ImportError(f"{scheme}:// URLs need fsspec: pip install 'tokformats[remote]'.") from None
+        if scheme == "s3" and "config_kwargs" not in options:  # botocore's own timeouts and retries: the limits'
+            options = {**options, "config_kwargs": {
+                "connect_timeout": self.limits.connect_timeout,
+                "read_timeout": self.limits.stall_timeout,
+                "retries": {"max_attempts": self.limits.retries},
+            }}  # fmt: skip
         try:
             self.fs = fsspec.filesystem(scheme, **options)
         except ImportError:
