@@ -11,12 +11,26 @@ names another ETag (then 200), and PUT to publish. Faults are queued per path an
 - ``("status", code)``: answer with that HTTP status (404, 500, ...);
 - ``("throttle", seconds)``: send the body in 64 KiB pieces, waiting between them (a download to kill midway).
 
+Malicious behaviours (the attack suite, ``tests/test_security.py``); every loop is bounded and ends when the server
+stops:
+
+- ``("endless", announced)``: announce ``Content-Length: announced`` but send a chunked body that does not end (at
+  most :data:`ENDLESS_LIMIT` bytes, or until the client hangs up);
+- ``("stall", seconds)``: send the headers (the file's true length), then nothing for ``seconds`` (slowloris);
+- ``("silent", seconds)``: accept the connection and send nothing at all for ``seconds``;
+- ``("huge", size)``: announce a ``size``-byte object and stream zeros (at most :data:`ENDLESS_LIMIT` bytes);
+- ``("gzip",)``: send the file gzip-compressed with ``Content-Encoding: gzip`` (a bomb, for a crafted file).
+
+``server.paths`` lists every request's raw path (query included) and ``server.auth`` its Authorization header;
+DELETE removes a file (``server.deletes`` lists them).
+
 Faults apply to GET unless queued with ``method="HEAD"`` (or PUT). ``server.gets[path]`` counts GET requests per
 path, ``server.ranges`` lists the Range headers received, and ``server.puts`` the paths uploaded, in order.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import threading
 import time
@@ -24,6 +38,9 @@ from collections import defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+#: The most bytes an endless or huge body sends before the server gives up by itself.
+ENDLESS_LIMIT = 256 << 20
 
 
 class FileServer(ThreadingHTTPServer):
@@ -39,6 +56,10 @@ class FileServer(ThreadingHTTPServer):
         self.ranges: list[tuple[str, str]] = []
         self.etags: dict[tuple[str, int, int], str] = {}
         self.puts: list[str] = []
+        self.deletes: list[str] = []
+        self.paths: list[str] = []
+        self.auth: list[str | None] = []
+        self.stopping = threading.Event()
         self.lock = threading.Lock()
         self._thread = threading.Thread(target=self.serve_forever, daemon=True)
         self._thread.start()
@@ -61,6 +82,7 @@ class FileServer(ThreadingHTTPServer):
             return None
 
     def stop(self) -> None:
+        self.stopping.set()  # ends stalls and endless bodies under way
         self.shutdown()
         self.server_close()
 
@@ -96,8 +118,20 @@ class _Handler(BaseHTTPRequestHandler):
                 self.server.etags[key] = known
         return known
 
+    def _wait(self, seconds: float) -> None:
+        """Sleep up to ``seconds``, less when the server stops."""
+        self.server.stopping.wait(seconds)
+
     def _faulted(self) -> tuple[Any, ...] | None:
-        fault = self.server.take_fault(self.path, self.command)
+        with self.server.lock:
+            self.server.paths.append(self.path)
+            self.server.auth.append(self.headers.get("Authorization"))
+        path = self.path.split("?", 1)[0]
+        fault = self.server.take_fault(path, self.command)
+        if fault and fault[0] == "silent":
+            self._wait(fault[1])
+            self.close_connection = True
+            return ("answered",)
         if fault and fault[0] == "slow":
             time.sleep(fault[1])
             return None
@@ -121,10 +155,24 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         with self.server.lock:
-            self.server.gets[self.path] += 1
+            self.server.gets[self.path.split("?", 1)[0]] += 1
         fault = self._faulted()
+        if fault and fault[0] in ("endless", "huge"):
+            self._endless(fault)
+            return
         data = None if fault == ("answered",) else self._content()
         if data is None:
+            return
+        if fault and fault[0] == "gzip":
+            data = gzip.compress(data)
+        if fault and fault[0] == "stall":
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("ETag", self._etag())
+            self.end_headers()
+            self.wfile.flush()
+            self._wait(fault[1])
+            self.close_connection = True
             return
         etag = self._etag(data)
         start = 0
@@ -140,6 +188,8 @@ class _Handler(BaseHTTPRequestHandler):
         if fault and fault[0] == "corrupt" and body:
             body = bytes([body[0] ^ 0xFF]) + body[1:]
         self.send_response(206 if start else 200)
+        if fault and fault[0] == "gzip":
+            self.send_header("Content-Encoding", "gzip")
         self.send_header("Content-Length", str(len(body)))
         self.send_header("ETag", etag)
         if start:
@@ -157,6 +207,38 @@ class _Handler(BaseHTTPRequestHandler):
                 time.sleep(fault[1])
             return
         self.wfile.write(body)
+
+    def _endless(self, fault: tuple[Any, ...]) -> None:
+        """An ``endless`` body (chunked, after announcing a small ``Content-Length``) or a ``huge`` one."""
+        self.send_response(200)
+        self.send_header("Content-Length", str(fault[1]))
+        self.send_header("ETag", '"endless"')
+        if fault[0] == "endless":
+            self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        block = b"A" * (1 << 16)
+        limit = ENDLESS_LIMIT if fault[0] == "endless" else min(fault[1], ENDLESS_LIMIT)
+        sent = 0
+        try:
+            while sent < limit and not self.server.stopping.is_set():
+                piece = block[: limit - sent]
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece) if fault[0] == "endless" else piece)
+                sent += len(piece)
+        except OSError:  # the client hung up: what the test expects
+            pass
+        self.close_connection = True
+
+    def do_DELETE(self) -> None:
+        path = self.path.split("?", 1)[0]
+        target = (self.server.root / path.lstrip("/")).resolve()
+        if self.server.root.resolve() not in target.parents or not target.is_file():
+            self.send_error(404)
+            return
+        target.unlink()
+        with self.server.lock:
+            self.server.deletes.append(path)
+        self.send_response(204)
+        self.end_headers()
 
     def do_PUT(self) -> None:
         if self._faulted():

@@ -282,7 +282,11 @@ def test_a_reader_built_directly_completes_an_interrupted_commit(tmp_path: Path)
         with tokformats.create(tmp_path / name / "d", "megatron", vocab_size=1000) as writer:
             writer.write_batch(np.arange(start, start + 20) % 900 + 1, [10, 10])
     expected = [d.tolist() for d in tokformats.open(tmp_path / "new" / "d")]
-    renames = [[str(tmp_path / "new" / f"d{s}"), str(tmp_path / "old" / f"d{s}")] for s in (".bin", ".idx")]
+    renames = []  # a killed writer's temporaries, complete, beside the outputs (a journal names nothing elsewhere)
+    for suffix in (".bin", ".idx"):
+        temporary = f".d{suffix}.999999.0123456789ab.tmp"
+        os.replace(tmp_path / "new" / f"d{suffix}", tmp_path / "old" / temporary)
+        renames.append([temporary, f"d{suffix}"])
     (tmp_path / "old" / ".tokformats-commit.json").write_text(json.dumps({"renames": renames, "remove": []}))
     with megatron.Reader(tmp_path / "old" / "d") as reader:
         assert [d.tolist() for d in reader] == expected

@@ -381,7 +381,7 @@ def run_tokenize(args: argparse.Namespace) -> int:
 def run_publish(args: argparse.Namespace) -> int:
     from ..remote import publish
 
-    summary = publish(args.folder, args.url, dry_run=args.dry_run)
+    summary = publish(args.folder, args.url, dry_run=args.dry_run, prune=args.prune)
     if args.json:
         _print_json(summary)
         return 0
@@ -389,10 +389,13 @@ def run_publish(args: argparse.Namespace) -> int:
     print(f"{verb} {len(summary['uploaded'])} files ({summary['bytes']:,} bytes); {len(summary['skipped'])} unchanged")
     for name in summary["uploaded"]:
         print(f"  {name}")
+    for name in summary["removed"]:
+        print(f"  {'would remove' if args.dry_run else 'removed'} {name}")
     return 0
 
 
 def run_fetch(args: argparse.Namespace) -> int:
+    from ..fs.paths import public_url
     from ..remote import fetch
 
     started = time.perf_counter()
@@ -403,7 +406,7 @@ def run_fetch(args: argparse.Namespace) -> int:
     folder = dataset.cache.folder
     size = sum((folder / name).stat().st_size for name in dataset.files if (folder / name).is_file())
     summary = {
-        "url": args.url,
+        "url": public_url(args.url),  # never a signed URL's query or a password
         "folder": str(folder),
         "files": dataset.files,
         "bytes": size,

@@ -277,6 +277,9 @@ def _writing_commands() -> list[Command]:
                 Arg("folder", help="the dataset folder"),
                 Arg("url", help="where to publish it (https://, s3://, gs://, hf://)"),
                 Arg("--dry-run", action="store_true", help="say what would be uploaded, upload nothing"),
+                Arg(
+                    "--prune", action="store_true", help="delete files of an earlier version the new one does not hold"
+                ),
                 JSON,
             ],
         ),

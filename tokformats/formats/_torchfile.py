@@ -302,6 +302,13 @@ def _parse_zip(path: Path) -> tuple[str, dict[str, _Record], bytes, str]:
             raise FormatError(f"{path}: the archive is empty.")
         prefix = infos[0].filename.split("/", 1)[0]
         names = {info.filename: info for info in infos}
+        if len(names) != len(infos):
+            counts = collections.Counter(info.filename for info in infos)
+            twice = sorted(name for name, count in counts.items() if count > 1)
+            raise FormatError(
+                f"{path}: the archive holds more than one record named {', '.join(twice[:5])}; torch.load reads one "
+                "and other readers another, so the tensors it holds are ambiguous: refused."
+            )
         if f"{prefix}/constants.pkl" in names:
             raise FormatError(f"{path} is a TorchScript archive (it has constants.pkl), not a torch.save file.")
         for needed in ("data.pkl", "version"):
@@ -329,6 +336,11 @@ def _parse_zip(path: Path) -> tuple[str, dict[str, _Record], bytes, str]:
             if len(local) < 30 or local[:4] != ZIP_MAGIC:
                 raise FormatError(f"{path}: the local header of {info.filename} at byte {info.header_offset} is bad.")
             name_length, extra_length = struct.unpack("<HH", local[26:30])
+            encoding = "utf-8" if info.flag_bits & 0x800 else "cp437"
+            if handle.read(name_length) != info.filename.encode(encoding, errors="replace"):
+                raise FormatError(
+                    f"{path}: the local header of {info.filename} names another record; the archive is inconsistent."
+                )
             start = info.header_offset + 30 + name_length + extra_length
             if start + info.file_size > size:
                 raise SizeMismatchError(f"{path}: record {info.filename} runs past the end of the file.")
@@ -341,6 +353,27 @@ def _parse_zip(path: Path) -> tuple[str, dict[str, _Record], bytes, str]:
     if byteorder not in ("little", "big"):
         raise HeaderError(f"{path}: the byteorder record says {byteorder!r}; expected 'little' or 'big'.")
     return prefix, records, pickle_bytes, byteorder
+
+
+def crc_mismatches(path: Path) -> list[str]:
+    """The records of zip archive ``path`` whose CRC-32 differs from the one the archive records (reads every byte:
+    for ``verify()``, never at open, where tensors are mapped and not read)."""
+    mismatches = []
+    _, records, _, _ = _zip_records(path)
+    with zipfile.ZipFile(path) as archive, open(path, "rb") as handle:
+        for info in archive.infolist():
+            record = records[info.filename]
+            handle.seek(record.offset)
+            crc, left = 0, record.size
+            while left:
+                block = handle.read(min(left, 1 << 22))
+                if not block:
+                    break
+                crc = zlib.crc32(block, crc)
+                left -= len(block)
+            if left or crc != info.CRC:
+                mismatches.append(info.filename)
+    return mismatches
 
 
 def _storage_array(path: Path, ref: _StorageRef, record: _Record, byteorder: str, element: np.dtype) -> np.ndarray:

@@ -31,6 +31,7 @@ from ..core.dtypes import little_endian, resolve_dtype
 from ..core.protocol import PathLike, TokenWriter
 from ..core.registry import FormatDescriptor, Probe
 from ..errors import DTypeError, FormatError, NoFilesError
+from ..fs.names import safe_relative_name
 from ..fs.untrusted import read_json_object
 from ._parts import Part, PartsReader, checked_offsets
 from ._shards import DocumentShards
@@ -116,8 +117,9 @@ class Reader(PartsReader):
         self.info = read_json_object(self._folder / INFO) if (self._folder / INFO).is_file() else {}
         parts: list[Part] = []
         self._batch_offsets: list[np.ndarray] = []
-        for entry in entries:
-            file = self._folder / str(entry["filename"])
+        for k, entry in enumerate(entries):
+            where = f"{self._folder / STATE}: _data_files[{k}].filename"
+            file = self._folder / safe_relative_name(entry["filename"], where=where, folder=self._folder)
             if Path(entry["filename"]).name != entry["filename"]:
                 raise FormatError(f"{self._folder / STATE}: data file {entry['filename']!r} is not a plain file name.")
             if not file.is_file():

@@ -30,6 +30,7 @@ from ..core.dtypes import resolve_dtype
 from ..core.protocol import PathLike, TokenWriter
 from ..core.registry import FormatDescriptor, Probe
 from ..errors import FormatError, NoFilesError, SizeMismatchError
+from ..fs.names import safe_relative_name
 from ..fs.untrusted import read_json_object
 from ._parts import Part, PartsReader, checked_offsets
 from ._shards import DocumentShards
@@ -146,7 +147,8 @@ class Reader(PartsReader):
         for k, chunk in enumerate(chunks):
             if not isinstance(chunk, dict) or not isinstance(chunk.get("filename"), str):
                 raise FormatError(f"{where}: chunks[{k}] has no 'filename'.")
-            file = self._folder / chunk["filename"]
+            name = safe_relative_name(chunk["filename"], where=f"{where}: chunks[{k}].filename", folder=self._folder)
+            file = self._folder / name
             if Path(chunk["filename"]).name != chunk["filename"]:
                 raise FormatError(f"{where}: chunks[{k}].filename {chunk['filename']!r} is not a plain file name.")
             if not (file.is_file() if remote is None else remote.has(file)):

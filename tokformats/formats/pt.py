@@ -180,6 +180,8 @@ def _flat(path: Path, array: np.ndarray) -> np.ndarray:
     return flat
 
 
+#: The most shards a manifest's ``total_shards`` may claim (a claim of 10**12 is refused, not allocated).
+MAX_LISTED_SHARDS = 1_000_000
 #: The index a folder URL is read from (Genesis publishes it), and uploaded last by ``publish``.
 REMOTE_INDEX = (MANIFEST,)
 PUBLISHED_LAST = (MANIFEST, CHECKPOINTS)
@@ -206,7 +208,13 @@ def _listed_files(manifest: dict[str, Any]) -> list[dict[str, Any]]:
                     "size_tokens": entry.get("size_tokens"),
                 })  # fmt: skip
     else:
-        files = [{"name": f"shard_{k}.pt"} for k in range(int(manifest.get("total_shards") or 0))]
+        total = manifest.get("total_shards") or 0
+        if type(total) is not int or not 0 <= total <= MAX_LISTED_SHARDS:
+            raise FormatError(
+                f"{MANIFEST}: total_shards is {total!r:.40}; a manifest without a 'shards' list may claim 0 to "
+                f"{MAX_LISTED_SHARDS:,} shards."
+            )
+        files = [{"name": f"shard_{k}.pt"} for k in range(total)]
     return [*files, {"name": CHECKPOINTS, "required": False}, {"name": TOKENIZER, "required": False}]
 
 
@@ -288,6 +296,21 @@ class FileReader(Reader):
     @property
     def metadata(self) -> dict[str, Any]:
         return {"key": self.key, "shape": list(self.shape), "values": self._extra, "eos": self.eos, "bos": self.bos}
+
+    def _problems(self) -> list[Any]:
+        """Records whose CRC-32 is wrong (torch.load checks none when it maps tensors; neither does opening)."""
+        return _crc_problems(self._path)
+
+
+def _crc_problems(path: Path) -> list[Any]:
+    """A :class:`~tokformats.core.reports.Problem` per record of ``.pt`` file ``path`` whose CRC-32 is wrong."""
+    from ..core.reports import Problem
+
+    with open(path, "rb") as handle:
+        if handle.read(len(torchfile.ZIP_MAGIC)) != torchfile.ZIP_MAGIC:
+            return []  # a legacy (non-zip) file has no CRCs
+    return [Problem(str(path), name, "its CRC-32 differs from the archive's (the bytes were changed)")
+            for name in torchfile.crc_mismatches(path)]  # fmt: skip
 
 
 class FolderReader(Reader):
@@ -415,6 +438,8 @@ class FolderReader(Reader):
                 found.append(Problem(str(shard), "size_bytes", message))
             elif "hash" in entry and file_sha256(shard) != entry["hash"]:
                 found.append(Problem(str(shard), "hash", "its SHA-256 differs from the manifest's"))
+        for _, shard in self._shards:
+            found += _crc_problems(shard)
         return found
 
     @property

@@ -41,6 +41,7 @@ from ..core.dtypes import as_token_array, parse_dtype, resolve_dtype
 from ..core.protocol import PathLike, TokenReader, TokenWriter, checked_position
 from ..core.registry import FormatDescriptor, Probe
 from ..errors import ConfigError, DTypeError, FormatError, HeaderError, NoFilesError, SizeMismatchError
+from ..fs.names import safe_relative_name
 from ..fs.untrusted import read_json_object
 from ._shards import StreamShards
 
@@ -180,7 +181,7 @@ def _shards(
             ) from None
         if not isinstance(count, int) or count < 0:
             raise HeaderError(f"{folder / META}: files[{name!r}] must be a non-negative element count, not {count!r}.")
-        path = folder / name
+        path = folder / safe_relative_name(name, where=f"{folder / META}: files", folder=folder)
         if remote is not None:
             if not remote.has(path):
                 raise NoFilesError(f"{path} is listed in {META} but {remote.url} has no such file.")
@@ -308,7 +309,11 @@ def remote_files(folder: Path) -> list[dict[str, Any]]:
         itemsize = 0
     files = meta.get("files")
     listed: dict[str, Any] = files if isinstance(files, dict) else {}
-    return [{"name": name, "size": int(count) * itemsize if itemsize else None} for name, count in listed.items()]
+    for name, count in listed.items():
+        if type(count) is not int or count < 0:
+            raise HeaderError(f"{folder / META}: files[{name!r:.80}] must be a non-negative element count, not "
+                              f"{count!r:.40}.")  # fmt: skip
+    return [{"name": name, "size": count * itemsize if itemsize else None} for name, count in listed.items()]
 
 
 class Reader(TokenReader):

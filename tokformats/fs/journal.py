@@ -10,6 +10,13 @@ serialised (:func:`folder_lock`), so a folder holds at most one journal, and che
 
 Temporaries carry their writer's process id (``.NAME.<pid>.<id>.tmp``), so the next write to a destination can
 remove those whose process is gone (a killed writer's leftovers) without touching a live writer's.
+
+A journal is found in folders people download, so it is not trusted either: it names files relative to its own
+folder, and recovery carries it out only when every rename moves one of tokformats' temporaries (the pattern above)
+onto a plain name inside the folder, and every removal names a plain file inside the folder (never the journal, a
+temporary of another writer, a link, or anything outside). A journal naming anything else is refused with
+:class:`UnsafeJournalError` before anything is touched. The remote cache never downloads one and ``publish`` never
+uploads one (both skip hidden files).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import FormatError
+from .names import UnsafeNameError, safe_relative_name
 
 __all__ = [
     "JOURNAL",
@@ -42,7 +50,13 @@ __all__ = [
     "recover_near",
     "one_recovery",
     "remove_dead_temporaries",
+    "UnsafeJournalError",
 ]
+
+
+class UnsafeJournalError(FormatError):
+    """A commit journal names a file outside its folder, or a file tokformats did not make: nothing was done."""
+
 
 JOURNAL = ".tokformats-commit.json"
 _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[0-9a-f]{12}\.(?:tmp|spool)$")
@@ -146,17 +160,28 @@ def remove_dead_temporaries(final: Path) -> None:
 
 def _named_by_a_journal(folder: Path, path: Path) -> bool:
     journal = folder / JOURNAL
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        return str(path) in {tmp for tmp, _ in json.loads(journal.read_text())["renames"]}
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError, FormatError):
+        renames, _ = read_journal(journal)
+        return path in {tmp for tmp, _ in renames}
     return False
 
 
+def _relative(folder: Path, path: Path) -> str:
+    """``path`` as the journal in ``folder`` records it: relative to the folder (POSIX separators)."""
+    return Path(os.path.relpath(path, folder)).as_posix()
+
+
 def write_journal(folder: Path, renames: list[tuple[Path, Path]], remove: list[Path]) -> Path:
-    """Make the commit durable: the journal (written whole, then renamed into place) lists what to do."""
+    """Make the commit durable: the journal (written whole, then renamed into place) lists what to do, by names
+    relative to ``folder``."""
     journal = folder / JOURNAL
     remove_dead_temporaries(journal)  # the staging file of a journal whose writer was killed writing it
     staging = temporary_name(journal)
-    text = json.dumps({"renames": [[str(t), str(f)] for t, f in renames], "remove": [str(p) for p in remove]})
+    text = json.dumps({
+        "version": 2,
+        "renames": [[_relative(folder, t), _relative(folder, f)] for t, f in renames],
+        "remove": [_relative(folder, p) for p in remove],
+    })  # fmt: skip
     with open(staging, "w", encoding="utf-8") as handle:
         handle.write(text)
         handle.flush()
@@ -201,14 +226,70 @@ def recover(folder: Path) -> list[Path]:
         return _recover_locked(journal)
 
 
+#: The largest journal read back (a commit of many shards names each twice).
+MAX_JOURNAL_BYTES = 64 << 20
+
+
+def _journal_path(folder: Path, recorded: object, where: str, *, temporary: bool) -> Path:
+    """The path a journal entry names, when it is one recovery may touch: inside ``folder`` (a name relative to it;
+    an absolute path inside it, as older versions wrote), a plain name, no link on the way; a rename's source must be
+    one of tokformats' temporaries, and nothing else may be hidden."""
+    name = recorded
+    if isinstance(recorded, str) and recorded.startswith("/"):
+        inside = os.path.relpath(recorded, folder)
+        name = Path(inside).as_posix() if not inside.startswith("..") else recorded
+    try:
+        checked = safe_relative_name(name, where=where, folder=folder)
+    except UnsafeNameError as error:
+        raise UnsafeJournalError(str(error)) from None
+    base = checked.rsplit("/", 1)[-1]
+    if temporary and not _TEMPORARY.match(base):
+        raise UnsafeJournalError(f"{where}: {checked!r} is not one of tokformats' temporaries (.NAME.PID.ID.tmp).")
+    if not temporary and (base.startswith(".") or base == JOURNAL):
+        raise UnsafeJournalError(f"{where}: {checked!r} is a hidden file, never a dataset's output.")
+    return folder / checked
+
+
+def read_journal(journal: Path) -> tuple[list[tuple[Path, Path]], list[Path]]:
+    """The renames and removals journal ``journal`` records, every name checked (:func:`_journal_path`);
+    :class:`UnsafeJournalError` when one is not allowed, :class:`FormatError` when it is not a journal."""
+    from .untrusted import require_regular
+
+    folder = journal.parent
+    if os.path.islink(journal) or require_regular(journal) > MAX_JOURNAL_BYTES:
+        raise UnsafeJournalError(f"{journal} is a link or larger than {MAX_JOURNAL_BYTES:,} bytes: not a journal.")
+    entries = json.loads(journal.read_bytes().decode("utf-8"))
+    if not isinstance(entries, dict) or not isinstance(entries.get("renames"), list) or not isinstance(
+        entries.get("remove"), list
+    ):  # fmt: skip
+        raise FormatError(f"{journal} is not a commit journal (it needs 'renames' and 'remove' lists).")
+    renames = []
+    for k, pair in enumerate(entries["renames"]):
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise FormatError(f"{journal}: renames[{k}] is {pair!r:.80}, not a [temporary, final] pair.")
+        tmp = _journal_path(folder, pair[0], f"{journal}: renames[{k}]", temporary=True)
+        final = _journal_path(folder, pair[1], f"{journal}: renames[{k}]", temporary=False)
+        if tmp.parent != final.parent:
+            raise UnsafeJournalError(f"{journal}: renames[{k}] moves {pair[0]!r} into another folder ({pair[1]!r}).")
+        renames.append((tmp, final))
+    remove = [
+        _journal_path(folder, p, f"{journal}: remove[{k}]", temporary=False) for k, p in enumerate(entries["remove"])
+    ]
+    return renames, remove
+
+
 def _recover_locked(journal: Path) -> list[Path]:
     done: list[Path] = []
     if journal.exists():
         try:
-            entries = json.loads(journal.read_text(encoding="utf-8"))
-            renames = [(Path(t), Path(f)) for t, f in entries["renames"]]
-            remove = [Path(p) for p in entries["remove"]]
+            renames, remove = read_journal(journal)
             finish_journal(journal, renames, remove)
+        except UnsafeJournalError as error:
+            raise UnsafeJournalError(
+                f"{journal} records an interrupted commit that is refused, and nothing was changed: {error} A journal "
+                f"names only files tokformats wrote in its own folder; if this folder came from elsewhere, delete it: "
+                f"rm '{journal}'"
+            ) from None
         except FileNotFoundError as error:
             if not journal.exists():  # another process completed it meanwhile
                 return done
@@ -216,7 +297,7 @@ def _recover_locked(journal: Path) -> list[Path]:
                 f"{journal} records an interrupted commit that cannot be completed ({error}); the datasets it names "
                 "may be incomplete: write them again."
             ) from None
-        except (OSError, ValueError, KeyError, TypeError) as error:
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as error:
             raise FormatError(
                 f"{journal} records an interrupted commit that cannot be completed ({error}); the datasets it names "
                 "may be incomplete: fix the cause (a read-only folder?) or write them again."

@@ -10,7 +10,8 @@ from typing import Any
 
 from ..errors import NoFilesError
 
-__all__ = ["URL_SCHEMES", "expand_paths", "is_pattern", "is_url", "pattern_matches", "read_head"]
+__all__ = ["URL_SCHEMES", "expand_paths", "is_pattern", "is_url", "pattern_matches", "public_url", "read_head",
+           "scrub_secrets"]  # fmt: skip
 
 
 def read_head(path: Path, size: int) -> bytes:
@@ -37,6 +38,39 @@ def is_url(path: Any) -> bool:
     if not isinstance(path, str) or "://" not in path:
         return False
     return path.split("://", 1)[0].lower() in URL_SCHEMES
+
+
+def public_url(url: str) -> str:
+    """``url`` as messages, logs and cache folder names show it: without user info (``user:password@``), query
+    string or fragment (a signed URL carries its secret in the query)."""
+    import urllib.parse
+
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host = parts.hostname or ""
+        if parts.port:
+            host = f"{host}:{parts.port}"
+    except ValueError:  # an unparseable port or bracket: keep only what precedes any secret
+        scheme, _, rest = url.partition("://")
+        rest = rest.rsplit("@", 1)[-1].split("?", 1)[0].split("#", 1)[0]
+        return f"{scheme}://{rest}"
+    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def scrub_secrets(text: str, url: str) -> str:
+    """``text`` (a foreign error's message) with ``url``'s user info and query string taken out wherever they
+    appear, whole or percent-decoded."""
+    import urllib.parse
+
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return text.replace(url, public_url(url))
+    secrets = [url, parts.query, parts.netloc.rpartition("@")[0] if "@" in parts.netloc else ""]
+    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
+        shown = public_url(url) if secret == url else "<redacted>"
+        text = text.replace(secret, shown).replace(urllib.parse.unquote(secret), shown)
+    return text
 
 
 def is_pattern(text: str) -> bool:

@@ -20,20 +20,49 @@ import json
 import os
 import queue
 import re
+import stat
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..fs.journal import fsync_folder, start_writeback
+from ..fs.names import safe_relative_name
+from ..fs.paths import public_url, scrub_secrets
 from . import backends
-from .backends import RETRIES, Backend, NotFoundError, RemoteError, RemoteStat, _safe, backend_for
+from .backends import (
+    Backend,
+    Limits,
+    NotFoundError,
+    OversizeError,
+    RemoteError,
+    RemoteStat,
+    _safe,
+    backend_for,
+)
+from .cachefiles import (
+    LOCKS,
+    META,
+    PARTIAL,
+    clear_non_file,
+    dataset_name,
+    open_no_follow,
+    read_meta,
+    read_record,
+    regular_file,
+    write_meta,
+    write_no_follow,
+)
 
-__all__ = ["Cache", "Lease", "ChecksumError", "NotCachedError", "default_cache_dir", "offline_default", "file_sha256"]
+__all__ = ["Cache", "Lease", "ChecksumError", "NotCachedError", "UnsafeCacheError", "default_cache_dir",
+           "offline_default", "file_sha256", "SUMS"]  # fmt: skip
 
-LOCKS = ".tokformats-locks"
-PARTIAL = ".partial"
+#: The checksum sidecar ``publish`` writes: ``sha256  name`` lines.
+SUMS = "SHA256SUMS"
+#: The longest ``SHA256SUMS`` line read (a digest, two spaces, a name of at most 4096 bytes).
+_SUMS_LINE = 64 + 3 + 4096 + 2
 _HASH_BLOCK = 1 << 22
 #: Bytes a download writes between asking the kernel to start writing them back.
 _WRITEBACK_BYTES = 8 << 20
@@ -41,6 +70,12 @@ _WRITEBACK_BYTES = 8 << 20
 
 class ChecksumError(RemoteError):
     """A downloaded file is not what was published (size or SHA-256); it was deleted."""
+
+
+class UnsafeCacheError(RemoteError):
+    """The cache folder of a dataset is a symbolic link (planted in a shared cache root): it is never followed."""
+
+    transient = False
 
 
 class _Restart(Exception):
@@ -78,8 +113,9 @@ def _touch(path: Path) -> None:
 
 
 def _folder_name(url: str) -> str:
-    """A readable, unique folder name for a dataset URL: its last path part plus a digest of the whole URL."""
-    base = url.rstrip("/")
+    """A readable, unique folder name for a dataset URL: its last path part plus a digest of the whole URL (without
+    user info or query string: those never appear in a folder name, and do not change what the dataset is)."""
+    base = public_url(url).rstrip("/")
     tail = re.sub(r"[^A-Za-z0-9._-]+", "_", base.rsplit("/", 1)[-1])[:48] or "dataset"
     return f"{tail}-{hashlib.sha256(base.encode('utf-8')).hexdigest()[:16]}"
 
@@ -134,7 +170,7 @@ class _Hashing:
 @contextlib.contextmanager
 def _locked(path: Path, kind: int) -> Iterator[int]:
     path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    descriptor = open_no_follow(path, os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(descriptor, kind)
         yield descriptor
@@ -155,7 +191,7 @@ class Lease:
     def add(self, lock: Path) -> None:
         """Hold ``lock`` too."""
         lock.parent.mkdir(parents=True, exist_ok=True)
-        descriptor = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        descriptor = open_no_follow(lock, os.O_RDWR | os.O_CREAT)
         fcntl.flock(descriptor, fcntl.LOCK_SH)
         with self._guard:
             self._descriptors.append(descriptor)
@@ -174,12 +210,19 @@ class Cache:
     """The cached copy of one remote dataset.
 
     Args:
-        url: the dataset's base URL (a folder, or the folder holding a file or prefix).
+        url: the dataset's base URL (a folder, or the folder holding a file or prefix). User info and a query string
+            (a signed URL's) are used for requests and never shown.
         cache_dir: the cache root (see :func:`default_cache_dir`).
         max_cache_bytes: evict least-recently-used files (of every dataset under the root) no reader holds once the
             root holds more.
         offline: never touch the network; a file not cached is an error.
         backend: the store (chosen from the URL's scheme by default).
+        query: a query string sent with every file's URL (a token; a signed URL's own query when it names one file).
+        connect_timeout, stall_timeout, retries, max_index_bytes: the store's :class:`~tokformats.remote.backends.
+            Limits` (None: ``$TOKFORMATS_CONNECT_TIMEOUT``, ... else the defaults).
+        revalidate: ask the store once per :class:`Cache` whether a cached index file (``SHA256SUMS``, a manifest)
+            is still the published one (its ETag and size), so a republished dataset is seen; False trusts the
+            cached copy (``offline=True`` never asks).
     """
 
     def __init__(
@@ -190,28 +233,72 @@ class Cache:
         max_cache_bytes: float | None = None,
         offline: bool | None = None,
         backend: Backend | None = None,
+        query: str | None = None,
+        connect_timeout: float | None = None,
+        stall_timeout: float | None = None,
+        retries: int | None = None,
+        max_index_bytes: int | None = None,
+        revalidate: bool = True,
     ) -> None:
-        self.url = url.rstrip("/")
+        base, _, own_query = url.partition("?")
+        self._base = base.rstrip("/")
+        self.query = query or own_query or None
+        self.url = public_url(self._base)
         self.root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
         self.folder = self.root / _folder_name(self.url)
         self.max_cache_bytes = None if max_cache_bytes is None else int(max_cache_bytes)
         self.offline = offline_default() if offline is None else offline
+        self.limits = Limits.of(connect_timeout, stall_timeout, retries, max_index_bytes)
+        self.revalidate = revalidate
         self._backend = backend
+        self._fresh: dict[str, bool] = {}  # index files revalidated by this cache: whether the cached copy is current
+
+    @property
+    def source(self) -> str:
+        """The dataset's URL as given (user info and query included): for requests and pickling, never messages."""
+        return self._base + (f"?{self.query}" if self.query else "")
+
+    @property
+    def listing_url(self) -> str:
+        """The URL whose listing is the dataset (no query string)."""
+        return self._base
 
     @property
     def backend(self) -> Backend:
         """The store (made on first use: offline work never needs it)."""
         if self._backend is None:
-            self._backend = backend_for(self.url)
+            self._backend = backend_for(self._base, self.limits)
         return self._backend
 
     def url_of(self, name: str) -> str:
-        """The URL of file ``name`` of the dataset."""
-        return f"{self.url}/{name}"
+        """The URL of file ``name`` of the dataset (with the query string: show it with ``_safe`` only)."""
+        quoted = urllib.parse.quote(name, safe="/") if self._base.startswith(("http:", "https:")) else name
+        return f"{self._base}/{quoted}" + (f"?{self.query}" if self.query else "")
+
+    def check_name(self, name: object, where: str | None = None) -> str:
+        """``name`` when it may be a file of this dataset (see :func:`~tokformats.remote.cachefiles.dataset_name`);
+        ``where`` names the index and entry it came from."""
+        where = where or f"{self.url}/"
+        checked = dataset_name(name, where=where)
+        if "/" in checked:  # the folders on the way: never a link (the file itself: see path())
+            safe_relative_name(checked.rsplit("/", 1)[0], where=where, folder=self.folder)
+        return checked
 
     def path(self, name: str) -> Path:
-        """Where file ``name`` is (or will be) cached."""
-        return self.folder / name
+        """Where file ``name`` is (or will be) cached: the name is checked first, and the dataset's cache folder must
+        be a folder, never a link planted in a shared root."""
+        try:
+            info = os.lstat(self.folder)
+        except FileNotFoundError:
+            info = None
+        if info is not None and not stat.S_ISDIR(info.st_mode):
+            raise UnsafeCacheError(
+                f"{self.folder} (the cache of {self.url}/) is a link or a file, not a folder; tokformats never follows "
+                f"it. Remove it (rm {self.folder}) and open the dataset again."
+            )
+        path = self.folder / self.check_name(name)
+        clear_non_file(path)  # a link planted where the file goes is removed, never followed
+        return path
 
     def lock_path(self, name: str) -> Path:
         """The lock readers hold (shared) while they use ``name``, and eviction takes (exclusive, never waiting)."""
@@ -227,10 +314,11 @@ class Cache:
         """Shared locks on cached files, held while a reader uses them."""
         return Lease([self.lock_path(n) for n in names])
 
-    def cached(self, name: str) -> Path | None:
-        """The cached file ``name`` when it is there (complete and verified), else None."""
+    def cached(self, name: str, *, size: int | None = None, sha256: str | None = None) -> Path | None:
+        """The cached file ``name`` when it is there (complete and verified; a regular file, never a link) and is
+        of the ``size`` and ``sha256`` given (what the dataset's records say now), else None."""
         path = self.path(name)
-        return path if path.is_file() else None
+        return path if self._verified(name, path, size, sha256) else None
 
     def not_cached(self, name: str) -> NotCachedError:
         """The error for file ``name`` when offline mode is on and it is not cached."""
@@ -249,7 +337,8 @@ class Cache:
     def fetch(
         self, name: str, *, size: int | None = None, sha256: str | None = None, adopt: Path | None = None
     ) -> Path:
-        """The local path of file ``name``, downloading it first when it is not cached.
+        """The local path of file ``name``, downloading it first when it is not cached (or the cached copy is not
+        what the records say, or, for an index file, no longer what the store publishes).
 
         Args:
             size / sha256: what the dataset's own records say the file is (checked; a mismatch deletes it).
@@ -257,25 +346,63 @@ class Cache:
                 copy, only when it verifies against ``size`` and ``sha256``.
         """
         target = self.path(name)
-        if target.is_file():
+        if self._current(name, target, size, sha256):
             _touch(target)
             return target
-        if (
-            adopt is not None
-            and sha256 is not None
-            and adopt.is_file()
-            and (size is None or adopt.stat().st_size == size)
-            and file_sha256(adopt) == sha256.lower()
-        ):
+        if adopt is not None and sha256 is not None and self._verifies(adopt, size, sha256):
             return self._place_copy(adopt, target)
         if self.offline:
             raise self.not_cached(name)
         with _locked(self.download_lock_path(name), fcntl.LOCK_EX):  # one process downloads; the others wait here
-            if target.is_file():
+            if self._current(name, target, size, sha256):
                 _touch(target)
                 return target
-            self._download(name, target, size, sha256)
+            index = _is_index(name)
+            self._download(name, target, size, sha256, self.limits.max_index_bytes if index else None)
+            self._fresh[name] = True
         return target
+
+    def _verified(self, name: str, target: Path, size: int | None, sha256: str | None) -> bool:
+        """Whether ``target`` is a regular file (a planted link is removed, never followed) of the size and SHA-256
+        the records give (the digest recorded at download, else computed once and recorded)."""
+        info = regular_file(target)
+        if info is None:
+            clear_non_file(target)
+            return False
+        if size is not None and info.st_size != size:
+            return False
+        if sha256 is None:
+            return True
+        meta = read_meta(self.folder, name)
+        known = meta.get("sha256") if meta.get("size") == info.st_size else None
+        if not isinstance(known, str):
+            known = file_sha256(target)
+            write_meta(self.folder, name, size=info.st_size, etag=meta.get("etag"), sha256=known)
+        return known == sha256.lower()
+
+    @staticmethod
+    def _verifies(path: Path, size: int | None, sha256: str) -> bool:
+        """Whether ``path`` is a regular file of ``size`` bytes with SHA-256 ``sha256``."""
+        info = regular_file(path)
+        return info is not None and (size is None or info.st_size == size) and file_sha256(path) == sha256.lower()
+
+    def _current(self, name: str, target: Path, size: int | None, sha256: str | None) -> bool:
+        """Whether the cached ``target`` may be used: :meth:`_verified`, and, for an index file, still the one the
+        store publishes (asked once per cache, unless offline or ``revalidate=False``)."""
+        if not self._verified(name, target, size, sha256):
+            return False
+        info = target.stat()
+        meta = read_meta(self.folder, name)
+        if self.offline or not self.revalidate or not _is_index(name):
+            return True
+        if name not in self._fresh:
+            try:
+                remote = self.backend.stat(self.url_of(name))
+            except RemoteError:  # gone, or the store cannot be asked now: the verified cached copy stands
+                remote = RemoteStat(info.st_size, meta.get("etag"))
+            same_etag = meta.get("etag") == remote.etag if meta.get("etag") and remote.etag else True
+            self._fresh[name] = remote.size == info.st_size and same_etag
+        return self._fresh[name]
 
     def fetch_held(
         self,
@@ -309,108 +436,85 @@ class Cache:
     def _place_copy(self, source: Path, target: Path) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         temporary = target.with_name(target.name + PARTIAL)
-        with open(source, "rb") as reader, open(temporary, "wb") as writer:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        descriptor = open_no_follow(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        with open(source, "rb") as reader, os.fdopen(descriptor, "wb") as writer:
             while block := reader.read(_HASH_BLOCK):
                 writer.write(block)
             writer.flush()
             os.fsync(writer.fileno())
         os.replace(temporary, target)
+        write_meta(self.folder, self.check_name(self.name_of(target)), size=target.stat().st_size, etag=None,
+                   sha256=file_sha256(target))  # fmt: skip
         fsync_folder(target.parent)
         return target
 
-    def _download(self, name: str, target: Path, size: int | None, sha256: str | None) -> None:  # noqa: PLR0915 - split once the download limits land
+    def name_of(self, path: Path) -> str:
+        """The dataset's name of a path in its cache folder."""
+        return path.relative_to(self.folder).as_posix()
+
+    def _download(self, name: str, target: Path, size: int | None, sha256: str | None, cap: int | None) -> None:
         """Download ``name`` to ``NAME.partial`` (resuming what an earlier attempt left), verify, fsync, rename.
 
         One request per attempt: the answer's headers give the object's size and ETag (checked against ``size``
-        before the first byte is kept; recorded beside the partial, so that a resume sends ``If-Range`` with it)."""
-        url = self.url_of(name)
+        and ``cap`` before the first byte is kept; recorded beside the partial, so that a resume sends ``If-Range``
+        with it). A body longer than announced, a wrong size or checksum, or a 404 deletes the partial."""
         target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(target.name + PARTIAL)
-        record = target.with_name(target.name + PARTIAL + ".json")
-        digest, recorded = self._resume_point(partial, record)
-        remote: RemoteStat | None = None
-        restarts = 0
-        for attempt in range(1, RETRIES + 2):
-            start = partial.stat().st_size if partial.exists() else 0
+        transfer = _Transfer(self.url_of(name), target, size, cap)
+        failure: BaseException | None = None
+        for attempt in range(1, self.limits.retries + 2):
             try:
-                with open(partial, "ab") as handle:
-                    sink = _Hashing(handle, digest)
-
-                    def answered(stat: RemoteStat, whole: bool, sink: _Hashing = sink, start: int = start) -> None:
-                        nonlocal remote, recorded, restarts
-                        if size is not None and stat.size != size:
-                            raise ChecksumError(
-                                f"{_safe(url)} has {stat.size:,} bytes, but the dataset's records say {size:,}: the "
-                                "store holds another version of the file (republished?)."
-                            )
-                        if start and (whole or recorded.get("size") != stat.size):  # changed, or Range ignored
-                            restarts += 1
-                            if restarts > 2:
-                                changing = RemoteError(f"{_safe(url)} keeps changing while it downloads.")
-                                changing.transient = False  # type: ignore[attr-defined]
-                                raise changing
-                            if not whole:
-                                raise _Restart
-                            sink.restart()  # this answer is the whole object: keep it, from its first byte
-                        if {"etag": stat.etag, "size": stat.size} != recorded:
-                            recorded = {"etag": stat.etag, "size": stat.size}
-                            record.write_text(json.dumps(recorded))
-                        remote = stat
-
-                    try:
-                        self.backend.download(url, sink, start, recorded.get("etag"), answered)  # type: ignore[arg-type]
-                    finally:
-                        sink.close()  # what arrived is on disk (and hashed) before resuming after it
-                    digest = sink.digest
-                    handle.flush()
-                    os.fsync(handle.fileno())
-            except (NotFoundError, ChecksumError):  # another attempt would not mend them
-                raise
+                complete = self._attempt(transfer)
+            except (NotFoundError, ChecksumError, OversizeError) as error:  # another attempt would not mend them
+                transfer.discard(only_empty=isinstance(error, NotFoundError))
+                failure = error
+                break
             except _Restart:
-                partial.unlink(missing_ok=True)
-                digest, recorded = hashlib.sha256(), {}
+                transfer.discard()
                 continue
             except (OSError, RemoteError) as error:
-                if attempt > RETRIES or not getattr(error, "transient", True):
-                    raise RemoteError(f"downloading {_safe(url)} failed after {attempt} attempts: {error}") from None
-                digest, recorded = self._resume_point(partial, record)  # keep what arrived, resume after it
+                if attempt > self.limits.retries or not getattr(error, "transient", True):
+                    failure = RemoteError(
+                        f"downloading {_safe(transfer.url)} failed after {attempt} attempts: "
+                        f"{scrub_secrets(str(error), transfer.url)}"
+                    )
+                    break
+                transfer.resume()  # keep what arrived, resume after it
                 time.sleep(min(backends.BACKOFF * 2**attempt, backends.MAX_BACKOFF))
                 continue
-            if remote is None:  # answered() runs before the first byte: a backend that never called it is broken
-                raise RemoteError(f"downloading {_safe(url)}: the store sent no size or status before its body.")
-            if partial.stat().st_size < remote.size:  # the connection ended early without an error
-                digest, recorded = self._resume_point(partial, record)
-                continue
-            break
+            if complete:
+                break
+            transfer.resume()  # the connection ended early without an error
         else:
-            raise RemoteError(f"downloading {_safe(url)} did not complete after {RETRIES + 1} attempts.")
+            failure = RemoteError(f"downloading {_safe(transfer.url)} did not complete after {attempt} attempts.")
+        if failure is not None:
+            raise _detached(failure)
+        remote = transfer.answer()  # an attempt completed
         expected = (sha256 or remote.sha256 or "").lower() or None
-        self._verify(url, partial, record, remote.size, expected, digest.hexdigest())
-        os.replace(partial, target)
-        record.unlink(missing_ok=True)
+        found = transfer.digest.hexdigest()
+        self._verify(transfer.url, transfer.partial, transfer.record, remote.size, expected, found)
+        os.replace(transfer.partial, target)
+        write_meta(self.folder, name, size=remote.size, etag=remote.etag, sha256=found)
+        transfer.record.unlink(missing_ok=True)
         fsync_folder(target.parent)
 
-    @staticmethod
-    def _resume_point(partial: Path, record: Path) -> tuple[Any, dict[str, Any]]:
-        """``(SHA-256 of what a partial download holds, the object's recorded ETag and size)`` when it can be resumed
-        (its record names a strong ETag to send with ``If-Range``); otherwise the partial is removed."""
-        digest = hashlib.sha256()
-        if not partial.exists():
-            return digest, {}
-        try:
-            before = json.loads(record.read_text())
-        except (OSError, ValueError):
-            before = {}
-        etag, size = before.get("etag"), before.get("size")
-        if not isinstance(etag, str) or etag.startswith("W/") or not isinstance(size, int) or (
-            partial.stat().st_size > size
-        ):  # fmt: skip
-            partial.unlink()
-            return digest, {}
-        with open(partial, "rb") as handle:
-            while block := handle.read(_HASH_BLOCK):
-                digest.update(block)
-        return digest, {"etag": etag, "size": size}
+    def _attempt(self, transfer: _Transfer) -> bool:
+        """One request of ``transfer``, appended to its partial file (opened without following a link); whether
+        the partial now holds the whole object."""
+        start = transfer.held()
+        descriptor = open_no_follow(transfer.partial, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        with os.fdopen(descriptor, "ab") as handle:
+            sink = _Hashing(handle, transfer.digest)
+            try:
+                self.backend.download(transfer.url, sink, start, transfer.recorded.get("etag"),  # type: ignore[arg-type]
+                                      lambda stat, whole: transfer.answered(stat, whole, sink, start))  # fmt: skip
+            finally:
+                sink.close()  # what arrived is on disk (and hashed) before resuming after it
+            transfer.digest = sink.digest
+            handle.flush()
+            os.fsync(handle.fileno())
+        return transfer.held() >= transfer.answer().size
 
     @staticmethod
     def _verify(url: str, partial: Path, record: Path, size: int, expected: str | None, found: str) -> None:
@@ -426,17 +530,42 @@ class Cache:
             raise ChecksumError(f"{_safe(url)}: {problem}; the download was deleted (nothing wrong is used).")
 
     def sums(self) -> dict[str, str]:
-        """The dataset's ``SHA256SUMS`` sidecar (``sha256  name`` lines) as ``{name: sha256}``, or empty."""
+        """The dataset's ``SHA256SUMS`` sidecar (``sha256  name`` lines) as ``{name: sha256}``, or empty. Read line
+        by line in bounded memory; a line that is not UTF-8 ``digest  name`` text, or names a file that cannot be
+        one of the dataset's, raises :class:`IndexFormatError` naming the URL and the line."""
         try:
-            path = self.fetch("SHA256SUMS")
+            path = self.fetch(SUMS)
         except NotFoundError:
             return {}
-        sums = {}
-        for line in path.read_text(encoding="utf-8").splitlines():
-            digest, _, name = line.strip().partition("  ")
-            if re.fullmatch(r"[0-9a-fA-F]{64}", digest) and name:
-                sums[name.lstrip("*")] = digest.lower()
+        where = f"{self.url}/{SUMS}"
+        sums: dict[str, str] = {}
+        with open(path, "rb") as handle:
+            for number, raw in enumerate(iter(lambda: handle.readline(_SUMS_LINE + 1), b""), 1):
+                line = _sums_line(raw, f"{where}, line {number}")
+                if line is None:
+                    continue
+                digest, name = line
+                sums[self.check_name(name, f"{where}, line {number}")] = digest
         return sums
+
+    def forget_others(self, names: set[str]) -> list[Path]:
+        """Delete the cached files of this dataset that ``names`` (its files now, by its ``SHA256SUMS`` or index)
+        does not hold and no reader holds: an earlier version's leftovers, which a reader of the cached folder would
+        otherwise see beside the current files. Returns what was deleted."""
+        if regular_file(self.folder) is not None or not self.folder.is_dir() or self.folder.is_symlink():
+            return []
+        removed = []
+        for path in self.folder.rglob("*"):
+            name = path.relative_to(self.folder).as_posix()
+            if name in names or LOCKS in path.parts or META in path.parts or regular_file(path) is None:
+                continue
+            if name.endswith((PARTIAL, PARTIAL + ".json")):
+                continue
+            with contextlib.suppress(BlockingIOError), _locked(self.lock_path(name), fcntl.LOCK_EX | fcntl.LOCK_NB):
+                path.unlink()
+                (self.folder / META / (name.replace("/", "%2F") + ".json")).unlink(missing_ok=True)
+                removed.append(path)
+        return removed
 
     # -- eviction ---------------------------------------------------------------------------------------
     def evict(self, keep: frozenset[Path] | set[Path] = frozenset()) -> list[Path]:
@@ -447,12 +576,12 @@ class Cache:
             return []
         files = []
         for folder in self.root.iterdir():
-            if not folder.is_dir():
+            if folder.is_symlink() or not folder.is_dir():  # a planted link: whatever it points at is not the cache's
                 continue
             for path in folder.rglob("*"):
-                if path in keep or LOCKS in path.parts or path.name.endswith((PARTIAL, PARTIAL + ".json")):
+                if path in keep or LOCKS in path.parts or META in path.parts:
                     continue
-                if path.is_file():
+                if not path.name.endswith((PARTIAL, PARTIAL + ".json")) and regular_file(path) is not None:
                     files.append(path)
         total = sum(p.stat().st_size for p in files)
         removed = []
@@ -464,6 +593,127 @@ class Cache:
             with contextlib.suppress(BlockingIOError), _locked(lock, fcntl.LOCK_EX | fcntl.LOCK_NB):
                 size = path.stat().st_size
                 path.unlink()
+                (self.root / dataset / META / ("%2F".join(parts) + ".json")).unlink(missing_ok=True)
                 total -= size
                 removed.append(path)
         return removed
+
+
+class IndexFormatError(RemoteError):
+    """An index file of a remote dataset (``SHA256SUMS``) holds something other than what its format allows."""
+
+    transient = False
+
+
+def _sums_line(raw: bytes, where: str) -> tuple[str, str] | None:
+    """``(digest, name)`` of one ``SHA256SUMS`` line (GNU ``digest  name`` or ``digest *name``), None for a blank
+    line."""
+    if len(raw) > _SUMS_LINE:
+        raise IndexFormatError(f"{where} is longer than {_SUMS_LINE:,} bytes: not a 'sha256  name' line.")
+    try:
+        line = raw.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError:
+        raise IndexFormatError(f"{where} is not UTF-8 text: not a 'sha256  name' line.") from None
+    if not line.strip():
+        return None
+    match = re.fullmatch(r"([0-9a-fA-F]{64}) [ *](.+)", line)
+    if match is None:
+        raise IndexFormatError(f"{where} is {line[:100]!r}, not a 'sha256  name' line.")
+    return match.group(1).lower(), match.group(2)
+
+
+def _is_index(name: str) -> bool:
+    """Whether ``name`` is an index file (``SHA256SUMS``, or one a format's readers key on): capped in size and
+    revalidated when cached."""
+    from .hooks import index_file
+
+    return name == SUMS or index_file(name)
+
+
+def _detached(error: BaseException) -> BaseException:
+    """``error`` without a foreign ``__context__``/``__cause__`` (whose text may quote a signed URL)."""
+    if error.__context__ is None and error.__cause__ is None:
+        return error
+    clean = type(error)(*error.args)
+    if hasattr(error, "transient"):
+        clean.transient = error.transient  # type: ignore[attr-defined]
+    return clean
+
+
+class _Transfer:
+    """One file's download: its partial file and resume record (never followed when they are links), what the
+    store said of the object, and the SHA-256 of what arrived."""
+
+    def __init__(self, url: str, target: Path, size: int | None, cap: int | None) -> None:
+        self.url, self.size, self.cap = url, size, cap
+        self.partial = target.with_name(target.name + PARTIAL)
+        self.record = target.with_name(target.name + PARTIAL + ".json")
+        self.remote: RemoteStat | None = None
+        self.restarts = 0
+        self.digest: Any = hashlib.sha256()
+        self.recorded: dict[str, Any] = {}
+        self.resume()
+
+    def answer(self) -> RemoteStat:
+        """What the store said of the object (its size, ETag, checksum), once an attempt has been answered."""
+        if self.remote is None:  # answered() runs before the first byte: a backend that never called it is broken
+            raise RemoteError(f"downloading {_safe(self.url)}: the store sent no size or status before its body.")
+        return self.remote
+
+    def held(self) -> int:
+        """Bytes the partial file holds."""
+        info = regular_file(self.partial)
+        return info.st_size if info is not None else 0
+
+    def resume(self) -> None:
+        """Hash what the partial file holds, when it can be resumed (its record names a strong ETag to send with
+        ``If-Range`` and a size it does not exceed); otherwise remove it."""
+        clear_non_file(self.partial)
+        clear_non_file(self.record)
+        self.digest, self.recorded = hashlib.sha256(), {}
+        info = regular_file(self.partial)
+        if info is None:
+            return
+        before = read_record(self.record)
+        etag, size = before.get("etag"), before.get("size")
+        if not isinstance(etag, str) or etag.startswith("W/") or not isinstance(size, int) or info.st_size > size:
+            self.discard()
+            return
+        with os.fdopen(open_no_follow(self.partial, os.O_RDONLY), "rb") as handle:
+            while block := handle.read(_HASH_BLOCK):
+                self.digest.update(block)
+        self.recorded = {"etag": etag, "size": size}
+
+    def discard(self, only_empty: bool = False) -> None:
+        """Delete the partial file and its record (``only_empty``: only when nothing arrived, as after a 404)."""
+        if only_empty and self.held():
+            return
+        self.partial.unlink(missing_ok=True)
+        self.record.unlink(missing_ok=True)
+        self.digest, self.recorded = hashlib.sha256(), {}
+
+    def answered(self, stat: RemoteStat, whole: bool, sink: _Hashing, start: int) -> None:
+        """What the store says of the object, before its first byte: checked against the cap and the records."""
+        if self.cap is not None and stat.size > self.cap:
+            raise OversizeError(
+                f"{_safe(self.url)} is {stat.size:,} bytes, more than the {self.cap:,} allowed for an index file "
+                "(raise the cap with max_index_bytes= or $TOKFORMATS_MAX_INDEX_BYTES)."
+            )
+        if self.size is not None and stat.size != self.size:
+            raise ChecksumError(
+                f"{_safe(self.url)} has {stat.size:,} bytes, but the dataset's records say {self.size:,}: the store "
+                "holds another version of the file (republished?)."
+            )
+        if start and (whole or self.recorded.get("size") != stat.size):  # changed, or Range ignored
+            self.restarts += 1
+            if self.restarts > 2:
+                changing = RemoteError(f"{_safe(self.url)} keeps changing while it downloads.")
+                changing.transient = False  # type: ignore[attr-defined]
+                raise changing
+            if not whole:
+                raise _Restart
+            sink.restart()  # this answer is the whole object: keep it, from its first byte
+        if {"etag": stat.etag, "size": stat.size} != self.recorded:
+            self.recorded = {"etag": stat.etag, "size": stat.size}
+            write_no_follow(self.record, json.dumps(self.recorded))
+        self.remote = stat

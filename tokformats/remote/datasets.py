@@ -15,9 +15,10 @@ from typing import Any
 from ..core.files import LazyFiles
 from ..core.format_module import PublishedLast, RemoteLazy
 from ..core.registry import FormatDescriptor, formats
-from ..errors import HeaderError
+from ..errors import FormatError, HeaderError
+from ..fs.paths import public_url
 from .backends import Backend, NotFoundError, RemoteError
-from .cache import Cache, Lease
+from .cache import SUMS, Cache, IndexFormatError, Lease
 from .hooks import adopted, companions, index_readers, published_last
 from .lazy import RemoteFiles
 
@@ -26,10 +27,13 @@ __all__ = ["Dataset", "Entry", "Opener", "SUMS", "fetch", "open_url"]
 #: How a local copy is opened: :func:`tokformats.open` (path, format=..., reader options) -> a reader.
 Opener = Callable[..., Any]
 
-SUMS = "SHA256SUMS"
 #: Data files downloaded at once.
 PARALLEL_DOWNLOADS = 2
-_CACHE_OPTIONS = ("cache_dir", "max_cache_bytes", "offline", "backend")
+#: The most files one index may list (a manifest claiming 10**12 shards is refused, not allocated).
+MAX_INDEX_ENTRIES = 1_000_000
+_CACHE_OPTIONS = ("cache_dir", "max_cache_bytes", "offline", "backend", "connect_timeout", "stall_timeout", "retries",
+                  "max_index_bytes", "revalidate")  # fmt: skip
+_SHA256 = frozenset("0123456789abcdefABCDEF")
 
 
 @dataclass
@@ -44,10 +48,37 @@ class Entry:
     listed_by: str | None = None
 
 
-def _entry(item: dict[str, Any], listed_by: str) -> Entry:
-    """An :class:`Entry` from a format's ``remote_files`` row (fields the cache does not use are left out)."""
-    known = {k: item[k] for k in ("name", "size", "sha256", "required") if k in item}
-    return Entry(**known, listed_by=listed_by)
+def _entry(cache: Cache, item: object, listed_by: str, number: int) -> Entry:
+    """An :class:`Entry` from a format's ``remote_files`` row, every value type- and range-checked: a bad one raises
+    :class:`IndexFormatError` naming the URL, the index and the entry."""
+    where = f"{cache.url}/{listed_by}, entry {number}"
+    if not isinstance(item, dict):
+        raise IndexFormatError(f"{where} is a {type(item).__name__}, not a file record.")
+    name = cache.check_name(item.get("name"), where)
+    size, sha256, required = item.get("size"), item.get("sha256"), item.get("required", True)
+    if size is not None and (type(size) is not int or not 0 <= size < 1 << 62):
+        raise IndexFormatError(f"{where} ({name}): the size is {size!r:.60}, not a byte count.")
+    if sha256 is not None and (not isinstance(sha256, str) or len(sha256) != 64 or not set(sha256) <= _SHA256):
+        raise IndexFormatError(f"{where} ({name}): the SHA-256 is {sha256!r:.80}, not 64 hex digits.")
+    if not isinstance(required, bool):
+        raise IndexFormatError(f"{where} ({name}): 'required' is {required!r:.40}, not true or false.")
+    return Entry(name, size, sha256.lower() if sha256 else None, required, listed_by)
+
+
+def _index_entries(cache: Cache, index: str, reader: Any) -> list[Entry]:
+    """The files index ``index`` (fetched) lists, through its format's ``remote_files``: checked row by row; any
+    foreign error of the format's hook on a malformed index becomes :class:`IndexFormatError` naming it."""
+    try:
+        rows = reader(cache.folder)
+    except FormatError as error:
+        raise IndexFormatError(f"{cache.url}/{index}: {error}") from None
+    except (TypeError, ValueError, KeyError, AttributeError, OverflowError, RecursionError) as error:
+        raise IndexFormatError(
+            f"{cache.url}/{index} is not a valid index ({type(error).__name__}: {str(error)[:200]})."
+        ) from None
+    if not isinstance(rows, list) or len(rows) > MAX_INDEX_ENTRIES:
+        raise IndexFormatError(f"{cache.url}/{index} lists more than {MAX_INDEX_ENTRIES:,} files.")
+    return [_entry(cache, item, index, number) for number, item in enumerate(rows)]
 
 
 @dataclass
@@ -63,8 +94,15 @@ class Dataset:
     entries: list[Entry]
 
 
+def _split_query(url: str) -> tuple[str, str | None]:
+    """``(URL without its query string, the query)``: a signed URL's ``?X-Amz-Signature=...`` is part of the URL
+    (sent with the request), never a glob character."""
+    base, mark, query = url.partition("?")
+    return base, (query if mark else None)
+
+
 def _split_pattern(url: str) -> tuple[str, str] | None:
-    """``(base URL, pattern)`` for a URL whose path holds a glob, else None."""
+    """``(base URL, pattern)`` for a URL (without its query string) whose path holds a glob, else None."""
     scheme, rest = url.split("://", 1)
     if not set("*?[") & set(rest):
         return None
@@ -74,19 +112,22 @@ def _split_pattern(url: str) -> tuple[str, str] | None:
 
 
 def _folder_entries(cache: Cache, sums: dict[str, str]) -> list[Entry]:
-    """The files of a folder URL: the store's listing, else ``SHA256SUMS``, else a format's index."""
-    listing = None if cache.offline else cache.backend.listing(cache.url)
-    if listing:
-        return [Entry(n, sha256=sums.get(n)) for n in listing if n != SUMS and not n.startswith(".")]
+    """The files of a folder URL: its ``SHA256SUMS`` (written last by ``publish``: a listing never adds files it
+    does not name, so a republished dataset is one version), else the store's listing, else a format's index."""
     if sums:
         return [Entry(n, sha256=s, listed_by=SUMS) for n, s in sums.items()]
+    listing = None if cache.offline else cache.backend.listing(cache.listing_url)
+    if listing:
+        where = f"the listing of {cache.url}/"
+        visible = [n for n in listing if n != SUMS and not any(p.startswith(".") for p in str(n).split("/"))]
+        return [Entry(cache.check_name(n, where)) for n in visible]
     for index_names, reader in index_readers():
         for index in index_names:
             try:
                 cache.fetch(index)
             except NotFoundError:
                 continue
-            return [Entry(index)] + [_entry(item, index) for item in reader(cache.folder)]
+            return [Entry(index), *_index_entries(cache, index, reader)]
     raise RemoteError(
         f"{cache.url}/ cannot be listed: publish it with tokformats publish (which writes {SUMS}), or open one of "
         "its files, or an index the formats know."
@@ -101,7 +142,7 @@ def _entries_with_records(cache: Cache, entries: list[Entry]) -> list[Entry]:
         for index in index_names:
             if index in names:
                 cache.fetch(index)
-                records.update({item["name"]: _entry(item, index) for item in reader(cache.folder)})
+                records.update({e.name: e for e in _index_entries(cache, index, reader)})
     merged = []
     for entry in entries:
         record = records.get(entry.name)
@@ -125,25 +166,29 @@ class _Plan:
 
 def _plan(url: str, **cache_options: Any) -> _Plan:
     """The files of the dataset at ``url`` (a folder's listing, ``SHA256SUMS`` or index; a file and its companions;
-    the matches of a glob). A folder's index files are fetched to read their records."""
+    the matches of a glob). A folder's index files are fetched to read their records. A query string (a signed URL,
+    a token) goes with every request of the dataset."""
+    url, query = _split_query(url)
     pattern = _split_pattern(url)
     if pattern is not None:
         base, glob_pattern = pattern
-        cache = Cache(base, **cache_options)
+        cache = Cache(base, query=query, **cache_options)
         sums = cache.sums()
-        listing = (None if cache.offline else cache.backend.listing(base)) or list(sums)
-        chosen = sorted(n for n in listing if fnmatch.fnmatch(n, glob_pattern))
+        listing = (None if cache.offline else cache.backend.listing(cache.listing_url)) or list(sums)
+        where = f"the listing of {cache.url}/"
+        chosen = sorted(cache.check_name(n, where) for n in listing if fnmatch.fnmatch(n, glob_pattern))
         if not chosen:
-            raise NotFoundError(f"the pattern {url!r} matches no file.")
+            raise NotFoundError(f"the pattern {public_url(base)}/{glob_pattern} matches no file.")
         entries = [Entry(n, sha256=sums.get(n)) for n in chosen]
         for name in chosen:
             entries += [Entry(c, required=r) for c, r in companions(name) if c not in chosen]
         return _Plan(url, cache, entries, [cache.path(n) for n in chosen])
     if url.endswith("/"):
-        cache = Cache(url, **cache_options)
+        cache = Cache(url, query=query, **cache_options)
         return _Plan(url, cache, _entries_with_records(cache, _folder_entries(cache, cache.sums())), cache.folder)
     base, name = url.rsplit("/", 1)
-    cache = Cache(base, **cache_options)
+    cache = Cache(base, query=query, **cache_options)
+    name = cache.check_name(name, f"the URL {public_url(url)}")
     sums = cache.sums()
     entries = [Entry(name, sha256=sums.get(name), required=False)]
     entries += [Entry(c, sha256=sums.get(c), required=r) for c, r in companions(name)]
@@ -159,12 +204,18 @@ def fetch(
     offline: bool | None = None,
     backend: Backend | None = None,
     adopt: dict[str, Path] | None = None,
+    **limits: Any,
 ) -> Dataset:
     """Fetch the dataset at ``url`` (a folder ``.../``, a file, a Megatron prefix, or a glob on a store that lists)
     into the cache, index files first, each file verified; ``names`` limits the fetch to those files (plus the
     index files; ``[]``: the index files alone, which may be none). ``adopt`` maps file names to files already on
-    disk that are used when they verify."""
-    plan = _plan(url, cache_dir=cache_dir, max_cache_bytes=max_cache_bytes, offline=offline, backend=backend)
+    disk that are used when they verify. ``limits``: ``connect_timeout``, ``stall_timeout``, ``retries``,
+    ``max_index_bytes``, ``revalidate`` (see :class:`~tokformats.remote.Cache`)."""
+    unknown = set(limits) - set(_CACHE_OPTIONS)
+    if unknown:
+        raise TypeError(f"fetch() got unexpected options {sorted(unknown)}; it takes {list(_CACHE_OPTIONS)}.")
+    plan = _plan(url, cache_dir=cache_dir, max_cache_bytes=max_cache_bytes, offline=offline, backend=backend,
+                 **limits)  # fmt: skip
     return _bring(plan, names, adopt)
 
 
@@ -211,9 +262,11 @@ def _bring(plan: _Plan, names: list[str] | None = None, adopt: dict[str, Path] |
             for future in futures:
                 future.cancel()
             raise
+    if plan.target == cache.folder:  # a folder is read as a whole: only the files the dataset names now are in it
+        cache.forget_others({SUMS, *(e.name for e in plan.entries)})
     fetched = list(dict.fromkeys(e.name for e in entries if e.name in done))
     if not fetched and names != []:
-        raise missing[0] if missing else NotFoundError(f"{plan.url} does not exist.")
+        raise missing[0] if missing else NotFoundError(f"{public_url(plan.url)} does not exist.")
     return Dataset(plan.target, fetched, cache, lease, plan.entries)
 
 
@@ -221,8 +274,10 @@ def open_url(url: str, opener: Opener, **options: Any) -> Any:
     """Open the dataset at ``url`` (see :func:`fetch`) with ``opener`` (:func:`tokformats.open`, which calls this for
     a URL): the same reader as for a local path, over cached files.
 
-    ``cache_dir``, ``max_cache_bytes``, ``offline`` and ``backend`` configure the cache; every other option goes to
-    the reader (``format=``, ``dtype=``, ...). The reader holds its files against eviction until it is closed.
+    ``cache_dir``, ``max_cache_bytes``, ``offline``, ``backend``, ``connect_timeout``, ``stall_timeout``, ``retries``,
+    ``max_index_bytes`` and ``revalidate`` configure the cache (:class:`~tokformats.remote.Cache`); every other
+    option goes to the reader (``format=``, ``dtype=``, ...). The reader holds its files against eviction until it
+    is closed.
     """
     cache_options = {k: options.pop(k) for k in _CACHE_OPTIONS if k in options}
     plan = _plan(url, **cache_options)  # once: a dataset no format opens lazily is fetched from the same listing
@@ -261,7 +316,7 @@ def _open_lazily(plan: _Plan, opener: Opener, cache_options: dict[str, Any], opt
             for e in index.entries
         }  # fmt: skip
         cache = {**cache_options, "cache_dir": str(index.cache.root)}  # no backend here: it pickles with the reader
-        remote: LazyFiles = RemoteFiles(index.cache.url, index.cache.folder, records, cache, index=index.files)
+        remote: LazyFiles = RemoteFiles(index.cache.source, index.cache.folder, records, cache, index=index.files)
         index.lease.release()  # the reader's RemoteFiles holds the index files now
         try:
             reader = opener(index.target, **{**options, "format": descriptor.name}, remote=remote)

@@ -16,7 +16,7 @@ from ..core.format_module import (
 )
 from ..core.registry import formats
 
-__all__ = ["adopted", "companions", "index_readers", "published_last"]
+__all__ = ["adopted", "companions", "index_file", "index_readers", "published_last"]
 
 
 def _modules(kind: type[Capability]) -> list[Capability]:
@@ -56,3 +56,9 @@ def published_last(name: str) -> bool:
     """Whether file ``name`` is an index a format's readers key on (uploaded last, fetched first)."""
     patterns = [p for module in _modules(PublishedLast) for p in module.PUBLISHED_LAST]
     return any(fnmatch.fnmatch(Path(name).name, p) for p in patterns)
+
+
+def index_file(name: str) -> bool:
+    """Whether file ``name`` is an index (one a format's readers key on, or lists its data files in)."""
+    base = Path(name).name
+    return published_last(name) or any(base in names for names, _ in index_readers())

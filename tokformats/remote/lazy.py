@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SizeMismatchError
+from ..fs.paths import public_url
 from .backends import NotFoundError
 from .cache import Cache, Lease
 
@@ -65,7 +66,7 @@ class RemoteFiles:
         return (RemoteFiles, (self.url, self.folder, self.entries, self.options, self.index))
 
     def __repr__(self) -> str:
-        return f"RemoteFiles({self.url!r}, files={len(self.entries)})"
+        return f"RemoteFiles({public_url(self.url)!r}, files={len(self.entries)})"
 
     @property
     def cache(self) -> Cache:
@@ -122,7 +123,7 @@ class RemoteFiles:
             self.expect(path, implied)
             return implied
         name = self.name_of(path)
-        cached = self.cache.cached(name)
+        cached = self._cached(name)
         size = cached.stat().st_size if cached is not None else self.cache.stat(name).size
         self.entries.setdefault(name, {})["size"] = size
         return size
@@ -134,7 +135,7 @@ class RemoteFiles:
         known = entry.get("size")
         if isinstance(known, int) and known != size:
             raise SizeMismatchError(
-                f"{self.url}/{self.name_of(path)}: the dataset's index makes it {size:,} bytes, its listing says "
+                f"{self.cache.url}/{self.name_of(path)}: the dataset's index makes it {size:,} bytes, its listing says "
                 f"{known:,}."
             )
         entry["size"] = size
@@ -207,7 +208,7 @@ class RemoteFiles:
         """Bytes ``start:stop`` of ``path``: from the cached copy when there is one, else one ranged request (not
         verified: a reader checks them against the file once it arrives)."""
         name = self.name_of(path)
-        cached = self.cache.cached(name)
+        cached = self._cached(name)
         if cached is not None:
             with open(cached, "rb") as handle:
                 handle.seek(start)
@@ -215,6 +216,14 @@ class RemoteFiles:
         if self.cache.offline:
             raise self.cache.not_cached(name)
         return self.cache.backend.read_range(self.cache.url_of(name), start, stop)
+
+    def _cached(self, name: str) -> Path | None:
+        """The cached copy of ``name`` when it is what the dataset's records say now (a copy of an earlier,
+        republished version is not)."""
+        entry = self.entries.get(name, {})
+        size, sha256 = entry.get("size"), entry.get("sha256")
+        return self.cache.cached(name, size=size if isinstance(size, int) else None,
+                                 sha256=sha256 if isinstance(sha256, str) else None)  # fmt: skip
 
     def _adoptable(self, name: str) -> Path | None:
         from .hooks import adopted

@@ -1,4 +1,4 @@
-"""Publishing a dataset folder to a store so that readers never see it half published."""
+"""Publishing a dataset folder to a store so that readers never see it half published, nor two versions mixed."""
 
 from __future__ import annotations
 
@@ -7,23 +7,41 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .backends import Backend, NotFoundError, backend_for
-from .cache import file_sha256
-from .datasets import SUMS
+from ..fs.names import UnsafeNameError
+from ..fs.paths import public_url
+from .backends import Backend, Limits, NotFoundError, OversizeError, RemoteError, RemoteStat, backend_for
+from .cache import SUMS, IndexFormatError, _sums_line, file_sha256
+from .cachefiles import dataset_name
 from .hooks import published_last
 
-__all__ = ["publish"]
+__all__ = ["publish", "StaleFilesError"]
+
+
+class StaleFilesError(RemoteError):
+    """The store holds files of an earlier version that the new one does not, and ``prune=True`` was not given."""
+
+    transient = False
 
 
 def publish(
-    folder: str | os.PathLike[str], url: str, *, dry_run: bool = False, backend: Backend | None = None
+    folder: str | os.PathLike[str],
+    url: str,
+    *,
+    dry_run: bool = False,
+    backend: Backend | None = None,
+    prune: bool = False,
 ) -> dict[str, Any]:
     """Upload a dataset folder to ``url`` (a folder URL): data files first, then ``SHA256SUMS``, then the index files
     readers key on, so that no reader ever sees an index pointing at missing files. Files whose published SHA-256
-    already matches are skipped. ``dry_run`` only says what would be uploaded.
+    already matches are skipped; hidden files (a commit journal, locks) are never uploaded. ``dry_run`` only says
+    what would be uploaded.
+
+    Republishing over an earlier version: files the store holds (its ``SHA256SUMS``, and its listing where it can
+    list) that the new version does not are deleted after the upload with ``prune=True`` (``--prune``); without it,
+    :class:`StaleFilesError` is raised before anything is uploaded. Readers go by ``SHA256SUMS`` either way.
 
     Returns:
-        ``{"uploaded": [...], "skipped": [...], "bytes": N, "dry_run": bool}``.
+        ``{"uploaded": [...], "skipped": [...], "removed": [...], "bytes": N, "dry_run": bool}``.
     """
     root = Path(folder)
     if not root.is_dir():
@@ -33,10 +51,19 @@ def publish(
     files = sorted(
         p.relative_to(root).as_posix()
         for p in root.rglob("*")
-        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts) and p.name != SUMS
+        if p.is_file() and not p.is_symlink() and p.name != SUMS
+        and not any(part.startswith(".") for part in p.relative_to(root).parts)
     )
     sums = {name: file_sha256(root / name) for name in files}
     published = _published_sums(store, f"{base}/{SUMS}")
+    stale = _stale_files(store, base, published, set(files))
+    if stale and not prune:
+        shown = ", ".join(stale[:5]) + (", ..." if len(stale) > 5 else "")
+        raise StaleFilesError(
+            f"{public_url(base)}/ holds {len(stale)} file(s) the new version does not ({shown}); nothing was uploaded. "
+            "Publish with prune=True (tokformats publish --prune FOLDER URL) to delete them after the upload, or "
+            "publish to a new URL."
+        )
     uploaded, skipped, sent = [], [], 0
     order = [n for n in files if not published_last(n)] + [SUMS] + [n for n in files if published_last(n)]
     with tempfile.TemporaryDirectory(prefix="tokformats-publish-") as scratch:
@@ -44,31 +71,52 @@ def publish(
         listing.write_text("".join(f"{sums[n]}  {n}\n" for n in files), encoding="utf-8")
         for name in order:
             path = listing if name == SUMS else root / name
-            if name != SUMS and published.get(name) == sums[name]:
-                skipped.append(name)
-                continue
-            if name == SUMS and published == sums:
+            if (name != SUMS and published.get(name) == sums[name]) or (name == SUMS and published == sums):
                 skipped.append(name)
                 continue
             if not dry_run:
                 store.upload(str(path), f"{base}/{name}")
             uploaded.append(name)
             sent += path.stat().st_size
-    return {"uploaded": uploaded, "skipped": skipped, "bytes": sent, "dry_run": dry_run}
+    if not dry_run:
+        for name in stale:  # after the new index: a reader of the new version never needs them
+            store.delete(f"{base}/{name}")
+    return {"uploaded": uploaded, "skipped": skipped, "removed": stale, "bytes": sent, "dry_run": dry_run}
+
+
+def _stale_files(store: Backend, base: str, published: dict[str, str], files: set[str]) -> list[str]:
+    """Files of an earlier version at ``base`` (named by its ``SHA256SUMS`` or the store's listing; hidden files
+    are not the dataset's) that the new version does not hold."""
+    listing = store.listing(base) or []
+    where = f"the listing of {public_url(base)}/"
+    held = set(published)
+    for name in listing:
+        if name != SUMS and not any(part.startswith(".") for part in str(name).split("/")):
+            held.add(dataset_name(name, where=where))
+    return sorted(held - files)
 
 
 def _published_sums(store: Backend, url: str) -> dict[str, str]:
-    """The ``SHA256SUMS`` already published at ``url``, or empty."""
+    """The ``SHA256SUMS`` already published at ``url`` (no larger than the index cap), or empty."""
+    cap = getattr(store, "limits", None) or Limits.of()
+
+    def bounded(stat: RemoteStat, whole: bool) -> None:
+        if stat.size > cap.max_index_bytes:
+            raise OversizeError(f"{public_url(url)} is {stat.size:,} bytes, more than max_index_bytes allows.")
+
+    sums: dict[str, str] = {}
     with tempfile.TemporaryFile() as handle:
         try:
-            store.download(url, handle, 0, None)
+            store.download(url, handle, 0, None, bounded)
         except NotFoundError:
             return {}
         handle.seek(0)
-        text = handle.read().decode("utf-8", "replace")
-    sums = {}
-    for line in text.splitlines():
-        digest, _, name = line.partition("  ")
-        if len(digest) == 64 and name:
-            sums[name] = digest.lower()
+        for number, raw in enumerate(iter(lambda: handle.readline(1 << 13), b""), 1):
+            where = f"{public_url(url)}, line {number}"
+            line = _sums_line(raw, where)
+            if line is not None:
+                try:
+                    sums[dataset_name(line[1], where=where)] = line[0]
+                except UnsafeNameError as error:
+                    raise IndexFormatError(str(error)) from None
     return sums
