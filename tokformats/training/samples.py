@@ -314,6 +314,10 @@ class GPTSamples(Sequence[Any]):
             return {key: np.stack([row[key] for row in rows]) for key in rows[0]}
         return np.stack([self[int(i)] for i in samples]) if len(samples) else self._empty_batch()
 
+    def sample_tokens(self) -> np.ndarray:
+        """The tokens each sample feeds a model (``sequence_length`` each, int64): what a token budget counts."""
+        return np.full(len(self), self.sequence_length, dtype=np.int64)
+
     def _empty_batch(self) -> np.ndarray:
         return np.zeros((0, self.sequence_length + self.add_extra_token), dtype=np.int64)
 
