@@ -97,3 +97,27 @@ def test_time_series_windows_through_the_adapters(tmp_path: Path) -> None:
     stream = tft.IterableDataset(windows, 4, 2)
     first = next(iter(stream))
     assert first["labels"].shape == (2, 16)
+
+
+def test_dict_samples_pass_through_default_collate(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(0, 40, size=120)
+    with tokformats.create(tmp_path / "d", format="megatron", vocab_size=1000) as writer:
+        writer.write_batch(rng.integers(0, 999, size=int(lengths.sum())), lengths)
+    reader = tokformats.open(tmp_path / "d")
+    masked = training.GPTSamples(reader, 16, seed=2, fields="megatron", eod_id=0, inter_document_masking=True)
+    causal = training.GPTSamples(reader, 16, seed=2, fields="megatron", eod_id=0, reset_attention_mask=True)
+    packed = training.PackedSamples(reader, 16, seed=2)
+    for samples in (masked, causal, packed):
+        loader = torch.utils.data.DataLoader(tft.Dataset(samples), batch_size=4, num_workers=2)
+        batches = list(loader)
+        assert sum(len(b["tokens"]) for b in batches) == len(samples)
+        expected = samples.batch([4, 5, 6, 7])
+        for key, value in expected.items():
+            assert batches[1][key].shape == value.shape, key
+            assert batches[1][key].numpy().dtype == value.dtype, key
+            np.testing.assert_array_equal(batches[1][key].numpy(), value)
+    assert tft.to_tensor(masked[0])["max_seqlen"].shape == ()
+    stream = tft.IterableDataset(packed, 8, 4)
+    first = next(iter(torch.utils.data.DataLoader(stream, batch_size=None)))
+    np.testing.assert_array_equal(first["doc_lens"].numpy(), packed.batch([0, 1, 2, 3])["doc_lens"])

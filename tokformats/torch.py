@@ -5,8 +5,8 @@
 >>> stream = tft.IterableDataset(blend, global_batch_size=512, micro_batch_size=4, rank=r, world_size=w)
 >>> loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=2)   # batches come whole
 
-Samples that are arrays become int64/float tensors; samples that are dicts of arrays (Time-MoE windows) become
-dicts of tensors.
+Samples that are arrays become int64/float tensors; samples that are dicts of arrays (``GPTSamples(fields=...)``,
+``PackedSamples`` rows, Time-MoE windows) become dicts of tensors, which ``default_collate`` stacks key by key.
 """
 
 from __future__ import annotations
@@ -30,11 +30,19 @@ from .training.sampler import BatchSampler
 __all__ = ["Dataset", "IterableDataset", "to_tensor", "collate"]
 
 
+def _tensor(value: Any) -> Any:
+    array = np.asarray(value)
+    if array.ndim == 0:  # ascontiguousarray would make it 1-d: megatron's max_seqlen is a 0-d tensor
+        return torch.from_numpy(array.copy())
+    return torch.from_numpy(np.ascontiguousarray(array))
+
+
 def to_tensor(sample: Any) -> Any:
-    """A sample as tensors: an array becomes a tensor, a dict of arrays a dict of tensors."""
+    """A sample as tensors: an array becomes a tensor, a dict of arrays (``fields=`` samples, packed rows) a dict
+    of tensors of the same dtypes and shapes, which ``default_collate`` stacks."""
     if isinstance(sample, dict):
-        return {key: torch.from_numpy(np.ascontiguousarray(value)) for key, value in sample.items()}
-    return torch.from_numpy(np.ascontiguousarray(sample))
+        return {key: _tensor(value) for key, value in sample.items()}
+    return _tensor(sample)
 
 
 def collate(samples: Sequence[Any]) -> Any:

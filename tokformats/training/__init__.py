@@ -6,6 +6,10 @@
 >>> sampler = training.BatchSampler(b, global_batch_size=512, micro_batch_size=4, rank=r, world_size=w)
 
 - :class:`GPTSamples`: fixed-length samples equal to megatron-core's ``GPTDataset`` (indices and samples).
+  With ``fields=``, dict samples (labels, loss mask, positions, attention mask or ``cu_seqlens``) equal to
+  ``GPTDataset.__getitem__``.
+- :class:`PackedSamples`: whole documents best-fit packed into rows by an index-only plan, as dicts with
+  ``cu_seqlens`` and ``doc_lens``.
 - :class:`Blend`: weighted or exhaustive blends equal to megatron-core's ``BlendedDataset``.
 - :class:`BatchSampler`: Megatron's pretraining sampler, resumable, independent of world size and workers.
 - :func:`windows`: nanoGPT-style random windows; :class:`ShardRotation`: a NeuroShard node's shards in turn.
@@ -17,6 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .blend import Blend
+from .packed import PackedSamples
 from .sampler import BatchSampler
 from .samples import GPTSamples
 from .windows import RandomWindows, windows
@@ -24,7 +29,7 @@ from .windows import RandomWindows, windows
 if TYPE_CHECKING:
     from .shard_rotation import ShardRotation
 
-__all__ = ["GPTSamples", "Blend", "BatchSampler", "RandomWindows", "windows", "ShardRotation"]
+__all__ = ["GPTSamples", "PackedSamples", "Blend", "BatchSampler", "RandomWindows", "windows", "ShardRotation"]
 
 
 def __getattr__(name: str) -> Any:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..core.protocol import TokenReader, checked_position
 from ..errors import ConfigError
-from . import indices
+from . import budgets, indices
 from .index_cache import IndexCache, cache_key
 from .samples import GPTSamples
 
@@ -56,6 +56,10 @@ class Blend(Sequence[Any]):
         cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.datasets = list(datasets)
+        #: The sources' names (set by :meth:`by_tokens`), else empty.
+        self.names: list[str] = []
+        #: What each token budget drew (set by :meth:`by_tokens`), by source name.
+        self.budgets: dict[str, budgets.SourceBudget] = {}
         if not self.datasets:
             raise ConfigError("a blend needs at least one dataset.")
         if len(self.datasets) >= 32767:
@@ -177,11 +181,74 @@ class Blend(Sequence[Any]):
         dataset = self.datasets[int(self.dataset_index[i])]
         return dataset[int(self.dataset_sample_index[i])]
 
-    def batch(self, samples: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Several samples stacked into one array."""
+    def batch(self, samples: Sequence[int] | np.ndarray) -> Any:
+        """Several samples stacked into one array (dict samples: a dict of stacked arrays)."""
         if not len(samples):
             raise ConfigError("batch() needs at least one sample index.")
-        return np.stack([self[int(i)] for i in samples])
+        rows = [self[int(i)] for i in samples]
+        if isinstance(rows[0], dict):
+            return {key: np.stack([row[key] for row in rows]) for key in rows[0]}
+        return np.stack(rows)
+
+    @classmethod
+    def by_tokens(
+        cls,
+        sources: Mapping[str, tuple[Any, float]],
+        *,
+        max_repetition: float = 4.0,
+        cache_dir: str | os.PathLike[str] | None = None,
+    ) -> Blend:
+        """A blend that draws each source's token budget exactly: ``{name: (samples, tokens)}``.
+
+        Each source gives its samples in order, passing over it again as needed, up to the first sample that
+        reaches its budget (:mod:`tokformats.training.budgets`; a source's tokens are what its samples feed a
+        model: ``sequence_length`` per :class:`GPTSamples` sample, the real tokens of a :class:`PackedSamples`
+        row). The draws are interleaved in proportion to their sample counts by Megatron's exhaustive greedy, so
+        every drawn sample is served exactly once. :meth:`report` gives tokens and epochs per source.
+
+        Raises:
+            ConfigError: a source would pass over its data more than ``max_repetition`` times, a budget is
+                negative, or a source cannot count its tokens.
+        """
+        if not sources:
+            raise ConfigError("Blend.by_tokens needs at least one source: {name: (samples, tokens)}.")
+        draws = [
+            budgets.draw(str(name), samples, float(tokens), max_repetition)
+            for name, (samples, tokens) in sources.items()
+        ]
+        kept = [(d, samples) for d, (samples, _) in zip(draws, sources.values()) if d.samples]
+        if not kept:
+            raise ConfigError("every token budget is 0: there is nothing to blend.")
+        blend = cls([budgets.Repeated(samples, d.samples) for d, samples in kept], cache_dir=cache_dir)
+        blend.names = [d.name for d, _ in kept]
+        blend.budgets = {d.name: d for d in draws}
+        return blend
+
+    def sample_tokens(self) -> np.ndarray:
+        """The tokens each sample of the blend feeds a model (int64), from its datasets' ``sample_tokens()``."""
+        out = np.zeros(len(self), dtype=np.int64)
+        for k, dataset in enumerate(self.datasets):
+            mine = self.dataset_index == k
+            out[mine] = budgets.sample_tokens(dataset)[self.dataset_sample_index[mine]]
+        return out
+
+    def report(self) -> dict[str, dict[str, Any]]:
+        """Per source (by name when the blend has names, else by position): samples and tokens drawn, and with
+        token budgets the budget, the tokens of one pass and the passes made (``epochs``)."""
+        counts = np.bincount(self.dataset_index, minlength=len(self.datasets)).tolist()
+        names = self.names or [str(k) for k in range(len(self.datasets))]
+        out: dict[str, dict[str, Any]] = {}
+        for k, (name, dataset) in enumerate(zip(names, self.datasets)):
+            entry: dict[str, Any] = {"samples": int(counts[k])}
+            if name in self.budgets:
+                entry.update(self.budgets[name].as_dict())
+            elif getattr(dataset, "sample_tokens", None) is not None:
+                mine = self.dataset_sample_index[self.dataset_index == k]
+                entry["tokens"] = int(budgets.sample_tokens(dataset)[mine].sum())
+            out[name] = entry
+        for name, budget in self.budgets.items():  # sources whose budget was 0 draw nothing
+            out.setdefault(name, budget.as_dict())
+        return out
 
     @property
     def dtype(self) -> np.dtype | None:

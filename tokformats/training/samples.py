@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Sequence
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 
@@ -13,6 +13,7 @@ from ..core.protocol import TokenReader, checked_position
 from ..errors import ConfigError, FormatError
 from . import indices
 from .index_cache import IndexCache, cache_key
+from .sample_fields import SampleFields, megatron_sample
 
 __all__ = ["GPTSamples"]
 
@@ -27,7 +28,7 @@ def data_fingerprint(reader: TokenReader, lengths: np.ndarray) -> str:
     return f"{reader.format}:{reader.dtype.name}:{len(lengths)}:{lengths.dtype.str}:{digest[:32]}"
 
 
-class GPTSamples(Sequence[np.ndarray]):
+class GPTSamples(Sequence[Any]):
     """Fixed-length samples over a token reader, equal to megatron-core 0.16.1's ``GPTDataset``.
 
     The reader's units (Megatron: its sequences, as ``GPTDataset`` uses them; every other format: documents) of
@@ -54,6 +55,20 @@ class GPTSamples(Sequence[np.ndarray]):
         cache_dir: keep the three index arrays there as ``.npy`` (built once across processes, memory-mapped
             after), under a key that covers every option above and the data's unit lengths.
         vocab_size: the vocabulary the ids come from; blends refuse to mix different ones.
+        fields: None (the default) serves each sample as its bare ids; ``"megatron"`` or a sequence of names from
+            ``("tokens", "labels", "attention_mask", "loss_mask", "position_ids", "cu_seqlens", "max_seqlen")``
+            serves dicts of NumPy arrays equal to megatron-core's ``GPTDataset.__getitem__`` for the same flags
+            (see :mod:`tokformats.training.sample_fields`; ``"cu_seqlens"`` brings ``max_seqlen``). When the
+            reader stores per-token loss masks (:attr:`~tokformats.TokenReader.loss_masks`), ``loss_mask`` also
+            drops the labels whose token is stored as not trained on.
+        eod_id: the end-of-document id the three EOD flags look for (Megatron: the tokenizer's ``eod``).
+        eod_mask_loss: no loss where the *input* token is EOD.
+        reset_position_ids: positions restart after each EOD.
+        reset_attention_mask: no attention across an EOD (with ``"attention_mask"``).
+        create_attention_mask: add the ``(1, L, L)`` bool ``attention_mask`` (True = masked); with
+            ``fields="megatron"`` it defaults to True, as megatron-core's.
+        inter_document_masking: megatron-core 0.19's flag: ``cu_seqlens``/``max_seqlen`` from the unit parts each
+            sample is cut from (the index, not an EOD scan) and positions restarting at each part.
     """
 
     def __init__(
@@ -70,6 +85,13 @@ class GPTSamples(Sequence[np.ndarray]):
         pad_id: int = -1,
         cache_dir: str | os.PathLike[str] | None = None,
         vocab_size: int | None = None,
+        fields: str | Sequence[str] | None = None,
+        eod_id: int | None = None,
+        eod_mask_loss: bool = False,
+        reset_position_ids: bool = False,
+        reset_attention_mask: bool = False,
+        create_attention_mask: bool | None = None,
+        inter_document_masking: bool | None = None,
     ) -> None:
         if not isinstance(sequence_length, (int, np.integer)) or sequence_length <= 0:
             raise ConfigError(f"sequence_length must be a positive integer, not {sequence_length!r}.")
@@ -107,9 +129,60 @@ class GPTSamples(Sequence[np.ndarray]):
             "add_extra_token": self.add_extra_token,
             "drop_last_partial": self.drop_last_partial,
         }
+        #: The key of the three index arrays: a digest of every option above and of the data's unit lengths.
+        self.index_key = cache_key(self.description)
+        #: What each sample dict holds (None: samples are bare ids).
+        self.sample_fields = self._resolve_fields(
+            fields,
+            eod_id,
+            eod_mask_loss,
+            reset_position_ids,
+            reset_attention_mask,
+            create_attention_mask,
+            inter_document_masking,
+        )
         #: A digest of every option and of the data's unit lengths: equal fingerprints, equal samples.
-        self.fingerprint = cache_key(self.description)
+        self.fingerprint = (
+            self.index_key
+            if self.sample_fields is None
+            else cache_key({"indices": self.index_key, **self.sample_fields.describe()})
+        )
         self._load_indices()
+
+    def _resolve_fields(
+        self,
+        fields: str | Sequence[str] | None,
+        eod_id: int | None,
+        eod_mask_loss: bool,
+        reset_position_ids: bool,
+        reset_attention_mask: bool,
+        create_attention_mask: bool | None,
+        inter_document_masking: bool | None,
+    ) -> SampleFields | None:
+        if fields is None:
+            if (
+                eod_mask_loss
+                or reset_position_ids
+                or reset_attention_mask
+                or create_attention_mask
+                or eod_id is not None
+            ):
+                raise ConfigError(
+                    "eod_id and the mask flags shape sample dicts: pass fields='megatron' (or the names you want) too."
+                )
+            return None
+        return SampleFields.resolve(
+            fields,
+            sequence_length=self.sequence_length,
+            add_extra_token=self.add_extra_token,
+            pad_id=self.pad_id,
+            eod_id=eod_id,
+            eod_mask_loss=eod_mask_loss,
+            reset_position_ids=reset_position_ids,
+            reset_attention_mask=reset_attention_mask,
+            create_attention_mask=create_attention_mask,
+            inter_document_masking=inter_document_masking,
+        )
 
     # -- building ----------------------------------------------------------------------------------
     def _build(self) -> dict[str, np.ndarray]:
@@ -139,7 +212,7 @@ class GPTSamples(Sequence[np.ndarray]):
         if self.cache_dir is None:
             arrays = self._build()
         else:
-            arrays = IndexCache(self.cache_dir).get_or_build(self.fingerprint, self.description, _NAMES, self._build)
+            arrays = IndexCache(self.cache_dir).get_or_build(self.index_key, self.description, _NAMES, self._build)
             self._check(arrays)
         #: Units (Megatron sequences or documents) in the order samples walk them, int32.
         self.document_index: np.ndarray = arrays["document_index"]
@@ -165,7 +238,7 @@ class GPTSamples(Sequence[np.ndarray]):
             problems.append("shuffle_index holds samples that do not exist")
         if problems:
             raise FormatError(
-                f"{self.cache_dir}: the cached indices {self.fingerprint}-* do not fit the data ("
+                f"{self.cache_dir}: the cached indices {self.index_key}-* do not fit the data ("
                 + "; ".join(problems)
                 + "); delete them to rebuild."
             )
@@ -174,40 +247,76 @@ class GPTSamples(Sequence[np.ndarray]):
     def __len__(self) -> int:
         return len(self.shuffle_index)
 
-    @overload
-    def __getitem__(self, index: int) -> np.ndarray: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[np.ndarray]: ...
     def __getitem__(self, index: Any) -> Any:
-        """Sample ``index`` (after shuffling): ``sequence_length + add_extra_token`` ids as int64."""
+        """Sample ``index`` (after shuffling): ``sequence_length + add_extra_token`` ids as int64, or with
+        ``fields`` a dict of arrays. ``None`` gives megatron-core's batch padding sample: sample 0 with an all-zero
+        ``loss_mask`` (dict samples only)."""
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
-        return self.unshuffled(int(self.shuffle_index[checked_position(index, len(self), "sample", "samples")]))
+        if index is None:
+            if self.sample_fields is None:
+                raise ConfigError("the batch padding sample (index None) is a dict sample: pass fields= too.")
+            return self.sample(int(self.shuffle_index[checked_position(0, len(self), "sample", "samples")]), True)
+        j = int(self.shuffle_index[checked_position(index, len(self), "sample", "samples")])
+        return self.unshuffled(j) if self.sample_fields is None else self.sample(j)
 
-    def unshuffled(self, j: int) -> np.ndarray:
-        """Sample ``j`` in the order the units are laid out (before :attr:`shuffle_index`)."""
-        size = self.sequence_length + self.add_extra_token
+    def _spans(self, j: int) -> list[tuple[int, int]]:
+        """The stream spans ``[start, stop)`` sample ``j`` is cut from, one per unit part, in order."""
         extra = int(self.add_extra_token)
         rows = self.sample_index
         first, first_offset = int(rows[j, 0]), int(rows[j, 1])
         last, last_offset = int(rows[j + 1, 0]), int(rows[j + 1, 1])
-        out = np.empty(size, dtype=np.int64)
-        doc, offsets, reader = self.document_index, self._offsets, self.reader
-        filled = 0
+        doc, offsets = self.document_index, self._offsets
+        spans: list[tuple[int, int]] = []
         for position in range(first, last + 1):
             unit = int(doc[position])
             start = int(offsets[unit]) + (first_offset if position == first else 0)
             stop = int(offsets[unit]) + last_offset + extra if position == last else int(offsets[unit + 1])
-            piece = reader.span(start, max(start, stop))
+            spans.append((start, max(start, stop)))
+        return spans
+
+    def _gather(self, spans: list[tuple[int, int]], source: Any, pad: int, dtype: type) -> np.ndarray:
+        out: np.ndarray = np.empty(self.sequence_length + self.add_extra_token, dtype=dtype)
+        filled = 0
+        for start, stop in spans:
+            piece = source(start, stop)
             out[filled : filled + len(piece)] = piece
             filled += len(piece)
-        if filled < size:  # only a kept partial last sample
-            out[filled:] = self.pad_id
+        out[filled:] = pad  # only a kept partial last sample
         return out
 
-    def batch(self, samples: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Several samples as one ``(len(samples), sequence_length + add_extra_token)`` int64 array."""
+    def unshuffled(self, j: int) -> np.ndarray:
+        """Sample ``j`` in the order the units are laid out (before :attr:`shuffle_index`), as int64 ids."""
+        return self._gather(self._spans(j), self.reader.span, self.pad_id, np.int64)
+
+    def sample(self, j: int, padding: bool = False) -> dict[str, np.ndarray]:
+        """Sample ``j`` (before shuffling) as a dict of the chosen ``fields``; ``padding``: megatron-core's batch
+        padding sample (its loss mask all zeros)."""
+        options = self.sample_fields
+        if options is None:
+            raise ConfigError("dict samples need fields=: pass fields='megatron' or the names you want.")
+        spans = self._spans(j)
+        text = self._gather(spans, self.reader.span, self.pad_id, np.int64)
+        masks = self.reader.loss_masks
+        text_mask = None
+        if masks is not None and "loss_mask" in options.fields:
+            text_mask = self._gather(spans, lambda a, b: masks[a:b], 0, np.uint8)
+        parts = [stop - start for start, stop in spans]
+        return megatron_sample(text, parts, options, text_mask=text_mask, padding=padding)
+
+    def batch(self, samples: Sequence[int] | np.ndarray) -> Any:
+        """Several samples as one ``(len(samples), sequence_length + add_extra_token)`` int64 array (with
+        ``fields``: a dict of stacked arrays)."""
+        if self.sample_fields is not None:
+            rows = [self[int(i)] for i in samples]
+            if not rows:
+                raise ConfigError("batch() of dict samples needs at least one sample index.")
+            return {key: np.stack([row[key] for row in rows]) for key in rows[0]}
         return np.stack([self[int(i)] for i in samples]) if len(samples) else self._empty_batch()
+
+    def sample_tokens(self) -> np.ndarray:
+        """The tokens each sample feeds a model (``sequence_length`` each, int64): what a token budget counts."""
+        return np.full(len(self), self.sequence_length, dtype=np.int64)
 
     def _empty_batch(self) -> np.ndarray:
         return np.zeros((0, self.sequence_length + self.add_extra_token), dtype=np.int64)
@@ -236,7 +345,7 @@ class GPTSamples(Sequence[np.ndarray]):
         self.__dict__.update(state)
         self._lengths, self._offsets = self.reader.sample_units()
         if "shuffle_index" not in state:
-            found = IndexCache(self.cache_dir or ".").load(self.fingerprint, _NAMES)
+            found = IndexCache(self.cache_dir or ".").load(self.index_key, _NAMES)
             if found is None:
                 self._load_indices()
             else:
