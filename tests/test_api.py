@@ -231,3 +231,22 @@ def test_public_names_list_every_format_module() -> None:
     names = dir(tokformats)
     for module in ("megatron", "llmc", "datatrove", "dolma", "hf", "litdata", "open", "tokenize"):
         assert module in names
+
+
+def test_a_glob_is_listed_like_glob_and_once_per_open(tmp_path: Path) -> None:
+    import glob
+
+    from tokformats.fs.paths import expand_path_texts, folders_near, one_expansion
+
+    for name in ["a_1.bin", "a_2.bin", ".a_3.bin", "b_1.bin", "a_[x].bin"]:
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "a_dir.bin").mkdir()
+    for pattern in ["a_*.bin", ".a_*", "*", "a_[12].bin", "a_?.bin", "nothing*"]:
+        text = str(tmp_path / pattern)
+        assert (expand_path_texts(text) if glob.glob(text) else []) == sorted(glob.glob(text))
+    assert folders_near(str(tmp_path / "a_*.bin")) == [str(tmp_path), str(tmp_path / "a_dir.bin")]
+    with one_expansion():
+        first = expand_path_texts(str(tmp_path / "a_*.bin"))
+        (tmp_path / "a_9.bin").write_bytes(b"")
+        assert expand_path_texts(str(tmp_path / "a_*.bin")) == first  # one listing for the whole open
+    assert str(tmp_path / "a_9.bin") in expand_path_texts(str(tmp_path / "a_*.bin"))

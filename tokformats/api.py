@@ -12,7 +12,7 @@ from .core.protocol import PathLike, Reader, TokenReader, TokenWriter, Writer
 from .core.registry import descriptor, detect, formats
 from .errors import DTypeError, FormatError, NoFilesError, UnknownFormatError
 from .fs.journal import recover_near
-from .fs.paths import is_url
+from .fs.paths import is_url, one_expansion
 
 __all__ = ["open", "create", "convert", "merge", "export_tokenizer", "vocabulary_formats", "corpus_writers"]
 
@@ -35,10 +35,11 @@ def open(path: Any, format: str | None = None, **options: Any) -> Reader[Any]:
 
         remote: Reader[Any] = open_url(path, open, format=format, **options)
         return remote
-    if format is None:
-        recover_near(path)  # detection reads the files: a killed writer's commit is completed first
-    name = format if format is not None else detect(path)
-    reader: Reader[Any] = descriptor(name).reader(path, **options)
+    with one_expansion():  # a glob is listed once for detection, the journal check and the reader
+        if format is None:
+            recover_near(path)  # detection reads the files: a killed writer's commit is completed first
+        name = format if format is not None else detect(path)
+        reader: Reader[Any] = descriptor(name).reader(path, **options)
     return reader
 
 

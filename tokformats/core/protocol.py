@@ -248,6 +248,10 @@ class TokenReader(Reader[np.ndarray]):
             info = os.stat(path)
             pins[Path(path)] = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
+    def _pinned_size(self, path: Path) -> int:
+        """The size in bytes pinned ``path`` had when :meth:`_pin` looked at it (its one ``stat`` at open)."""
+        return int(self.__dict__["_pins"][Path(path)][2])
+
     def _check_pin(self, path: Path) -> None:
         """Raise if pinned ``path`` is no longer the file that was opened."""
         pinned = self.__dict__.get("_pins", {}).get(Path(path))

@@ -19,7 +19,7 @@ from types import ModuleType
 from typing import Any, NamedTuple
 
 from ..errors import NoFilesError, UnknownFormatError
-from ..fs.paths import expand_paths, read_head
+from ..fs.paths import expand_path_texts, read_head
 
 __all__ = [
     "FormatDescriptor",
@@ -316,8 +316,7 @@ def detect(path: Any) -> str:
             almost match (a format module's optional ``undetected_hint(probe)``: the raw stream's dtype table).
     """
     load_plugins()
-    paths = expand_paths(path)
-    first = paths[0]
+    first = Path(expand_path_texts(path)[0])
     probe = Probe(first)
     if probe.exists and not probe.is_dir and not probe.is_file:
         from ..fs.untrusted import require_regular

@@ -225,11 +225,11 @@ def _recover_locked(journal: Path) -> list[Path]:
 def recover_near(path: object) -> None:
     """Complete the commits a killed writer left beside (or inside) ``path`` (a file, prefix, folder, glob or
     list), so that what is opened there is read whole, old or new, never half of each. One ``stat`` per folder."""
-    from .paths import expand_paths
+    from .paths import folders_near
 
     try:
-        paths = expand_paths(path)
+        folders = folders_near(path)
     except (FormatError, TypeError):  # nothing there (the reader says so), or not a path at all
         return
-    for folder in sorted({p.parent for p in paths} | {p for p in paths if p.is_dir()}):
-        recover(folder)
+    for folder in folders:
+        recover(Path(folder))
