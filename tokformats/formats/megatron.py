@@ -74,6 +74,7 @@ MAGIC = b"MMIDIDX\x00\x00"
 #: Sequences per block whose pointers are checked together on first access (``1 << _BLOCK_BITS``): one block's
 #: pointers and lengths (48 KiB) lie within the pages a first read faults in.
 _BLOCK_BITS = 12
+_UNSEEN, _SEEN, _CHECKED, _LYING = 0, 1, 2, 3
 VERSION = 1
 #: ``<9s`` magic, ``<Q`` version, ``<B`` dtype code, ``<Q`` N, ``<Q`` M: 34 bytes.
 HEADER = struct.Struct("<9sQBQQ")
@@ -276,17 +277,16 @@ class Reader(TokenReader):
 
     def _validate(self, count: int) -> None:
         """What opening checks, touching only the pages a first read touches anyway (megatron-core's open faults in
-        no far page, and neither does this): the start of document_indices and of the pointers, and the ``.bin``'s
-        size against the dtype. The checks at the far end (document_indices ending at N, the last sequence ending
+        no far page, and neither does this): the first pointer, and the ``.bin``'s size against the dtype. The
+        document indices (starting at 0, ending at N) are checked where documents are used whole, and each access
+        checks the ones it reads; the checks at the far end (the last sequence ending
         where the ``.bin`` ends) and the O(index) ones (indices in order, lengths non-negative and adding up to the
         ``.bin``, every pointer) run where they are used: a block of pointers is checked, vectorised, the first time
         an access lands in it (:meth:`_span`), the whole index where it is used whole (:attr:`lengths`,
         :meth:`problems`), so a lying index raises instead of serving other tokens."""
-        path, di = self.idx_path, self.document_indices
-        if di[0] != 0:
-            raise HeaderError(f"{path}: document_indices must start at 0 and end at N = {count:,}; found {int(di[0])}.")
+        path = self.idx_path
         itemsize = self._dtype.itemsize
-        bin_size = self.bin_path.stat().st_size if self._remote is None else self._remote.size(self.bin_path)
+        bin_size = self._pinned_size(self.bin_path) if self._remote is None else self._remote.size(self.bin_path)
         if count and self.sequence_pointers[0] != 0:
             raise SizeMismatchError(
                 f"{path}: the first sequence must start at byte 0; sequence_pointers[0] is "
@@ -300,7 +300,8 @@ class Reader(TokenReader):
         self._num_tokens = bin_size // itemsize
         self._sequences = count
         self._itemsize = itemsize
-        #: One flag per block of ``_BLOCK`` sequences: 1 once its pointers were checked (:meth:`_check_block`).
+        #: One state per block of ``1 << _BLOCK_BITS`` sequences: _UNSEEN, _SEEN (read once, by the per-access
+        #: check), _CHECKED (every pointer of it checked at once, :meth:`_check_block`), _LYING (that check failed).
         self._checked_blocks = bytearray((count >> _BLOCK_BITS) + 1)
 
     def _check_end(self) -> None:
@@ -340,9 +341,19 @@ class Reader(TokenReader):
             and int(where[0]) >= 0
             and int(ends.max(initial=0)) <= self._num_tokens * itemsize
         )
-        if sound:
-            self._checked_blocks[block] = 1
+        self._checked_blocks[block] = _CHECKED if sound else _LYING
         return sound
+
+    def _block_checked(self, block: int) -> bool:
+        """Whether the pointers of ``block`` are all checked: the first access to a block checks what it touches
+        (a single read costs no vectorised pass), the second checks the whole block once."""
+        state = self._checked_blocks[block]
+        if state == _CHECKED:
+            return True
+        if state == _UNSEEN:
+            self._checked_blocks[block] = _SEEN
+            return False
+        return state == _SEEN and self._check_block(block)
 
     # -- the protocol ----------------------------------------------------------------------
     @property
@@ -386,7 +397,7 @@ class Reader(TokenReader):
 
     def _offsets(self) -> np.ndarray:
         di = self.document_indices
-        if di[-1] != self._sequences:
+        if di[0] != 0 or di[-1] != self._sequences:
             raise HeaderError(
                 f"{self.idx_path}: document_indices must start at 0 and end at N = {self._sequences:,}; "
                 f"found {int(di[0])} and {int(di[-1])}."
@@ -409,11 +420,10 @@ class Reader(TokenReader):
         instead of serving other tokens. (Several pointers lying in step can only be found by :meth:`problems`.)"""
         itemsize = self._dtype.itemsize
         lengths, pointers, _, _ = self._index
-        blocks = self._checked_blocks
-        if stop == first + 1 and (blocks[first >> _BLOCK_BITS] or self._check_block(first >> _BLOCK_BITS)):
+        if stop == first + 1 and self._block_checked(first >> _BLOCK_BITS):
             start = pointers.item(first) // itemsize  # its block's pointers are checked: two scalar reads
             return start, start + lengths.item(first)
-        if stop == first + 1:  # one sequence of a block that failed its check: five scalar reads
+        if stop == first + 1:  # one sequence of a block not checked whole: five scalar reads
             pointer, length = pointers.item(first), lengths.item(first)
             before = pointers.item(first - 1) + lengths.item(first - 1) * itemsize if first else 0
             after = pointers.item(stop) if stop < self._sequences else self._num_tokens * itemsize
@@ -426,6 +436,8 @@ class Reader(TokenReader):
             ):
                 return start, start + length
             # else: fall through, to name the pointer that lies
+        if stop == self._sequences:
+            self._check_end()  # the last sequence: it must end where the .bin ends
         low = first - 1 if first else 0
         high = stop + 1 if stop < self._sequences else stop
         pointers, lengths = pointers[low:high].tolist(), lengths[low:high].tolist()  # beats a dozen .item() calls
@@ -451,7 +463,7 @@ class Reader(TokenReader):
             lengths, pointers, document_indices, _ = self._index
             first = document_indices.item(key)
             one = document_indices.item(key + 1) == first + 1 and 0 <= first < self._sequences
-            if one and self._checked_blocks[first >> _BLOCK_BITS]:
+            if one and self._checked_blocks[first >> _BLOCK_BITS] == _CHECKED:
                 start = pointers.item(first) // self._itemsize
                 return self._view[start : start + lengths.item(first)]
         return super().__getitem__(key)
@@ -459,11 +471,8 @@ class Reader(TokenReader):
     def _item(self, index: int) -> np.ndarray:
         # Like Megatron's reader, locate data through sequence_pointers: O(1) per document, no cumsum over the
         # whole index first; unlike it, check the pointers touched (verify() checks them all).
-        lengths, pointers, document_indices, _ = self._index
+        document_indices = self._index[2]
         first, stop = document_indices.item(index), document_indices.item(index + 1)
-        if stop == first + 1 and 0 <= first < self._sequences and self._checked_blocks[first >> _BLOCK_BITS]:
-            start = pointers.item(first) // self._itemsize  # a document of one sequence in a checked block
-            return self._view[start : start + lengths.item(first)]
         if first == stop:
             return self._view[0:0]
         if not 0 <= first < stop <= self._sequences:
