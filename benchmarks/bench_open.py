@@ -9,7 +9,8 @@ module it picks: the "first open after import" row); the others import the Megat
 megatron-core's is. megatron-core's ``[0]`` is sequence 0 and tokformats' ``[0]`` document 0, which reads one
 more page (the document index); the ``sequences[0]`` route reads megatron-core's unit. "Cold" asks the kernel to
 drop both files' pages first (``posix_fadvise(DONTNEED)``), so the pages each side touches come from the disk.
-Children run with bytecode caching on (a private ``PYTHONPYCACHEPREFIX``), as an installed package would. Differences are tokformats' time minus megatron-core's.
+Children run with bytecode caching on (a private ``PYTHONPYCACHEPREFIX``), as an installed package would.
+Differences are tokformats' time minus megatron-core's.
 """
 
 from __future__ import annotations
