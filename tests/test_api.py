@@ -231,3 +231,72 @@ def test_public_names_list_every_format_module() -> None:
     names = dir(tokformats)
     for module in ("megatron", "llmc", "datatrove", "dolma", "hf", "litdata", "open", "tokenize"):
         assert module in names
+
+
+def test_a_glob_is_listed_like_glob_and_once_per_open(tmp_path: Path) -> None:
+    import glob
+
+    from tokformats.fs.paths import expand_path_texts, folders_near, one_expansion
+
+    for name in ["a_1.bin", "a_2.bin", ".a_3.bin", "b_1.bin", "a_[x].bin"]:
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "a_dir.bin").mkdir()
+    for pattern in ["a_*.bin", ".a_*", "*", "a_[12].bin", "a_?.bin", "nothing*"]:
+        text = str(tmp_path / pattern)
+        assert (expand_path_texts(text) if glob.glob(text) else []) == sorted(glob.glob(text))
+    assert folders_near(str(tmp_path / "a_*.bin")) == [str(tmp_path), str(tmp_path / "a_dir.bin")]
+    with one_expansion():
+        first = expand_path_texts(str(tmp_path / "a_*.bin"))
+        (tmp_path / "a_9.bin").write_bytes(b"")
+        assert expand_path_texts(str(tmp_path / "a_*.bin")) == first  # one listing for the whole open
+    assert str(tmp_path / "a_9.bin") in expand_path_texts(str(tmp_path / "a_*.bin"))
+
+
+def test_detector_table_agrees_with_the_format_modules() -> None:
+    import struct
+
+    from tokformats.core import detectors
+    from tokformats.formats import _torchfile, datatrove, hf, litdata, llmc, llmc_vocab, megatron, pt, sequences
+
+    table = {entry.name: entry for entry in detectors.BUILTIN_DETECTORS}
+    detectable = {
+        name: d for name, d in tokformats.formats.items() if d.detectable and d.module.startswith("tokformats")
+    }
+    assert set(table) == set(detectable)
+    for name, descriptor in detectable.items():
+        assert (table[name].module, table[name].order) == (descriptor.module, descriptor.order), name
+    assert list(table) == sorted(table, key=lambda n: table[n].order)
+    assert struct.pack("<I", llmc_vocab.MAGIC) == detectors.LLMC_VOCAB_MAGIC
+    assert tuple(struct.pack("<i", m) for m in llmc.FAMILIES) == detectors.LLMC_SHARD_MAGICS
+    assert detectors.MEGATRON_MAGIC == megatron.MAGIC
+    assert detectors.TORCH_MAGICS == (_torchfile.ZIP_MAGIC, _torchfile.LEGACY_MAGIC)
+    assert (detectors.PT_MANIFEST, detectors.LITDATA_INDEX) == (pt.MANIFEST, litdata.INDEX)
+    assert detectors.HF_NAMES == (hf.STATE, hf.DICT)
+    assert detectors.DATATROVE_ENDINGS == (".ds", datatrove.INDEX, datatrove.LOSS, datatrove.METADATA)
+    assert detectors.SEQUENCE_ENDINGS == sequences.SUFFIXES
+
+
+DETECT_IN_A_FRESH_PROCESS = """
+import sys
+import tokformats
+from tokformats.core import registry
+reader = tokformats.open(sys.argv[1])
+loaded = sorted(name.rsplit(".", 1)[1] for name in sys.modules if name.startswith("tokformats.formats.")
+                and not name.rsplit(".", 1)[1].startswith("_"))
+print(reader.format, ",".join(loaded), registry._plugins_loaded)
+"""
+
+
+def test_detection_imports_only_the_format_it_picks(tmp_path: Path) -> None:
+    with tokformats.create(tmp_path / "m", "megatron", vocab_size=100) as writer:
+        writer.write([1, 2, 3])
+    with tokformats.create(tmp_path / "c", "llmc", vocab_size=100, shard_size=2) as writer:
+        writer.write([1, 2, 3])
+    env = {**__import__("os").environ, "PYTHONPATH": str(Path(tokformats.__file__).parents[1])}
+    cases = [(tmp_path / "m", "megatron megatron False"), (tmp_path / "c_*.bin", "llmc llmc,llmc_vocab False")]
+    for path, expected in cases:
+        run = subprocess.run(
+            [sys.executable, "-c", DETECT_IN_A_FRESH_PROCESS, str(path)], capture_output=True, text=True, env=env
+        )
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.split() == expected.split()

@@ -200,3 +200,104 @@ def test_batches_follow_the_c_loader(tmp_path: Path) -> None:
         assert inputs.ravel().tolist() == list(range(8, 16))
         assert targets.ravel().tolist() == list(range(9, 17))
         assert batches[3][0].ravel().tolist() == list(range(58, 66))
+
+
+def _shards(folder: Path, count: int, tokens: int = 10, *, seed: int = 0) -> tuple[np.ndarray, str]:
+    """``count`` shards of ``tokens`` uint16 tokens each (documents start with BOS = 0); the stream and the glob."""
+    rng = np.random.default_rng(seed)
+    stream = rng.integers(1, 60000, count * tokens).astype(np.uint16)
+    stream[rng.random(len(stream)) < 0.1] = 0
+    stream[0] = 0
+    for k in range(count):
+        (folder / f"c_train_{k:06d}.bin").write_bytes(shard_bytes(stream[k * tokens : (k + 1) * tokens].tolist()))
+    return stream, str(folder / "c_train_*.bin")
+
+
+def test_glob_maps_shards_only_as_they_are_read(tmp_path: Path) -> None:
+    stream, pattern = _shards(tmp_path, 50)
+    with tokformats.open(pattern, bos=0, open_maps=4) as reader:
+        shards = reader.shards
+        assert reader.num_tokens == len(stream) and reader.num_shards == 50
+        assert not any(shard.loaded for shard in shards)  # the delimiter is given: nothing read yet
+        np.testing.assert_array_equal(reader.tokens[215:237], stream[215:237])
+        assert [k for k in range(50) if shards[k].loaded] == [21, 22, 23]
+        np.testing.assert_array_equal(np.asarray(reader.tokens), stream)
+        assert len(shards.open_maps) == 4 and sum(shard.loaded for shard in shards) == 4
+        expected = np.split(stream, np.flatnonzero(stream == 0)[1:])
+        assert len(reader) == len(expected)
+        for k in [0, 1, len(expected) // 2, len(expected) - 1]:
+            np.testing.assert_array_equal(reader[k], expected[k])
+        assert pickle.loads(pickle.dumps(reader)).open_maps == 4
+
+
+def test_a_later_shard_is_checked_before_any_of_its_tokens_is_read(tmp_path: Path) -> None:
+    stream, pattern = _shards(tmp_path, 10)
+    (tmp_path / "c_train_000007.bin").write_bytes(shard_bytes(stream[70:80].tolist(), magic=12345))
+    (tmp_path / "c_train_000008.bin").write_bytes(shard_bytes(list(range(5)), magic=20240801, version=7))
+    with tokformats.open(pattern, bos=0) as reader:
+        np.testing.assert_array_equal(reader.tokens[:70], stream[:70])
+        with pytest.raises(HeaderError, match=r"c_train_000007.bin: header field 'magic' is 12345"):
+            reader.tokens[75]
+        with pytest.raises(HeaderError, match=r"the shards mix model families \['gpt2', 'llama3'\]"):
+            reader.shards[8][0]
+        with pytest.raises(HeaderError, match=r"c_train_000007\.bin"):
+            len(reader)  # finding documents reads every shard
+
+
+def test_a_glob_refuses_an_impossible_size_at_open(tmp_path: Path) -> None:
+    stream, pattern = _shards(tmp_path, 5)
+    (tmp_path / "c_train_000003.bin").write_bytes(shard_bytes(stream[30:40].tolist()) + b"\0")
+    with pytest.raises(SizeMismatchError, match=r"c_train_000003.bin: .* \(trailing bytes\)"):
+        tokformats.open(pattern, bos=0)
+    (tmp_path / "c_train_000003.bin").write_bytes(b"\0" * 100)
+    with pytest.raises(SizeMismatchError, match=r"c_train_000003\.bin: an llm\.c shard starts with a 1024-byte header"):
+        tokformats.open(pattern, bos=0)
+
+
+def test_a_shard_replaced_after_open_is_refused(tmp_path: Path) -> None:
+    stream, pattern = _shards(tmp_path, 5)
+    with tokformats.open(pattern, bos=0) as reader:
+        replacement = tmp_path / "new.bin"
+        replacement.write_bytes(shard_bytes(list(range(1, 11))))
+        replacement.replace(tmp_path / "c_train_000004.bin")
+        np.testing.assert_array_equal(reader.tokens[:40], stream[:40])
+        with pytest.raises(tokformats.FormatError, match=r"c_train_000004\.bin changed on disk since"):
+            reader.tokens[45]
+
+
+READ_UNDER_A_SMALL_FD_LIMIT = """
+import resource, sys
+import numpy as np
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+import tokformats
+stream = np.load(sys.argv[2])
+reader = tokformats.open(sys.argv[1], bos=0)
+starts = np.flatnonzero(stream == 0)
+assert len(reader) == len(starts), (len(reader), len(starts))
+for k, start in enumerate(starts.tolist()):
+    stop = int(starts[k + 1]) if k + 1 < len(starts) else len(stream)
+    assert np.array_equal(reader[k], stream[start:stop]), k
+assert np.array_equal(np.asarray(reader.tokens), stream)
+assert sum(int(np.asarray(s, dtype=np.int64).sum()) for s in reader.shards) == int(stream.astype(np.int64).sum())
+assert len(reader.shards.open_maps) <= 64
+print("read", len(reader), "documents of", reader.num_shards, "shards")
+"""
+
+
+def test_two_thousand_shards_read_under_ulimit_256(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    stream, pattern = _shards(tmp_path, 2000, tokens=7, seed=1)
+    np.save(tmp_path.parent / "stream.npy", stream)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(tokformats.__file__).parents[1]), *sys.path])}
+    run = subprocess.run(
+        [sys.executable, "-c", READ_UNDER_A_SMALL_FD_LIMIT, pattern, str(tmp_path.parent / "stream.npy")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split()[-3:] == ["of", "2000", "shards"]

@@ -220,8 +220,15 @@ def test_lying_arrays(tmp_path: Path) -> None:
     idx = Path(f"{prefix}.idx")
 
     idx.write_bytes(patch(index, pointers_at + 8 * (n - 1), "<q", 10_000))
-    with pytest.raises(SizeMismatchError, match=r"sequences end at byte 10,000"):
-        tokformats.open(prefix)  # the first and last pointers are checked on open, in O(1)
+    with tokformats.open(prefix) as reader:  # the far end is checked where it is used, not at open (no far page)
+        with pytest.raises(SizeMismatchError, match=r"sequences end at byte 10,000"):
+            reader[len(reader) - 1]
+        with pytest.raises(SizeMismatchError, match=r"sequences end at byte 10,000"):
+            reader.lengths  # noqa: B018
+        assert "sequences end at byte 10,000" in reader.problems()[0].message
+    idx.write_bytes(patch(index, pointers_at, "<q", 2))
+    with pytest.raises(SizeMismatchError, match=r"sequence_pointers\[0\] is 2"):
+        tokformats.open(prefix)  # the first pointer is on the page a first read touches: checked on open
 
     idx.write_bytes(patch(index, pointers_at + 8, "<q", 999))
     with tokformats.open(prefix) as reader:  # a middle pointer is only checked by verify()
@@ -243,8 +250,15 @@ def test_lying_arrays(tmp_path: Path) -> None:
         assert "document_indices decrease" in reader.problems()[0].message
 
     idx.write_bytes(patch(index, di_at + 8 * (m - 1), "<q", 3))
-    with pytest.raises(HeaderError, match="must start at 0 and end at N = 4"):
-        tokformats.open(prefix)
+    with tokformats.open(prefix) as reader:  # the last document index: where the documents are used whole
+        with pytest.raises(HeaderError, match="must start at 0 and end at N = 4"):
+            reader.lengths  # noqa: B018
+        assert "must start at 0 and end at N = 4" in reader.problems()[0].message
+    idx.write_bytes(patch(index, di_at, "<q", 1))
+    with tokformats.open(prefix) as reader:  # megatron-core's first read touches no document index: nor does open
+        with pytest.raises(HeaderError, match="must start at 0 and end at N = 4; found 1 and 4"):
+            reader.lengths  # noqa: B018
+        assert reader.sequences[0].tolist() == [1, 2, 3]
 
     idx.write_bytes(patch(index, lengths_at, "<i", 4))
     with tokformats.open(prefix) as reader:
@@ -259,6 +273,37 @@ def test_lying_arrays(tmp_path: Path) -> None:
             reader.lengths  # noqa: B018
 
 
+def test_pointers_are_checked_by_block_on_first_access(tmp_path: Path) -> None:
+    """Reads check the pointers of the 4,096-sequence block they land in once, vectorised; a block with a lying
+    pointer falls back to the per-access check, which names it; other blocks read on."""
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(0, 9, 10_000)
+    flat = rng.integers(0, 1000, int(lengths.sum()))
+    with tokformats.create(tmp_path / "big", "megatron", vocab_size=1000) as writer:
+        writer.write_batch(flat, lengths)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    with tokformats.open(tmp_path / "big") as reader:
+        for k in [0, 1, 4095, 4096, 5000, 9999, -1, np.int64(7)]:
+            position = int(k) % 10_000
+            np.testing.assert_array_equal(reader[k], flat[offsets[position] : offsets[position + 1]])
+        assert reader[0:3][2].tolist() == flat[offsets[2] : offsets[3]].tolist()
+        with pytest.raises(IndexError, match="index 10000 is out of range"):
+            reader[10_000]
+    n = 10_000
+    idx = Path(tmp_path / "big.idx")
+    index = idx.read_bytes()
+    pointers_at = 34 + 4 * n
+    idx.write_bytes(patch(index, pointers_at + 8 * 5000, "<q", 2 * (int(offsets[5000]) + 1)))
+    with tokformats.open(tmp_path / "big") as reader:
+        np.testing.assert_array_equal(reader[100], flat[offsets[100] : offsets[101]])
+        np.testing.assert_array_equal(reader[9000], flat[offsets[9000] : offsets[9001]])
+        np.testing.assert_array_equal(reader[4500], flat[offsets[4500] : offsets[4501]])  # its neighbours are true
+        with pytest.raises(HeaderError, match=r"sequence_pointers\[5000\] is"):
+            reader[5000]
+        with pytest.raises(HeaderError, match=r"sequence_pointers\[5000\] is"):
+            reader[4999]
+
+
 def test_fairseq_index_is_refused(tmp_path: Path) -> None:
     prefix, index = build(tmp_path)
     n = 4
@@ -270,10 +315,17 @@ def test_fairseq_index_is_refused(tmp_path: Path) -> None:
 def test_truncated_bin(tmp_path: Path) -> None:
     prefix, _ = build(tmp_path)
     data = Path(f"{prefix}.bin")
-    data.write_bytes(data.read_bytes()[:-1])
-    expected = r"sequences end at byte 12 \(6 uint16 tokens\), but the file has 11 bytes"
-    with pytest.raises(SizeMismatchError, match=expected):
+    whole = data.read_bytes()
+    data.write_bytes(whole[:-1])
+    with pytest.raises(SizeMismatchError, match="has 11 bytes, not a whole number of uint16 tokens"):
         tokformats.open(prefix)
+    data.write_bytes(whole[:-2])  # a whole token short: found where the far end is first used, before any read
+    expected = r"sequences end at byte 12 \(6 uint16 tokens\), but the file has 10 bytes"
+    with tokformats.open(prefix) as reader:
+        with pytest.raises(SizeMismatchError, match=expected):
+            reader[len(reader) - 1]
+        with pytest.raises(SizeMismatchError, match=expected):
+            reader.lengths  # noqa: B018
 
 
 def test_missing_bin(tmp_path: Path) -> None:

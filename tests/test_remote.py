@@ -579,6 +579,7 @@ def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="tokformats-test")
     import fsspec
 
+    pytest.importorskip("s3fs").S3FileSystem.clear_instance_cache()  # a cached client keeps an earlier test's endpoint
     fsspec.filesystem("s3").invalidate_cache()
     yield endpoint
     running.stop()

@@ -13,7 +13,7 @@ from .core.protocol import PathLike, Reader, TokenReader, TokenWriter, Writer
 from .core.registry import descriptor, detect, formats
 from .errors import DTypeError, FormatError, NoFilesError, UnknownFormatError
 from .fs.journal import one_recovery, recover_near
-from .fs.paths import is_url
+from .fs.paths import is_url, one_expansion
 
 __all__ = [
     "open",
@@ -45,7 +45,9 @@ def open(path: Any, format: str | None = None, **options: Any) -> Reader[Any]:
 
         remote: Reader[Any] = open_url(path, open, format=format, **options)
         return remote
-    with one_recovery():  # detection and the reader each complete a killed writer's commit first: once per folder
+    # A glob is listed once for detection, the journal check and the reader; detection and the reader each complete
+    # a killed writer's commit first, once per folder.
+    with one_expansion(), one_recovery():
         if format is None:
             recover_near(path)
         name = format if format is not None else detect(path)

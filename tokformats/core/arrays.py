@@ -8,8 +8,11 @@ like a NumPy array: a slice inside one part is a zero-copy view, a slice across 
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
@@ -18,7 +21,18 @@ import numpy as np
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-__all__ = ["map_file", "ConcatenatedArray", "LazyArray", "GrowableArray", "TokenArray", "CHUNK_ELEMENTS", "iter_chunks"]
+__all__ = [
+    "map_file",
+    "ConcatenatedArray",
+    "LazyArray",
+    "OpenMaps",
+    "LazyShards",
+    "default_open_maps",
+    "GrowableArray",
+    "TokenArray",
+    "CHUNK_ELEMENTS",
+    "iter_chunks",
+]
 
 #: Elements processed per step by chunked scans: large enough for numpy to run at memory speed,
 #: small enough that temporaries (a bool mask, a cast) stay a few tens of MB whatever the corpus size.
@@ -65,16 +79,21 @@ class ConcatenatedArray:
     """
 
     def __init__(self, parts: Sequence[np.ndarray]) -> None:
-        if not parts:
+        if not len(parts):
             raise ValueError("ConcatenatedArray needs at least one part")
-        dtypes = {p.dtype for p in parts}
-        if len(dtypes) != 1:
-            raise ValueError(f"all parts must share one dtype, found {sorted(map(str, dtypes))}")
-        self.parts: tuple[np.ndarray, ...] = tuple(parts)
-        lengths = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
+        if isinstance(parts, LazyShards):  # lengths known without making (or mapping) any part
+            self.parts: Sequence[Any] = parts
+            lengths = parts.lengths
+            self.dtype: np.dtype = parts.dtype
+        else:
+            dtypes = {p.dtype for p in parts}
+            if len(dtypes) != 1:
+                raise ValueError(f"all parts must share one dtype, found {sorted(map(str, dtypes))}")
+            self.parts = tuple(parts)
+            lengths = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
+            self.dtype = parts[0].dtype
         #: ``starts[k]`` is the global index of part k's first element; ``starts[-1]`` the total length.
         self.starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        self.dtype: np.dtype = parts[0].dtype
 
     def __len__(self) -> int:
         return int(self.starts[-1])
@@ -112,7 +131,8 @@ class ConcatenatedArray:
         last = self._part_of(stop - 1)
         if first == last:
             base = int(self.starts[first])
-            return self.parts[first][start - base : stop - base]
+            piece: np.ndarray = self.parts[first][start - base : stop - base]
+            return piece
         pieces = []
         for k in range(first, last + 1):
             base = int(self.starts[k])
@@ -163,8 +183,11 @@ class ConcatenatedArray:
             yield from part
 
     def __array__(self, dtype: npt.DTypeLike | None = None, copy: bool | None = None) -> np.ndarray:
-        whole = np.concatenate(self.parts) if len(self.parts) > 1 else np.array(self.parts[0])
-        return whole if dtype is None else whole.astype(dtype)
+        # part by part into one array, not np.concatenate(parts): that would hold every part's map at once
+        whole = np.empty(len(self), dtype=self.dtype if dtype is None else dtype)
+        for k, part in enumerate(self.parts):
+            whole[self.starts[k] : self.starts[k + 1]] = part[:]
+        return whole
 
     def iter_chunks(self, chunk: int = CHUNK_ELEMENTS) -> Iterator[np.ndarray]:
         """Yield consecutive views of at most ``chunk`` elements covering the whole array."""
@@ -184,14 +207,76 @@ class ConcatenatedArray:
         return max(p.max() for p in self.parts if len(p)) if len(self) else np.empty(0, self.dtype).max()
 
 
+def default_open_maps() -> int:
+    """How many shard maps a reader keeps at once by default: a quarter of this process's file-descriptor limit
+    (``ulimit -n``; each map holds a descriptor), between 16 and 1,024."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):  # no resource module (Windows): maps hold no descriptor there
+        return 1024
+    if soft == resource.RLIM_INFINITY:
+        return 1024
+    return max(16, min(1024, soft // 4))
+
+
+class OpenMaps:
+    """A bound on how many :class:`LazyArray` hold their data at once: a least-recently-used set of loaded arrays.
+
+    Loading one more than ``limit`` unloads the one used longest ago. A mapped shard holds a file descriptor
+    (Python's ``mmap`` keeps one per map), so a reader of 600,000 shards that kept every shard it touched mapped
+    would fail with "Too many open files"; under this bound it keeps ``limit``. An array the caller still views
+    stays valid: unloading only drops the reader's reference.
+    """
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"open_maps must be at least 1, found {limit}")
+        self.limit = int(limit)
+        self._loaded: OrderedDict[int, LazyArray] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._loaded)
+
+    def loaded(self, array: LazyArray) -> None:
+        """Record that ``array`` just loaded its data; unload the least recently used beyond the limit."""
+        with self._lock:
+            self._loaded[id(array)] = array
+            self._loaded.move_to_end(id(array))
+            evicted = [self._loaded.popitem(last=False)[1] for _ in range(len(self._loaded) - self.limit)]
+        for old in evicted:  # outside the lock: unload() calls forget()
+            old.unload()
+
+    def used(self, array: LazyArray) -> None:
+        """Record a use of loaded ``array`` (it becomes the most recently used)."""
+        with contextlib.suppress(KeyError):  # unloaded meanwhile (another thread's eviction)
+            self._loaded.move_to_end(id(array))
+
+    def forget(self, array: LazyArray) -> None:
+        """``array`` unloaded its data (by eviction or by its owner)."""
+        with self._lock:
+            self._loaded.pop(id(array), None)
+
+
 class LazyArray:
     """A 1-D array whose length and dtype are known before its data: the data comes from ``load()`` on first use
-    (a remote shard fetched when a document in it is first read). A loaded array of another length or dtype raises
-    :class:`tokformats.FormatError` naming ``where``."""
+    (a remote shard fetched when a document in it is first read; a local shard mapped when a token of it is first
+    read). A loaded array of another length or dtype raises :class:`tokformats.FormatError` naming ``where``.
+    With ``open_maps``, at most that many arrays sharing it hold their data at once."""
 
-    def __init__(self, length: int, dtype: npt.DTypeLike, load: Callable[[], np.ndarray], where: str) -> None:
+    def __init__(
+        self,
+        length: int,
+        dtype: npt.DTypeLike,
+        load: Callable[[], np.ndarray],
+        where: str,
+        open_maps: OpenMaps | None = None,
+    ) -> None:
         self._length, self.dtype, self._load, self.where = int(length), np.dtype(dtype), load, where
         self._data: np.ndarray | None = None
+        self._open_maps = open_maps
 
     @property
     def loaded(self) -> bool:
@@ -201,21 +286,28 @@ class LazyArray:
     def unload(self) -> None:
         """Drop the data (its map closes once no view of it remains); the next use loads it again."""
         self._data = None
+        if self._open_maps is not None:
+            self._open_maps.forget(self)
 
     @property
     def data(self) -> np.ndarray:
         """The data, loading it the first time (and again after :meth:`unload`)."""
         data = self._data  # one read: another thread may unload it meanwhile
-        if data is None:
-            from ..errors import FormatError
+        if data is not None:
+            if self._open_maps is not None:
+                self._open_maps.used(self)
+            return data
+        from ..errors import FormatError
 
-            data = self._load()
-            if len(data) != self._length or data.dtype != self.dtype:
-                raise FormatError(
-                    f"{self.where}: holds {len(data):,} {data.dtype.name} values; its index said {self._length:,} "
-                    f"{self.dtype.name}."
-                )
-            self._data = data
+        data = self._load()
+        if len(data) != self._length or data.dtype != self.dtype:
+            raise FormatError(
+                f"{self.where}: holds {len(data):,} {data.dtype.name} values; its index said {self._length:,} "
+                f"{self.dtype.name}."
+            )
+        self._data = data
+        if self._open_maps is not None:
+            self._open_maps.loaded(self)
         return data
 
     def __len__(self) -> int:
@@ -246,6 +338,59 @@ class LazyArray:
     def max(self) -> Any:
         """The largest value (loads them)."""
         return self.data.max()
+
+
+class LazyShards(Sequence[LazyArray]):
+    """Shards of known lengths, each a :class:`LazyArray` made the first time it is asked for and mapped the first
+    time a value of it is read, at most ``open_maps`` mapped at once. Opening a glob of 600,000 shards then builds
+    no object per shard; reading them keeps a bounded number of maps (and file descriptors).
+
+    Args:
+        lengths: each shard's number of elements.
+        dtype: their dtype.
+        load: ``load(k)`` maps shard ``k`` (checking it first).
+        where: ``where(k)`` names shard ``k`` in messages.
+        open_maps: the bound shared by the shards' maps.
+    """
+
+    def __init__(
+        self,
+        lengths: np.ndarray,
+        dtype: npt.DTypeLike,
+        load: Callable[[int], np.ndarray],
+        where: Callable[[int], str],
+        open_maps: OpenMaps,
+    ) -> None:
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.dtype = np.dtype(dtype)
+        self._load, self._where, self.open_maps = load, where, open_maps
+        self._made: dict[int, LazyArray] = {}
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def _shard(self, index: int) -> LazyArray:
+        array = self._made.get(index)
+        if array is None:
+            if len(self._made) > 2 * self.open_maps.limit + 64:  # forget the unmapped ones: memory stays bounded
+                self._made = {k: a for k, a in self._made.items() if a.loaded}
+            load, length = self._load, int(self.lengths[index])
+            array = LazyArray(length, self.dtype, lambda: load(index), self._where(index), self.open_maps)
+            self._made[index] = array
+        return array
+
+    @overload
+    def __getitem__(self, key: int) -> LazyArray: ...
+    @overload
+    def __getitem__(self, key: slice) -> list[LazyArray]: ...
+    def __getitem__(self, key: int | slice) -> LazyArray | list[LazyArray]:
+        positions = range(len(self))
+        if isinstance(key, slice):
+            return [self._shard(k) for k in positions[key]]
+        return self._shard(positions[key])
+
+    def __iter__(self) -> Iterator[LazyArray]:
+        return (self._shard(k) for k in range(len(self)))
 
 
 #: What ``Reader.tokens`` returns: a memmap for one file, a ConcatenatedArray for several.

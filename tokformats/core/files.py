@@ -24,7 +24,7 @@ import numpy.typing as npt
 from ..errors import FormatError, SizeMismatchError
 from .arrays import LazyArray, map_file
 
-__all__ = ["LazyFiles", "DatasetFiles"]
+__all__ = ["LazyFiles", "DatasetFiles", "Pin"]
 
 
 class LazyFiles(Protocol):
@@ -70,6 +70,7 @@ class LazyFiles(Protocol):
         """Stop holding the files fetched so far."""
 
 
+#: What a pin records of a file: device, inode, size in bytes, modification time (ns).
 Pin = tuple[int, int, int, int]
 
 
@@ -102,6 +103,15 @@ class DatasetFiles:
         changed since, so a dataset replaced on disk after ``open`` is never read with the old index."""
         for path in paths:
             self._pins[Path(path)] = _identity(Path(path))
+
+    def pin_as(self, path: Path, identity: Pin) -> None:
+        """Pin ``path`` as ``identity`` (device, inode, size, modification time), taken by a ``stat`` made at open
+        (a glob of many shards is stat'ed in one pass and pinned as each shard is first mapped)."""
+        self._pins[Path(path)] = identity
+
+    def pinned_size(self, path: Path) -> int:
+        """The size in bytes pinned ``path`` had when it was pinned."""
+        return self._pins[Path(path)][2]
 
     def is_pinned(self, path: Path) -> bool:
         """Whether ``path`` was pinned (validated at open, or fetched)."""

@@ -254,6 +254,10 @@ class TokenReader(Reader[np.ndarray]):
         """Pin ``paths``: the files this open validated (see :meth:`DatasetFiles.pin`)."""
         self._files.pin(*paths)
 
+    def _pinned_size(self, path: Path) -> int:
+        """The size in bytes pinned ``path`` had when :meth:`_pin` looked at it (its one ``stat`` at open)."""
+        return self._files.pinned_size(path)
+
     def _check_pin(self, path: Path) -> None:
         """Raise if pinned ``path`` is no longer the file that was opened."""
         self._files.check_pin(path)

@@ -19,7 +19,7 @@ from types import ModuleType
 from typing import Any, NamedTuple
 
 from ..errors import NoFilesError, UnknownFormatError
-from ..fs.paths import expand_paths, read_head
+from ..fs.paths import expand_path_texts, read_head
 from .format_module import Capability, Detectable, FormatModule, HintsWhenUndetected, Writable, capability
 
 __all__ = [
@@ -292,11 +292,31 @@ class Probe:
         return self.sibling(self.path / name)
 
 
-def _candidates(path: Path) -> Iterator[FormatDescriptor]:
-    """Detectable formats, those whose suffixes match ``path`` first (fewer format modules imported)."""
-    detectable = [d for d in _table().values() if d.detectable]
-    matching = [d for d in detectable if path.suffix and path.suffix in d.suffixes]
-    return iter(matching + [d for d in detectable if d not in matching])
+def _builtin_match(probe: Probe) -> str | None:
+    """The first built-in format, in detection order, whose clue (:mod:`.detectors`, no import) matches ``probe``
+    and whose own ``detect`` then says yes; only those formats' modules are imported."""
+    from .detectors import BUILTIN_DETECTORS
+
+    for entry in BUILTIN_DETECTORS:
+        if entry.clue(probe):
+            found = _builtin(entry.name)
+            if found is not None and found.detect(probe):
+                return found.name
+    return None
+
+
+def _other_match(probe: Probe) -> str | None:
+    """The first format registered besides the built-in ones (by ``register`` or a plugin's entry point) that
+    detects ``probe``; plugins are read only now, when no built-in format matched."""
+    from .detectors import BUILTIN_DETECTORS
+
+    load_plugins()
+    builtin = {entry.name for entry in BUILTIN_DETECTORS}
+    others = sorted((d for d in _REGISTRY.values() if d.name not in builtin), key=lambda d: d.order)
+    for candidate in others:
+        if candidate.detect(probe):
+            return candidate.name
+    return None
 
 
 def _did_you_mean(path: Path) -> str:
@@ -324,17 +344,15 @@ def detect(path: Any) -> str:
         UnknownFormatError: no format recognises it; the message carries the hints formats give for a file they
             almost match (a format module's optional ``undetected_hint(probe)``: the raw stream's dtype table).
     """
-    load_plugins()
-    paths = expand_paths(path)
-    first = paths[0]
+    first = Path(expand_path_texts(path)[0])
     probe = Probe(first)
     if probe.exists and not probe.is_dir and not probe.is_file:
         from ..fs.untrusted import require_regular
 
         require_regular(first)  # a FIFO or device: refused before any format opens it
-    for candidate in _candidates(first):
-        if candidate.detect(probe):
-            return candidate.name
+    found = _builtin_match(probe) or _other_match(probe)
+    if found is not None:
+        return found
     if not probe.exists:
         raise NoFilesError(f"{first} does not exist.{_did_you_mean(first)}")
     hints = []

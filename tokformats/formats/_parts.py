@@ -10,17 +10,18 @@ each part's offsets when they are first needed (one vectorised pass, not at open
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from ..core.arrays import ConcatenatedArray, LazyArray, TokenArray
+from ..core.arrays import ConcatenatedArray, LazyArray, LazyShards, OpenMaps, TokenArray, default_open_maps
 from ..core.protocol import TokenReader
 from ..errors import FormatError
 
-__all__ = ["Part", "MappedParts", "PartsReader", "checked_offsets"]
+__all__ = ["Part", "PartTable", "MappedParts", "PartsReader", "checked_offsets"]
 
 
 class Part(NamedTuple):
@@ -30,6 +31,42 @@ class Part(NamedTuple):
     offset: int
     tokens: int
     dtype: np.dtype
+
+
+#: What :func:`os.stat` says of a file at open: (device, inode, size, modification time in ns).
+Pin = tuple[int, int, int, int]
+
+
+class PartTable(Sequence[Part]):
+    """Many parts of one dtype at one byte offset (shards of a glob), kept compact: paths as strings, token counts
+    and pins (what each file was at open) beside them. A :class:`Part` (and its ``Path``) is made only for the part
+    asked for, so 600,000 shards cost a list of names and an array, not 600,000 ``Path`` objects."""
+
+    def __init__(self, paths: list[str], offset: int, counts: np.ndarray, dtype: np.dtype, pins: list[Pin]) -> None:
+        if not len(paths) == len(counts) == len(pins):
+            raise ValueError(f"{len(paths)} paths, {len(counts)} counts and {len(pins)} pins do not match")
+        self.paths, self.offset, self.dtype, self.pins = paths, offset, dtype, pins
+        self.counts = np.asarray(counts, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def part(self, index: int) -> Part:
+        """Part ``index``."""
+        return Part(Path(self.paths[index]), self.offset, int(self.counts[index]), self.dtype)
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, slice):
+            return [self.part(k) for k in range(*key.indices(len(self)))]
+        return self.part(range(len(self))[key])
+
+    def __iter__(self) -> Iterator[Part]:
+        return (self.part(k) for k in range(len(self)))
+
+    @property
+    def total_tokens(self) -> int:
+        """Tokens of every part together."""
+        return int(self.counts.sum())
 
 
 def checked_offsets(offsets: np.ndarray, count: int, where: str, field: str) -> np.ndarray:
@@ -55,16 +92,26 @@ class MappedParts(TokenReader):
     """A token stream stored as parts (:class:`Part`), mapped one by one; a subclass sets them with
     :meth:`_set_parts` and finds documents its own way (:class:`PartsReader`: per part; llm.c: at a delimiter)."""
 
-    _parts: list[Part]
+    _parts: Sequence[Part]
+    #: Whether several local parts are mapped only when a token of them is first read, at most ``open_maps`` at
+    #: once (least recently used unmapped first), rather than all at open. A format opts in when it checks a part
+    #: as it maps it (:meth:`_open_part`), so that nothing of a part is read before that part is checked.
+    maps_on_use: ClassVar[bool] = False
+    #: The bound on parts mapped at once when :attr:`maps_on_use` (None: ``core.arrays.default_open_maps()``).
+    open_maps: int | None = None
 
-    def _set_parts(self, parts: list[Part]) -> None:
+    def _set_parts(self, parts: Sequence[Part]) -> None:
+        if isinstance(parts, PartTable):  # one dtype; each file's pin was taken at open and is registered as it maps
+            self._parts = parts
+            return
         dtypes = {p.dtype for p in parts}
         if len(dtypes) > 1:
             listing = ", ".join(f"{p.path.name}: {p.dtype.name}" for p in parts[:4])
             raise FormatError(f"{parts[0].path.parent}: the files mix token dtypes ({listing}); open them apart.")
         self._parts = parts
         if self._remote is None:  # a dataset opened by URL pins each file as it arrives
-            self._pin(*dict.fromkeys(p.path for p in parts))
+            files = self._files
+            self._pin(*(p for p in dict.fromkeys(p.path for p in parts) if not files.is_pinned(p)))
 
     @property
     def path(self) -> Path:
@@ -78,7 +125,38 @@ class MappedParts(TokenReader):
     def shards(self) -> list[np.ndarray]:
         """Each part's tokens as its own read-only memory map (for a dataset opened by URL, a
         :class:`~tokformats.arrays.LazyArray` that fetches the file on first use)."""
+        if self._remote is None and self.maps_on_use and len(self._parts) > 1:
+            return LazyShards(  # type: ignore[return-value]
+                self._part_counts(),
+                self.dtype,
+                self._open_part,
+                self._part_name,
+                OpenMaps(self.open_maps or default_open_maps()),
+            )
         return [self._map_lazily(p.path, p.dtype, p.offset, p.tokens) for p in self._parts]  # type: ignore[misc]
+
+    def _part_counts(self) -> np.ndarray:
+        if isinstance(self._parts, PartTable):
+            return self._parts.counts
+        return np.array([p.tokens for p in self._parts], dtype=np.int64)
+
+    def _part_name(self, index: int) -> str:
+        if isinstance(self._parts, PartTable):
+            return self._parts.paths[index]
+        return str(self._parts[index].path)
+
+    def _pin_part(self, index: int) -> Part:
+        """Part ``index``, its pin (taken at open) registered, so that :meth:`_map` refuses it if it changed since."""
+        part = self._parts[index]
+        if isinstance(self._parts, PartTable):
+            self._files.pin_as(part.path, self._parts.pins[index])
+        return part
+
+    def _open_part(self, index: int) -> np.ndarray:
+        """Map part ``index`` (pinned at open: a file changed since is refused); a format that defers a part's
+        checks to its first use (:attr:`maps_on_use`) makes them here first."""
+        part = self._pin_part(index)
+        return self._map(part.path, part.dtype, part.offset, part.tokens)
 
     @cached_property
     def tokens(self) -> TokenArray:
@@ -94,6 +172,8 @@ class MappedParts(TokenReader):
 
     @property
     def num_tokens(self) -> int:
+        if isinstance(self._parts, PartTable):
+            return self._parts.total_tokens
         return sum(p.tokens for p in self._parts)
 
     def _summary(self) -> dict[str, Any]:

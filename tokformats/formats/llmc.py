@@ -32,8 +32,8 @@ from ..core.dtypes import check_id, resolve_dtype
 from ..core.protocol import PathLike, TokenWriter
 from ..core.registry import FormatDescriptor, Probe
 from ..errors import FormatError, HeaderError, NoFilesError, SizeMismatchError
-from ..fs.paths import expand_paths
-from ._parts import MappedParts, Part
+from ..fs.paths import expand_path_texts
+from ._parts import MappedParts, Part, PartTable
 from ._shards import StreamShards
 
 if TYPE_CHECKING:
@@ -206,34 +206,53 @@ class Reader(MappedParts):
             128000 for Llama-3) when it occurs near the start of the stream, else the stream's first token, which
             llm.c's writers always make the delimiter (so shards written with another tokenizer read right);
             an id; or ``None`` to read the whole stream as one document. ``bos_rule`` says which applied.
+        open_maps: how many shards of a glob stay mapped at once (each map holds a file descriptor); the least
+            recently read is unmapped beyond it. Default: a quarter of ``ulimit -n``, between 16 and 1,024.
         remote: set by ``tokformats.open(URL)``: each shard is fetched when a token of it is first read.
+
+    Opening several local shards costs one ``stat`` per shard and one header read: each shard's token count comes
+    from its size, and its header is checked, as llm.c's loader checks it, when the shard is first mapped (before
+    any token of it is read; ``verify()`` reads them all). Shards are mapped when first read, at most
+    ``open_maps`` at once, so a glob of 600,000 shards opens in a fraction of a second and reads under a small
+    ``ulimit -n``.
     """
 
     format = "llmc"
 
+    maps_on_use = True
+    #: The shards' model family (magic, version, dtype, delimiter).
+    family: Family
+
     def __init__(
-        self, path: PathLike | list[PathLike], *, bos: int | str | None = "auto", remote: LazyFiles | None = None
+        self,
+        path: PathLike | list[PathLike],
+        *,
+        bos: int | str | None = "auto",
+        open_maps: int | None = None,
+        remote: LazyFiles | None = None,
     ) -> None:
         super().__init__(path, bos=bos, remote=remote)
         self._remote = remote
         if isinstance(path, (str, os.PathLike)) and Path(path).is_dir():
-            paths = folder_shards(Path(path), remote)
+            texts = [os.fspath(p) for p in folder_shards(Path(path), remote)]
         else:
-            paths = expand_paths(path)
-        if len(paths) > 1:
-            paths = sorted(paths, key=lambda p: os.fspath(p))
-        if remote is None:
-            headers = [read_header(p) for p in paths]
-        else:  # each header by one ranged request; the shard itself arrives on first use
-            headers = [read_header(p, self._head(p, HEADER_BYTES), remote.size(p)) for p in paths]
-        families = {family.name for family, _ in headers}
-        if len(families) > 1:
-            raise HeaderError(
-                f"{paths[0].parent}: the shards mix model families {sorted(families)}; open them separately."
-            )
-        self.family: Family = headers[0][0]
-        self._set_parts([Part(p, HEADER_BYTES, ntok, self.family.dtype) for p, (_, ntok) in zip(paths, headers)])
-        self.shards  # noqa: B018 - map now: what was validated is what is read
+            texts = expand_path_texts(path)
+        if len(texts) > 1:
+            texts = sorted(texts)
+        if open_maps is not None:
+            self.open_maps = self._init_kwargs["open_maps"] = int(open_maps)
+        if remote is None and len(texts) > 1:
+            self._set_parts(self._local_shards(texts))
+        else:
+            paths = [Path(t) for t in texts]
+            if remote is None:
+                headers = [read_header(p) for p in paths]
+            else:  # each header by one ranged request; the shard itself arrives on first use
+                headers = [read_header(p, self._head(p, HEADER_BYTES), remote.size(p)) for p in paths]
+            self._check_one_family(paths, [family for family, _ in headers])
+            self.family = headers[0][0]
+            self._set_parts([Part(p, HEADER_BYTES, ntok, self.family.dtype) for p, (_, ntok) in zip(paths, headers)])
+        self.shards  # noqa: B018 - map now (several local shards: as each is first read, after its header)
         if bos == "auto":
             self.bos, self.bos_rule = self._find_delimiter()
         elif bos is None or isinstance(bos, (int, np.integer)):
@@ -241,6 +260,49 @@ class Reader(MappedParts):
         else:
             raise ValueError(f"bos must be an id, None or 'auto', not {bos!r}")
         self._init_kwargs["bos"] = self.bos  # pickles re-open with the delimiter found here
+
+    def _local_shards(self, texts: list[str]) -> PartTable:
+        """Local shards, each costing one ``stat`` (its pin: size, inode, time) and nothing more: its token count
+        comes from its size; the first shard's header is read now (it decides the family), and every other header
+        is checked, as llm.c's loader checks it, when the shard is first mapped (:meth:`_open_part`), before any
+        token of it is read. A size no shard of the family can have is refused now, with its header's message."""
+        pins = []
+        for text in texts:
+            try:
+                info = os.stat(text)
+            except FileNotFoundError:
+                raise NoFilesError(f"{text} does not exist.") from None
+            pins.append((info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns))
+        self.family, _ = read_header(Path(texts[0]), size=pins[0][2])
+        body = np.fromiter((pin[2] for pin in pins), dtype=np.int64, count=len(pins)) - HEADER_BYTES
+        itemsize = self.family.dtype.itemsize
+        impossible = np.flatnonzero((body < 0) | (body % itemsize != 0))
+        if impossible.size:
+            where = Path(texts[int(impossible[0])])
+            self._files.pin_as(where, pins[int(impossible[0])])
+            self._checked_header(where)  # raises: its header says what is wrong with its size
+            raise SizeMismatchError(f"{where}: {pins[int(impossible[0])][2]:,} bytes is no {itemsize}-byte shard.")
+        return PartTable(texts, HEADER_BYTES, body // itemsize, self.family.dtype, pins)
+
+    def _checked_header(self, path: Path) -> int:
+        """Shard ``path``'s header, validated against its pinned size and this corpus's family; its ``ntok``."""
+        family, ntok = read_header(path, size=self._pinned_size(path))
+        self._check_one_family([path], [self.family, family])
+        return ntok
+
+    @staticmethod
+    def _check_one_family(paths: list[Path], families: list[Family]) -> None:
+        names = sorted({family.name for family in families})
+        if len(names) > 1:
+            raise HeaderError(f"{paths[0].parent}: the shards mix model families {names}; open them separately.")
+
+    def _open_part(self, index: int) -> np.ndarray:
+        """Map shard ``index`` after checking its header against its size and the corpus's family."""
+        part = self._pin_part(index)
+        self._check_pin(part.path)
+        if self._checked_header(part.path) != part.tokens:  # the pin holds the size, so only a bug gets here
+            raise SizeMismatchError(f"{part.path}: header field 'ntok' disagrees with the size pinned at open.")
+        return super()._open_part(index)
 
     def _find_delimiter(self) -> tuple[int | None, str]:
         """The delimiter llm.c's writers put before every document, found without a full scan.

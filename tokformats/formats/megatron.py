@@ -71,6 +71,10 @@ DESCRIPTOR = FormatDescriptor(
 )
 
 MAGIC = b"MMIDIDX\x00\x00"
+#: Sequences per block whose pointers are checked together on first access (``1 << _BLOCK_BITS``): one block's
+#: pointers and lengths (48 KiB) lie within the pages a first read faults in.
+_BLOCK_BITS = 12
+_UNSEEN, _SEEN, _CHECKED, _LYING = 0, 1, 2, 3
 VERSION = 1
 #: ``<9s`` magic, ``<Q`` version, ``<B`` dtype code, ``<Q`` N, ``<Q`` M: 34 bytes.
 HEADER = struct.Struct("<9sQBQQ")
@@ -272,33 +276,84 @@ class Reader(TokenReader):
         return ("tokens", "_view", "_index")
 
     def _validate(self, count: int) -> None:
-        """What opening checks, in O(1): the ends of document_indices, the first and last pointers against the
-        ``.bin``'s size. The O(index) checks (every document index in order, every length non-negative and their sum,
-        every pointer) run where the whole index is used anyway (:attr:`lengths`, :meth:`problems`), and every
-        access checks what it touches (:meth:`_span`), so a lying index raises instead of serving other tokens."""
-        path, di = self.idx_path, self.document_indices
-        lengths, pointers = self.sequence_lengths, self.sequence_pointers
-        if di[0] != 0 or di[-1] != count:
-            raise HeaderError(
-                f"{path}: document_indices must start at 0 and end at N = {count:,}; "
-                f"found {int(di[0])} and {int(di[-1])}."
-            )
+        """What opening checks, touching only the pages a first read touches anyway (megatron-core's open faults in
+        no far page, and neither does this): the first pointer, and the ``.bin``'s size against the dtype. The
+        document indices (starting at 0, ending at N) are checked where documents are used whole, and each access
+        checks the ones it reads; the checks at the far end (the last sequence ending
+        where the ``.bin`` ends) and the O(index) ones (indices in order, lengths non-negative and adding up to the
+        ``.bin``, every pointer) run where they are used: a block of pointers is checked, vectorised, the first time
+        an access lands in it (:meth:`_span`), the whole index where it is used whole (:attr:`lengths`,
+        :meth:`problems`), so a lying index raises instead of serving other tokens."""
+        path = self.idx_path
         itemsize = self._dtype.itemsize
-        bin_size = self.bin_path.stat().st_size if self._remote is None else self._remote.size(self.bin_path)
-        end = int(pointers[-1]) + int(lengths[-1]) * itemsize if count else 0
-        if count and (pointers[0] != 0 or lengths[-1] < 0):
+        bin_size = self._pinned_size(self.bin_path) if self._remote is None else self._remote.size(self.bin_path)
+        if count and self.sequence_pointers[0] != 0:
             raise SizeMismatchError(
-                f"{path}: the first sequence must start at byte 0 and the last length be non-negative; "
-                f"sequence_pointers[0] is {int(pointers[0])} and sequence_lengths[-1] {int(lengths[-1])}."
+                f"{path}: the first sequence must start at byte 0; sequence_pointers[0] is "
+                f"{int(self.sequence_pointers[0])}."
             )
-        if end != bin_size or bin_size % itemsize:
+        if bin_size % itemsize or (not count and bin_size):
             raise SizeMismatchError(
-                f"{self.bin_path}: the index's sequences end at byte {end:,} ({end // itemsize:,} "
-                f"{self._dtype.name} tokens), but the file has {bin_size:,} bytes (truncated, or not this index's "
-                "data)."
+                f"{self.bin_path}: the file has {bin_size:,} bytes, not a whole number of {self._dtype.name} tokens "
+                f"{'' if count else 'for an index of no sequences '}(truncated, or not this index's data)."
             )
         self._num_tokens = bin_size // itemsize
         self._sequences = count
+        self._itemsize = itemsize
+        #: One state per block of ``1 << _BLOCK_BITS`` sequences: _UNSEEN, _SEEN (read once, by the per-access
+        #: check), _CHECKED (every pointer of it checked at once, :meth:`_check_block`), _LYING (that check failed).
+        self._checked_blocks = bytearray((count >> _BLOCK_BITS) + 1)
+
+    def _check_end(self) -> None:
+        """The last sequence must end where the ``.bin`` ends (checked where the far end is used: the last block's
+        first access, :attr:`sequence_offsets`, :meth:`problems`)."""
+        count, itemsize = self._sequences, self._dtype.itemsize
+        lengths, pointers = self.sequence_lengths, self.sequence_pointers
+        end = int(pointers[-1]) + int(lengths[-1]) * itemsize if count else 0
+        if end != self._num_tokens * itemsize or (count and lengths[-1] < 0):
+            raise SizeMismatchError(
+                f"{self.bin_path}: the index's sequences end at byte {end:,} ({end // itemsize:,} "
+                f"{self._dtype.name} tokens), but the file has {self._num_tokens * itemsize:,} bytes (truncated, or "
+                "not this index's data)."
+            )
+
+    def _check_block(self, block: int) -> bool:
+        """Check, vectorised, every pointer of sequence block ``block`` (and the links to its neighbours): each
+        follows from its predecessor's pointer and length, is a whole number of tokens, and the block lies in the
+        ``.bin`` (the last block ends exactly where it ends). True (and remembered) when all hold; False leaves the
+        block to the per-access check, which names the pointer that lies."""
+        lengths, pointers, _, _ = self._index
+        itemsize, count = self._dtype.itemsize, self._sequences
+        low = max((block << _BLOCK_BITS) - 1, 0)
+        high = min((block + 1) << _BLOCK_BITS, count)
+        if high == count:
+            self._check_end()
+        where = np.asarray(pointers[low : high + 1], dtype=np.int64)
+        sizes = np.asarray(lengths[low : high + 1], dtype=np.int64)
+        ends = where[: high - low] + sizes[: high - low] * itemsize
+        follows = bool((where[1:] == ends[: len(where) - 1]).all()) if len(where) > 1 else True
+        tail = int(ends[-1]) == self._num_tokens * itemsize if high == count else int(ends[-1]) <= int(where[-1])
+        sound = (
+            follows
+            and tail
+            and bool((sizes >= 0).all())
+            and not (where % itemsize).any()
+            and int(where[0]) >= 0
+            and int(ends.max(initial=0)) <= self._num_tokens * itemsize
+        )
+        self._checked_blocks[block] = _CHECKED if sound else _LYING
+        return sound
+
+    def _block_checked(self, block: int) -> bool:
+        """Whether the pointers of ``block`` are all checked: the first access to a block checks what it touches
+        (a single read costs no vectorised pass), the second checks the whole block once."""
+        state = self._checked_blocks[block]
+        if state == _CHECKED:
+            return True
+        if state == _UNSEEN:
+            self._checked_blocks[block] = _SEEN
+            return False
+        return state == _SEEN and self._check_block(block)
 
     # -- the protocol ----------------------------------------------------------------------
     @property
@@ -326,6 +381,7 @@ class Reader(TokenReader):
     @cached_property
     def sequence_offsets(self) -> np.ndarray:
         """``N + 1`` int64 token offsets of sequences (from lengths, summed in int64), checked against the ``.bin``."""
+        self._check_end()
         lengths = self.sequence_lengths
         if len(lengths) and lengths.min() < 0:  # a lying length could cancel another in the sum
             where = int(np.argmin(lengths))
@@ -341,6 +397,11 @@ class Reader(TokenReader):
 
     def _offsets(self) -> np.ndarray:
         di = self.document_indices
+        if di[0] != 0 or di[-1] != self._sequences:
+            raise HeaderError(
+                f"{self.idx_path}: document_indices must start at 0 and end at N = {self._sequences:,}; "
+                f"found {int(di[0])} and {int(di[-1])}."
+            )
         if len(di) > 1 and not (di[1:] >= di[:-1]).all():
             where = int(np.argmax(di[1:] < di[:-1]))
             raise HeaderError(
@@ -351,7 +412,8 @@ class Reader(TokenReader):
         return offsets
 
     def __len__(self) -> int:
-        return len(self.document_indices) - 1
+        count: int = self._layout[1] - 1  # M - 1, from the header: no array touched
+        return count
 
     def _span(self, first: int, stop: int, what: str) -> tuple[int, int]:
         """Token range of sequences ``first..stop-1`` by their pointers, in O(sequences + 2): each pointer must
@@ -360,7 +422,10 @@ class Reader(TokenReader):
         instead of serving other tokens. (Several pointers lying in step can only be found by :meth:`problems`.)"""
         itemsize = self._dtype.itemsize
         lengths, pointers, _, _ = self._index
-        if stop == first + 1:  # one sequence, the common case: five scalar reads
+        if stop == first + 1 and self._block_checked(first >> _BLOCK_BITS):
+            start = pointers.item(first) // itemsize  # its block's pointers are checked: two scalar reads
+            return start, start + lengths.item(first)
+        if stop == first + 1:  # one sequence of a block not checked whole: five scalar reads
             pointer, length = pointers.item(first), lengths.item(first)
             before = pointers.item(first - 1) + lengths.item(first - 1) * itemsize if first else 0
             after = pointers.item(stop) if stop < self._sequences else self._num_tokens * itemsize
@@ -373,6 +438,8 @@ class Reader(TokenReader):
             ):
                 return start, start + length
             # else: fall through, to name the pointer that lies
+        if stop == self._sequences:
+            self._check_end()  # the last sequence: it must end where the .bin ends
         low = first - 1 if first else 0
         high = stop + 1 if stop < self._sequences else stop
         pointers, lengths = pointers[low:high].tolist(), lengths[low:high].tolist()  # beats a dozen .item() calls
@@ -390,6 +457,18 @@ class Reader(TokenReader):
                 f"{self._num_tokens:,} tokens of {self.bin_path}."
             )
         return start, end
+
+    def __getitem__(self, key: Any) -> Any:
+        """One document by index, or a list of documents by slice (the protocol's); a plain ``int`` naming a
+        document of one sequence in a checked block (:meth:`_check_block`) is served here without the general path."""
+        if key.__class__ is int and 0 <= key < self._layout[1] - 1:
+            lengths, pointers, document_indices, _ = self._index
+            first = document_indices.item(key)
+            one = document_indices.item(key + 1) == first + 1 and 0 <= first < self._sequences
+            if one and self._checked_blocks[first >> _BLOCK_BITS] == _CHECKED:
+                start = pointers.item(first) // self._itemsize
+                return self._view[start : start + lengths.item(first)]
+        return super().__getitem__(key)
 
     def _item(self, index: int) -> np.ndarray:
         # Like Megatron's reader, locate data through sequence_pointers: O(1) per document, no cumsum over the

@@ -324,16 +324,17 @@ def one_recovery() -> Iterator[None]:
 def recover_near(path: object) -> None:
     """Complete the commits a killed writer left beside (or inside) ``path`` (a file, prefix, folder, glob or
     list), so that what is opened there is read whole, old or new, never half of each. One ``stat`` per folder."""
-    from .paths import expand_paths
+    from .paths import folders_near, forget_listings
 
     try:
-        paths = expand_paths(path)
+        folders = folders_near(path)
     except (FormatError, TypeError):  # nothing there (the reader says so), or not a path at all
         return
     done = _RECOVERED.get()
-    for folder in sorted({p.parent for p in paths} | {p for p in paths if p.is_dir()}):
+    for folder in map(Path, folders):
         if done is not None:
             if folder in done:
                 continue
             done.add(folder)
-        recover(folder)
+        if recover(folder):
+            forget_listings()  # the commit renamed files in: what was listed before is not what is there now

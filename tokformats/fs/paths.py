@@ -1,17 +1,39 @@
 """Paths as users give them: a file, a glob pattern, a list of paths, or a URL; and the first bytes of a file, read
-without blocking on a FIFO."""
+without blocking on a FIFO.
+
+Opening a glob of many shards expands it in several places (detection, the journal check, the reader); within
+:func:`one_expansion` (which ``tokformats.open`` holds) a pattern is listed once and its matches are shared, as
+strings: a ``Path`` costs microseconds to build, which 600,000 shards would pay again and again.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import fnmatch
 import glob
 import os
+import re
+from collections.abc import Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 from ..errors import NoFilesError
 
-__all__ = ["URL_SCHEMES", "expand_paths", "is_pattern", "is_url", "pattern_matches", "public_url", "read_head",
-           "scrub_secrets"]  # fmt: skip
+__all__ = [
+    "URL_SCHEMES",
+    "expand_paths",
+    "expand_path_texts",
+    "folders_near",
+    "forget_listings",
+    "is_pattern",
+    "is_url",
+    "one_expansion",
+    "pattern_matches",
+    "public_url",
+    "read_head",
+    "scrub_secrets",
+]
 
 
 def read_head(path: Path, size: int) -> bytes:
@@ -79,9 +101,91 @@ def is_pattern(text: str) -> bool:
     return bool(_GLOB_CHARS & set(text)) and not os.path.exists(text)
 
 
+class _Listing:
+    """A pattern's sorted matches; which of them are folders and the one folder holding them all, when the listing
+    said so (else None)."""
+
+    def __init__(self, matches: list[str], folders: set[str] | None, parent: str | None = None) -> None:
+        self.matches, self.folders, self.parent = matches, folders, parent
+
+
+#: The listings made within :func:`one_expansion` (None outside it).
+_LISTINGS: ContextVar[dict[str, _Listing] | None] = ContextVar("tokformats_listings", default=None)
+
+
+@contextlib.contextmanager
+def one_expansion() -> Iterator[None]:
+    """Within the block, each glob pattern is listed once: every caller of :func:`expand_paths` sees that listing
+    (``open`` detects, checks for a journal and reads one set of files, not three listings that may differ)."""
+    token = _LISTINGS.set({} if _LISTINGS.get() is None else _LISTINGS.get())
+    try:
+        yield
+    finally:
+        _LISTINGS.reset(token)
+
+
+def forget_listings() -> None:
+    """Drop the listings :func:`one_expansion` keeps: the files changed (a killed writer's commit was completed)."""
+    listings = _LISTINGS.get()
+    if listings is not None:
+        listings.clear()
+
+
+def _list_pattern(text: str) -> _Listing:
+    """Glob ``text`` (not recursive). A pattern whose wildcards are all in its last part (``data/x_*.bin``) is one
+    ``scandir`` of the folder, whose entries also say which matches are folders (no ``stat`` per match)."""
+    folder, name = os.path.split(text)
+    if glob.has_magic(folder) or not name:
+        return _Listing(sorted(glob.glob(text)), None)
+    hidden_too = name.startswith(".")  # glob's rule: a wildcard never matches a leading dot
+    try:
+        with os.scandir(folder or os.curdir) as listing:
+            entries = [(entry.name, entry.is_dir()) for entry in listing]
+    except OSError:  # no such folder, or not one: glob matches nothing there
+        return _Listing([], set(), folder or os.curdir)
+    matching = re.compile(fnmatch.translate(name)).match
+    prefix = os.path.join(folder, "")
+    matches, folders = [], set()
+    for entry, is_folder in entries:
+        if matching(entry) and (hidden_too or not entry.startswith(".")):
+            matches.append(prefix + entry)
+            if is_folder:
+                folders.add(prefix + entry)
+    matches.sort()
+    return _Listing(matches, folders, folder or os.curdir)
+
+
+def _listing(text: str) -> _Listing:
+    listings = _LISTINGS.get()
+    if listings is None:
+        return _list_pattern(text)
+    found = listings.get(text)
+    if found is None:
+        found = listings[text] = _list_pattern(text)
+    return found
+
+
 def pattern_matches(text: str, *, recursive: bool = False) -> list[Path]:
     """The paths glob pattern ``text`` matches, sorted (``recursive``: ``**`` spans folders)."""
-    return [Path(m) for m in sorted(glob.glob(text, recursive=recursive))]
+    if recursive:
+        return [Path(m) for m in sorted(glob.glob(text, recursive=True))]
+    return [Path(m) for m in _listing(text).matches]
+
+
+def expand_path_texts(path: Any) -> list[str]:
+    """:func:`expand_paths` as strings (no ``Path`` built per match: a glob of 600,000 shards)."""
+    if isinstance(path, (str, os.PathLike)):
+        text = os.fspath(path)
+        if is_pattern(text):
+            matches = _listing(text).matches
+            if not matches:
+                raise NoFilesError(f"the pattern {text!r} matches no file.")
+            return list(matches)
+        return [text]
+    texts = [os.fspath(p) for p in path]
+    if not texts:
+        raise NoFilesError("an empty list of paths was given; name at least one file.")
+    return texts
 
 
 def expand_paths(path: Any) -> list[Path]:
@@ -89,15 +193,15 @@ def expand_paths(path: Any) -> list[Path]:
 
     A glob that matches nothing, or an empty list, raises :class:`NoFilesError`.
     """
-    if isinstance(path, (str, os.PathLike)):
-        text = os.fspath(path)
-        if is_pattern(text):
-            matches = pattern_matches(text)
-            if not matches:
-                raise NoFilesError(f"the pattern {text!r} matches no file.")
-            return matches
-        return [Path(text)]
-    paths = [Path(os.fspath(p)) for p in path]
-    if not paths:
-        raise NoFilesError("an empty list of paths was given; name at least one file.")
-    return paths
+    return [Path(text) for text in expand_path_texts(path)]
+
+
+def folders_near(path: Any) -> list[str]:
+    """The folders holding what ``path`` expands to, and the folders among it, sorted (a glob's listing says so
+    without a ``stat`` per match). :class:`NoFilesError` when it expands to nothing."""
+    if isinstance(path, (str, os.PathLike)) and is_pattern(os.fspath(path)):
+        listing = _listing(os.fspath(path))
+        if listing.folders is not None and listing.parent is not None and listing.matches:
+            return sorted({listing.parent, *listing.folders})
+    texts = expand_path_texts(path)
+    return sorted({os.path.dirname(t) or os.curdir for t in texts} | {t for t in texts if os.path.isdir(t)})

@@ -1,0 +1,181 @@
+"""Opening many llm.c shards: tokformats against llm.c's own C loader (``llmc/dataloader.h``), same shards.
+
+Run: ``python benchmarks/bench_llmc.py --llmc DIR [--shards 10 1000 10000] [--repeat 5]`` where ``DIR`` is a
+checkout of karpathy/llm.c: its ``llmc/dataloader.h`` is compiled unchanged with a ten-line driver that calls
+``dataloader_init(pattern, B, T, 0, 1, 0)`` and ``dataloader_next_batch`` and prints the time between. The other side
+runs ``tokformats.open(pattern)`` and takes the first ``batches(B, T)`` batch (which is llm.c's first batch, checked
+equal). Each run is a fresh process, sides alternate, and the clock covers the open and the first batch only (the
+C side's glob, every header read and the first shard load; the Python side's detection, expansion, headers and
+first map), after ``import tokformats``; the process's wall time (interpreter start and imports included) is
+reported beside it. Ratios are llm.c's time over tokformats' time: > 1 means tokformats is faster.
+
+A last run opens the largest glob under ``ulimit -n 256`` and reads every token, to show that descriptors stay
+bounded (the C loader holds one file at a time too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine, scratch, table
+
+HERE = Path(__file__).resolve()
+BATCH, SEQUENCE = 4, 64
+SHARD_TOKENS = 1_000
+
+DRIVER = r"""
+#include <time.h>
+#include "llmc/dataloader.h"
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
+int main(int argc, char** argv) {
+    DataLoader loader;
+    int B = atoi(argv[2]), T = atoi(argv[3]);
+    double start = now();
+    dataloader_init(&loader, argv[1], B, T, 0, 1, 0);
+    dataloader_next_batch(&loader);
+    double seconds = now() - start;
+    long sum = 0;
+    for (int i = 0; i < B * T; i++) sum += loader.inputs[i];
+    printf("{\"seconds\": %.9f, \"first_batch_sum\": %ld, \"tokens\": %zu}\n", seconds, sum, loader.num_tokens);
+    dataloader_free(&loader);
+    return 0;
+}
+"""
+
+
+def build_driver(llmc: Path, folder: Path) -> Path:
+    """Compile llm.c's ``dataloader.h`` with the driver above; return the executable."""
+    source = folder / "driver.c"
+    source.write_text(DRIVER)
+    binary = folder / "llmc_open"
+    subprocess.run(["gcc", "-O2", "-I", str(llmc), "-o", str(binary), str(source), "-lm"], check=True)
+    return binary
+
+
+def make_shards(folder: Path, count: int) -> str:
+    """``count`` GPT-2 shards of ``SHARD_TOKENS`` tokens (written once, reused); returns their glob."""
+    import tokformats
+
+    pattern = folder / f"n{count}" / "corpus_train_*.bin"
+    if len(list(pattern.parent.glob("corpus_train_*.bin"))) != count:
+        pattern.parent.mkdir(parents=True, exist_ok=True)
+        rng = np.random.default_rng(count)
+        tokens = rng.integers(0, 50256, count * SHARD_TOKENS - 1).astype(np.uint16)
+        flat = np.concatenate([[50256], tokens]).astype(np.uint16)
+        with tokformats.create(
+            pattern.parent / "corpus", "llmc", vocab_size=50257, split="train", shard_size=SHARD_TOKENS, overwrite=True
+        ) as writer:
+            writer.write_batch(flat, [len(flat)])
+    return str(pattern)
+
+
+def child(pattern: str) -> None:
+    """The tokformats side, in its own process: open the glob and take the first batch."""
+    import tokformats
+
+    started = time.perf_counter()
+    reader = tokformats.open(pattern)
+    inputs, _ = next(reader.batches(BATCH, SEQUENCE))  # type: ignore[attr-defined]
+    seconds = time.perf_counter() - started
+    print(json.dumps({"seconds": seconds, "first_batch_sum": int(inputs.sum()), "tokens": reader.num_tokens}))
+
+
+def read_all_limited(pattern: str) -> None:
+    """Under ``RLIMIT_NOFILE`` 256: open the glob and read every token, shard by shard and as documents."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    import tokformats
+
+    started = time.perf_counter()
+    reader = tokformats.open(pattern)
+    total = sum(int(np.asarray(shard, dtype=np.int64).sum()) for shard in reader.shards)  # type: ignore[attr-defined]
+    documents = len(reader)
+    seconds = time.perf_counter() - started
+    descriptors = len(os.listdir("/proc/self/fd"))
+    print(json.dumps({"seconds": seconds, "sum": total, "documents": documents, "open_fds": descriptors}))
+
+
+def timed(command: list[str]) -> tuple[dict[str, float], float]:
+    started = time.perf_counter()
+    out = subprocess.run(command, check=True, capture_output=True, text=True, env={**os.environ}).stdout
+    wall = time.perf_counter() - started
+    return json.loads(out.strip().splitlines()[-1]), wall
+
+
+def spread(values: list[float], scale: float = 1e3) -> str:
+    """``min/median/max`` of ``values`` (seconds) in milliseconds."""
+    return "/".join(f"{v * scale:.1f}" for v in (min(values), statistics.median(values), max(values)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--llmc", type=Path, required=True, help="a checkout of karpathy/llm.c")
+    parser.add_argument("--shards", type=int, nargs="+", default=[10, 1_000, 10_000])
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--limited", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child)
+        return
+    if args.limited:
+        read_all_limited(args.limited)
+        return
+    folder = scratch("llmc")
+    driver = build_driver(args.llmc, folder)
+    rows = []
+    for count in args.shards:
+        pattern = make_shards(folder, count)
+        theirs: list[float] = []
+        ours: list[float] = []
+        walls: dict[str, list[float]] = {"c": [], "py": []}
+        for _ in range(args.repeat):
+            c, c_wall = timed([str(driver), pattern, str(BATCH), str(SEQUENCE)])
+            py, py_wall = timed([sys.executable, str(HERE), "--llmc", str(args.llmc), "--child", pattern])
+            if (c["first_batch_sum"], c["tokens"]) != (py["first_batch_sum"], py["tokens"]):
+                raise SystemExit(f"the sides disagree: llm.c {c}, tokformats {py}")
+            theirs.append(c["seconds"])
+            ours.append(py["seconds"])
+            walls["c"].append(c_wall)
+            walls["py"].append(py_wall)
+        ratios = sorted(t / o for t, o in zip(theirs, ours))
+        rows.append(
+            {
+                "shards": f"{count:,}",
+                "llm.c open + first batch (ms)": spread(theirs),
+                "tokformats (ms)": spread(ours),
+                "ratio": "/".join(f"{r:.2f}" for r in (ratios[0], statistics.median(ratios), ratios[-1])),
+                "process wall llm.c / tokformats (ms, medians)": (
+                    f"{statistics.median(walls['c']) * 1e3:.0f} / {statistics.median(walls['py']) * 1e3:.0f}"
+                ),
+            }
+        )
+    print(f"{machine()}; load: {os.getloadavg()[0]:.2f}; {args.repeat} alternated runs; min/median/max")
+    print(table(rows))
+    pattern = make_shards(folder, max(args.shards))
+    command = [sys.executable, str(HERE), "--llmc", str(args.llmc), "--limited", pattern]
+    run = subprocess.run(command, capture_output=True, text=True)
+    if run.returncode:
+        print(f"ulimit -n 256, {max(args.shards):,} shards: failed: {run.stderr.strip().splitlines()[-1]}")
+        return
+    limited = json.loads(run.stdout.strip().splitlines()[-1])
+    print(
+        f"ulimit -n 256, {max(args.shards):,} shards: every token read (sum {limited['sum']:,}), "
+        f"{limited['documents']:,} documents, {limited['open_fds']} descriptors open at the end, "
+        f"{limited['seconds']:.2f} s"
+    )
+
+
+if __name__ == "__main__":
+    main()
