@@ -114,7 +114,7 @@ def test_convert_summary_says_how_to_read_it_back(corpus: Path, capsys: pytest.C
         ["convert", str(corpus), str(corpus.parent / "j.bin"), "--to", "raw", "--to-eos", "0", "--json"], capsys
     )
     summary = json.loads(out)
-    assert summary["documents"] == 3 and summary["read_with"] == {"eos": 0}
+    assert summary["documents"] == 3 and summary["read_with"] == {"format": "raw", "dtype": "uint16", "eos": 0}
 
 
 def test_verify_exit_codes_and_json(tmp_path: Path, corpus: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -122,13 +122,15 @@ def convert(
     (the delimiter occurs once per document) and the counts written are checked against the source's.
 
     When neither ``dtype=`` nor ``vocab_size=`` is given, the format's conventional dtype is used (``.pt``:
-    int64), else the source's dtype if the destination stores it, else the smallest dtype holding the largest id.
+    int64), else the source's dtype if the destination stores it, else the smallest dtype holding the largest id
+    (a raw stream's reader is then told it through ``read_with``). A source whose documents end with an id
+    becomes a destination whose documents start with it (llm.c) by moving it, and back.
     Values are copied as stored: Time-MoE sequences stored normalised stay normalised.
 
     Returns:
-        ``{"documents", "tokens", "dtype", "files", "delimiters_added", "read_with"}``: what the destination reads
-        back, its token dtype, and the reader options to open it with (``{"eos": 50256}``, ...; empty when none
-        are needed).
+        ``{"documents", "tokens", "dtype", "files", "delimiters_added", "delimiter_moved", "read_with"}``: what the
+        destination reads back, its token dtype, and the reader options to open it with (``{"format": "raw",
+        "dtype": "uint16", "eos": 50256}``, ...; empty when the files record everything).
     """
     writer_class = corpus_writer(format)
     reader = open(source, format=source_format, **(source_options or {}))
@@ -145,20 +147,11 @@ def convert(
             source=reader.path,
             alternatives=_index_formats(),
         )
-        options = dict(writer_options)
-        if "dtype" not in options and "vocab_size" not in options:
-            options["dtype"] = writer_class.conventional_dtype or reader.dtype
-            try:
-                writer = create_corpus(destination, format, **options)
-            except DTypeError:
-                del options["dtype"]
-                top = reader.tokens.max() if reader.num_tokens else 0
-                options["vocab_size"] = max(int(top), delimiter.id if delimiter else 0) + 1
-                writer = create_corpus(destination, format, **options)
-        else:
-            writer = create_corpus(destination, format, **options)
+        writer = _destination_writer(reader, destination, format, delimiter, writer_options)
         added = 0
         check = writer_class.boundaries != "index"
+        if check:  # formats that can record their convention (llm.c's header, a .pt manifest) do
+            writer.declare_delimiter(*((delimiter.kind, delimiter.id) if delimiter else ("none", None)))
         # What the destination reads back: the bare stream of a delimiter format is one document.
         documents = len(reader) if keep_boundaries or not check else min(len(reader), 1)
         with writer:
@@ -174,15 +167,35 @@ def convert(
                     f"converting {reader.path} wrote {writer.num_documents:,} documents and {writer.num_tokens:,} "
                     f"tokens, expected {len(reader):,} and {reader.num_tokens + added:,}; nothing was written."
                 )
-        read_with = delimiter.option if delimiter is not None and check else {}
         return {
             "documents": documents,
             "tokens": reader.num_tokens + added,
             "dtype": writer.dtype.name,
             "files": writer.written,
             "delimiters_added": added,
-            "read_with": read_with,
+            "delimiter_moved": bool(delimiter and delimiter.moves),
+            "read_with": writer.read_with(),
         }
+
+
+def _destination_writer(
+    reader: TokenReader, destination: PathLike, format: str, delimiter: Any, writer_options: dict[str, Any]
+) -> TokenWriter:
+    """The writer ``convert`` fills: the options given, else the format's conventional dtype, else the source's
+    when the destination stores its dtype, else the smallest dtype holding the largest id (and the delimiter)."""
+    options = dict(writer_options)
+    writer_class = corpus_writer(format)
+    if "dtype" in options or "vocab_size" in options:
+        return create_corpus(destination, format, **options)
+    if writer_class.conventional_dtype or writer_class.stores_dtype:
+        options["dtype"] = writer_class.conventional_dtype or reader.dtype
+        try:
+            return create_corpus(destination, format, **options)
+        except DTypeError:
+            del options["dtype"]
+    top = reader.tokens.max() if reader.num_tokens else 0
+    options["vocab_size"] = max(int(top), delimiter.id if delimiter else 0) + 1
+    return create_corpus(destination, format, **options)
 
 
 def vocabulary_formats() -> list[str]:

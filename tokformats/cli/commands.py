@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import json
 import random
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -21,6 +22,18 @@ from .describe import describe
 from .quickstart import format_table
 
 # -- shared pieces -----------------------------------------------------------------------------------------
+
+
+#: Warnings printed during this command, so that each is printed once (a reader's warning is both raised as a
+#: DataWarning and listed by ``info``).
+_shown_warnings: set[str] = set()
+
+
+def print_warning(text: str) -> None:
+    """``warning: TEXT`` on stderr, once per command."""
+    if text not in _shown_warnings:
+        _shown_warnings.add(text)
+        print(f"warning: {text}", file=sys.stderr)
 
 
 def _int_or_none(text: str) -> int | None:
@@ -73,6 +86,26 @@ def _truncate(text: str, limit: int) -> str:
     return f"{text[:limit]} ... [{len(text) - limit:,} more characters; --max-chars 0 prints all]"
 
 
+def _opened_as(destination: str, files: list[str]) -> str:
+    """What ``tokformats info`` opens to read a written dataset: the folder or file itself, the one file written,
+    else a glob of the shards (quoted for the shell)."""
+    if Path(destination).exists():
+        return destination
+    if len(files) == 1:
+        return files[0]
+    suffixes = {Path(f).suffix for f in files}
+    stems = {Path(f).name.startswith(Path(destination).name) for f in files}
+    if len(suffixes) == 1 and stems == {True}:
+        return f"{destination}_*{suffixes.pop()}"
+    return destination
+
+
+def read_back_command(destination: str, files: list[str], read_with: dict[str, Any]) -> str:
+    """``tokformats info PATH --OPTION VALUE ...``: the command that reads back what was written, as printed."""
+    flags = "".join(f" --{name.replace('_', '-')} {value}" for name, value in read_with.items())
+    return f"tokformats info {shlex.quote(_opened_as(destination, files))}{flags}"
+
+
 # -- subcommands -------------------------------------------------------------------------------------------
 
 
@@ -80,7 +113,7 @@ def _print_info(info: dict[str, Any]) -> None:
     metadata = info.pop("metadata")
     files = info.pop("files")
     for warning in info.pop("warnings", []):
-        print(f"warning: {warning}", file=sys.stderr)
+        print_warning(warning)
     width = max(len(k) for k in [*info, "files", *metadata]) + 2
     for key, value in info.items():
         text = f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else value
@@ -248,11 +281,12 @@ def run_convert(args: argparse.Namespace) -> int:
     print(f"wrote {summary['documents']:,} documents, {summary['tokens']:,} tokens to {len(files)} file(s):")
     for f in files:
         print(f"  {f}")
+    if summary["delimiter_moved"]:
+        print("moved each document's delimiter to the edge where the destination's reader looks for it")
     if summary["delimiters_added"]:
         print(f"added the delimiter to {summary['delimiters_added']:,} documents that lacked it")
     if summary["read_with"]:
-        flags = " ".join(f"--{k} {v}" for k, v in summary["read_with"].items())
-        print(f"read it back with: tokformats info {args.destination} {flags}")
+        print(f"read it back with: {read_back_command(args.destination, files, summary['read_with'])}")
     return 0
 
 
@@ -373,7 +407,11 @@ def run_tokenize(args: argparse.Namespace) -> int:
     if summary["skipped"]:
         print(f"skipped {summary['skipped']:,} bad records, e.g. {summary['errors'][0]}")
     for name, output in summary["outputs"].items():
-        print(f"  {name}: {output['documents']:,} documents, {output['tokens']:,} tokens -> {output['path']}")
+        files = output["files"]
+        shown = _opened_as(output["path"], files)
+        print(f"  {name}: {output['documents']:,} documents, {output['tokens']:,} tokens -> {shown}")
+        if output["read_with"]:
+            print(f"    read it back with: {read_back_command(output['path'], files, output['read_with'])}")
     return 0
 
 

@@ -366,7 +366,7 @@ def build_parser(table: Sequence[Command] | None = None) -> argparse.ArgumentPar
 
 
 #: Python option names whose flag is not ``--`` + the name with dashes, per subcommand.
-_RENAMED = {"convert": {"eos": "--to-eos", "bos": "--to-bos", "keep_boundaries": "--drop-boundaries"}}
+_RENAMED = {"convert": {"eos": "--to-eos", "bos": "--to-bos", "keep_boundaries": "not --drop-boundaries"}}
 
 
 def flags(parser: argparse.ArgumentParser, command: str) -> dict[str, str]:

@@ -515,6 +515,8 @@ class TokenWriter(Writer[Any]):
     #: The dtype the format's users expect whatever the source's (``.pt``: int64, what ``nn.Embedding`` takes);
     #: None: ``convert`` keeps the source's dtype when the format stores it.
     conventional_dtype: ClassVar[str | None] = None
+    #: Whether the files record their dtype; ``convert`` otherwise picks the smallest dtype holding every id.
+    stores_dtype: ClassVar[bool] = True
     #: Whether ``tokenize`` ends (or starts) an empty document with the delimiter too; Megatron's
     #: ``preprocess_data.py`` leaves an empty document empty.
     delimit_empty_documents: ClassVar[bool] = True
@@ -545,6 +547,32 @@ class TokenWriter(Writer[Any]):
         #: Documents and tokens written so far.
         self.num_documents = 0
         self.num_tokens = 0
+        #: How the documents given to this writer are delimited, when declared (:meth:`declare_delimiter`).
+        self.declared: tuple[str, int | None] | None = None
+
+    def declare_delimiter(self, kind: str, value: int | None) -> None:
+        """Say that the documents this writer will be given already carry a delimiter: ``kind`` ``"eos"`` (each
+        ends with ``value``), ``"bos"`` (each starts with it) or ``"none"`` (no boundaries are kept: the stream is
+        one document). Formats that can record their convention (llm.c's header, a ``.pt`` folder's manifest) write
+        it down, so that their readers split the stream back without being told; call it before writing."""
+        if kind not in ("eos", "bos", "none") or (kind != "none" and value is None):
+            raise ValueError(f"declare 'eos' or 'bos' with an id, or 'none'; got {kind!r}, {value!r}")
+        if self.num_documents:
+            raise ValueError(f"{self.path}: declare the delimiter before writing documents.")
+        self.declared = (kind, None if value is None or kind == "none" else int(value))
+
+    def read_with(self) -> dict[str, Any]:
+        """The reader options that give back the documents written (``{"eos": 0}``), empty when the files record
+        all it takes: ``tokenize`` and ``convert`` report it, and their hints pass it. Formats whose files record
+        neither their dtype nor their delimiter override it."""
+        own = getattr(self, "eos", None)  # the id a writer appends itself (raw, .pt)
+        if self.boundaries == "index":
+            return {}
+        if own is not None:
+            return {"eos": int(own)}
+        if self.declared is None or self.declared[1] is None:
+            return {}
+        return {self.declared[0]: self.declared[1]}
 
     def _validated(self, flat: np.ndarray, lengths: np.ndarray | None) -> np.ndarray:
         return check_tokens(

@@ -193,6 +193,7 @@ class Writer(TokenWriter):
 
     format = "raw"
     boundaries = "eos"  # nanoGPT and oxidizr streams end each document with EOS
+    stores_dtype = False  # a headerless stream: its reader must be told
 
     @classmethod
     def output_path(cls, output: PathLike, key: str, split: str | None, several_keys: bool) -> Path:
@@ -211,6 +212,10 @@ class Writer(TokenWriter):
         super().__init__(path, dtype=chosen, vocab_size=vocab_size, overwrite=overwrite)
         self.eos = check_id(eos, chosen, vocab_size, "eos")
         self._file = self._files.create(self.path)
+
+    def read_with(self) -> dict[str, Any]:
+        """``format``, ``dtype`` and the delimiter: a headerless stream records none of them."""
+        return {"format": "raw", "dtype": self.dtype.name, **super().read_with()}
 
     def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
         if self.eos is not None:

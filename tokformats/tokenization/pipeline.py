@@ -830,6 +830,10 @@ def _write_outputs(
             **writer_options,
         }
         writer = api.create_corpus(target, plan.format, overwrite=replace, **options)
+        if plan.eos_id is not None:  # formats that can record it do, so the output reads back unprompted
+            writer.declare_delimiter("bos" if plan.eos == "prepend" else "eos", plan.eos_id)
+        else:
+            writer.declare_delimiter("none", None)
         with writer:
             for part in parts:
                 copy_spool(writer, part, name, dtype)
@@ -838,5 +842,6 @@ def _write_outputs(
             "documents": writer.num_documents,
             "tokens": writer.num_tokens,
             "files": [str(p) for p in writer.written],
+            "read_with": writer.read_with(),
         }
     return outputs

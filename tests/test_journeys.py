@@ -1,0 +1,160 @@
+"""What a user sees is right (issue 22): the journeys of the issue, run as a user runs them (the CLI as a
+subprocess), asserting the documents read back, the one-line messages and the exit statuses."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tokformats
+from tokformats.formats import llmc
+from tokformats.tokenization.sample_text import sample_texts
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli(*args: str, cwd: Path) -> tuple[int, str, str]:
+    """``python -m tokformats ARGS`` in ``cwd`` with this checkout on the path: (status, stdout, stderr)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "tokformats", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=300
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+def run_hint(command: str, cwd: Path) -> tuple[int, str, str]:
+    """Run a ``tokformats ...`` command exactly as a message printed it."""
+    words = shlex.split(command)
+    assert words[0] == "tokformats", command
+    return cli(*words[1:], "--json", cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def novel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A text of 400 blank-line separated paragraphs (the issue's novel)."""
+    path = tmp_path_factory.mktemp("novel") / "novel.txt"
+    path.write_text("\n\n".join(sample_texts(400)), encoding="utf-8")
+    return path
+
+
+def tokenize(novel: Path, tokenizer_path: Path, out: Path, *extra: str) -> str:
+    status, stdout, stderr = cli(
+        "tokenize", str(novel), "-t", str(tokenizer_path), "-o", str(out), "--unit", "paragraph", "-q", *extra,
+        cwd=out.parent,
+    )  # fmt: skip
+    assert status == 0, stderr
+    return stdout
+
+
+def info(path: str, cwd: Path, *extra: str) -> dict:
+    status, stdout, stderr = cli("info", path, "--json", *extra, cwd=cwd)
+    assert status == 0, stderr
+    return json.loads(stdout)
+
+
+# -- item 1: llm.c delimiters are never guessed ------------------------------------------------------------------
+
+
+def test_llmc_with_eos_appended_reads_back_every_document(novel: Path, tokenizer_path: Path, tmp_path: Path) -> None:
+    tokenize(novel, tokenizer_path, tmp_path / "n", "--format", "llmc", "--eos", "append")
+    shard = tmp_path / "n_000000.bin"
+    found = info(str(shard), tmp_path)
+    assert found["documents"] == 400 and found["warnings"] == []
+    assert (found["metadata"]["eos"], found["metadata"]["bos_rule"]) == (0, "recorded")
+    assert llmc.read_convention(shard.read_bytes()[:1024]) == ("eos", 0)
+    assert cli("verify", str(shard), cwd=tmp_path)[:2] == (0, f"{shard}: ok\n")
+
+
+def test_llmc_header_records_only_what_is_not_llmcs_own(tmp_path: Path) -> None:
+    with tokformats.create(tmp_path / "own", "llmc", vocab_size=50257, bos=50256) as writer:
+        writer.write_batch([5, 6, 7], [2, 1])
+    header = np.fromfile(tmp_path / "own_000000.bin", dtype="<i4", count=256)
+    assert header[:3].tolist() == [20240520, 1, 5] and not header[3:].any()  # byte-identical to write_datafile
+    with tokformats.create(tmp_path / "zero", "llmc", vocab_size=500, bos=0) as writer:
+        writer.write_batch([5, 6, 7], [2, 1])
+    header = np.fromfile(tmp_path / "zero_000000.bin", dtype="<i4", count=6)
+    assert header.tolist() == [20240520, 1, 5, llmc.CONVENTION_MARK, 1, 0]
+    with tokformats.open(tmp_path / "zero_000000.bin") as reader:
+        assert [d.tolist() for d in reader] == [[0, 5, 6], [0, 7]]
+
+
+def test_unknown_llmc_convention_is_flagged_with_runnable_options(tmp_path: Path) -> None:
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = 20240520, 1, 7
+    tokens = np.array([9, 4, 1, 0, 5, 2, 0], dtype="<u2")  # two documents ending with 0, as llm.c never writes
+    (tmp_path / "x_000000.bin").write_bytes(header.tobytes() + tokens.tobytes())
+    status, stdout, stderr = cli("info", "x_000000.bin", cwd=tmp_path)
+    assert status == 0 and stderr.count("warning:") == 1 and "DataWarning" not in stderr
+    assert "the document delimiter is unknown" in stderr and "pass --bos 9" in stderr and "pass --eos 0" in stderr
+    assert "documents        1\n" in stdout
+    status, stdout, _ = cli("verify", "x_000000.bin", cwd=tmp_path)
+    assert status == 1 and "delimiter: the document delimiter is unknown" in stdout
+    assert info("x_000000.bin", tmp_path, "--eos", "0")["documents"] == 2
+    with pytest.warns(tokformats.DataWarning, match="eos=0"), tokformats.open(tmp_path / "x_000000.bin") as reader:
+        assert len(reader) == 1
+
+
+def test_raw_without_delimiter_into_llmc_reads_back_as_reported(tmp_path: Path) -> None:
+    np.arange(1, 501, dtype="<u2").tofile(tmp_path / "s.bin")
+    status, stdout, stderr = cli(
+        "convert", "s.bin", "l", "--format", "raw", "--dtype", "uint16", "--to", "llmc", "--json", cwd=tmp_path
+    )
+    assert status == 0, stderr
+    assert json.loads(stdout)["documents"] == 1
+    assert info("l_000000.bin", tmp_path)["documents"] == 1
+
+
+# -- item 2: an end-of-document convention becomes a start-of-document one, and back ---------------------------
+
+
+def test_megatron_eod_appended_to_llmc_moves_the_delimiter(tmp_path: Path) -> None:
+    documents = [[5, 6, 0], [7, 0], [8, 9, 10, 0]]  # preprocess_data.py --append-eod
+    with tokformats.create(tmp_path / "m", "megatron", vocab_size=500) as writer:
+        for document in documents:
+            writer.write(document)
+    status, stdout, stderr = cli("convert", "m", "l", "--to", "llmc", cwd=tmp_path)
+    assert status == 0 and "moved each document's delimiter" in stdout, stderr
+    with tokformats.open(tmp_path / "l_000000.bin") as reader:
+        assert [d.tolist() for d in reader] == [[0, 5, 6], [0, 7], [0, 8, 9, 10]]
+    status, _, stderr = cli("convert", "m", "l2", "--to", "llmc", "--to-bos", "0", cwd=tmp_path)
+    assert status == 0, stderr
+    with tokformats.open(tmp_path / "l2_000000.bin") as reader:
+        assert [d.tolist() for d in reader] == [[0, 5, 6], [0, 7], [0, 8, 9, 10]]
+    status, _, stderr = cli("convert", "l_000000.bin", "back", "--to", "pt", cwd=tmp_path)  # and back: EOS again
+    assert status == 0, stderr
+    with tokformats.open(tmp_path / "back") as reader:
+        assert [d.tolist() for d in reader] == documents
+
+
+# -- item 3: .pt folders and raw u32 from tokenize read back as written --------------------------------------
+
+
+def test_tokenize_outputs_say_how_to_read_them_back(novel: Path, tokenizer_path: Path, tmp_path: Path) -> None:
+    tokenize(novel, tokenizer_path, tmp_path / "p", "--format", "pt")
+    assert info("p", tmp_path)["documents"] == 400
+    stdout = tokenize(novel, tokenizer_path, tmp_path / "r", "--format", "raw", "-w", "dtype=uint32")
+    (hint,) = [line.split("read it back with: ")[1] for line in stdout.splitlines() if "read it back with" in line]
+    assert hint == f"tokformats info {tmp_path / 'r.bin'} --format raw --dtype uint32 --eos 0"
+    status, out, stderr = run_hint(hint, tmp_path)
+    assert status == 0 and json.loads(out)["documents"] == 400, stderr
+
+
+# -- item 7: split outputs are named as they are ---------------------------------------------------------------
+
+
+def test_split_outputs_are_named_by_their_files(novel: Path, tokenizer_path: Path, tmp_path: Path) -> None:
+    stdout = tokenize(novel, tokenizer_path, tmp_path / "s", "--format", "llmc", "--split", "8:1:1")
+    for split in ("train", "val", "test"):
+        assert f"-> {tmp_path / f's_{split}_000000.bin'}\n" in stdout
+    status, _, stderr = cli("info", "s", cwd=tmp_path)
+    assert status == 2
+    assert stderr.strip() == (
+        "tokformats: error: s does not exist. Did you mean s_test_000000.bin, s_train_000000.bin, s_val_000000.bin?"
+    )
