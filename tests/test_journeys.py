@@ -158,3 +158,56 @@ def test_split_outputs_are_named_by_their_files(novel: Path, tokenizer_path: Pat
     assert stderr.strip() == (
         "tokformats: error: s does not exist. Did you mean s_test_000000.bin, s_train_000000.bin, s_val_000000.bin?"
     )
+
+
+# -- item 4: every reader option is meaningful for a format or refused in one line ------------------------------
+
+
+def written_corpora(folder: Path) -> dict[str, tuple[Path, dict]]:
+    """One small corpus per writable format (each document ends with id 0): name -> (path, reader options)."""
+    corpora = {}
+    for name, writer_class in tokformats.api.corpus_writers().items():
+        target = writer_class.output_path(folder / name, "text", None, False)
+        try:
+            writer = tokformats.create(target, name, vocab_size=500)
+        except ImportError:  # an optional extra (pyarrow for hf) is missing
+            continue
+        with writer:
+            writer.write_batch([5, 6, 0, 7, 0], [3, 2])
+        opened = target if target.exists() else writer.written[0]
+        corpora[name] = (opened, {"format": "raw", "dtype": "uint16"} if name == "raw" else {})
+    return corpora
+
+
+def test_reader_options_open_or_are_refused_naming_the_formats(tmp_path: Path) -> None:
+    corpora = written_corpora(tmp_path)
+    assert {"megatron", "llmc", "pt", "raw", "timemoe"} <= set(corpora)
+    for name, (path, base) in corpora.items():
+        for extra in ({"eos": 0}, {"bos": 0}, {"dtype": "uint16"}):
+            key = next(iter(extra))
+            try:
+                with tokformats.open(path, **{**base, **extra}) as reader:
+                    assert len(reader) >= 1
+            except tokformats.ConfigError as error:
+                assert f"not {key}=" in str(error) and "it applies to" in str(error), error
+            except tokformats.FormatError as error:  # the option is taken, and the data says why it cannot be
+                assert name in ("raw", "llmc", "pt", "dolma", "datatrove"), (name, key, error)
+    status, _, stderr = cli("info", str(corpora["megatron"][0]), "--eos", "0", cwd=tmp_path)
+    assert status == 2 and stderr.count("\n") == 1
+    assert stderr.endswith("the megatron reader takes multimodal=, not --eos; it applies to dolma, llmc, pt, raw.\n")
+
+
+# -- item 5: the dtype holds every id stored, chosen before encoding -------------------------------------------
+
+
+def test_eos_id_beyond_the_vocabulary_widens_the_dtype(novel: Path, tokenizer_path: Path, tmp_path: Path) -> None:
+    tokenize(novel, tokenizer_path, tmp_path / "big", "--format", "raw", "--eos-id", "100257")
+    with tokformats.open(tmp_path / "big.bin", format="raw", dtype="uint32", eos=100257) as reader:
+        assert len(reader) == 400 and int(reader[0][-1]) == 100257
+    status, stdout, stderr = cli(
+        "tokenize", str(novel), "-t", str(tokenizer_path), "-o", "small", "--format", "raw", "--eos-id", "100257",
+        "--dtype", "uint16", "-q", cwd=tmp_path,
+    )  # fmt: skip
+    assert (status, stdout) == (2, "")
+    assert stderr == "tokformats: error: raw: dtype uint16 holds ids up to 65,535, but vocab_size is 100,258.\n"
+    assert not (tmp_path / "small.tokenize").exists() and not (tmp_path / "small.bin").exists()

@@ -10,7 +10,7 @@ from .core.boundaries import choose_delimiter, delimit
 from .core.documents import document_runs
 from .core.protocol import PathLike, Reader, TokenReader, TokenWriter, Writer
 from .core.registry import descriptor, detect, formats
-from .errors import DTypeError, FormatError, NoFilesError, UnknownFormatError
+from .errors import ConfigError, DTypeError, FormatError, NoFilesError, UnknownFormatError, option
 from .fs.journal import recover_near
 from .fs.paths import is_url
 
@@ -47,8 +47,50 @@ def open(path: Any, format: str | None = None, **options: Any) -> Reader[Any]:
     if format is None:
         recover_near(path)  # detection reads the files: a killed writer's commit is completed first
     name = format if format is not None else detect(path)
-    reader: Reader[Any] = descriptor(name).reader(path, **options)
+    reader_class = descriptor(name).reader
+    _check_options(path, name, "reader", options)
+    reader: Reader[Any] = reader_class(path, **options)
     return reader
+
+
+def _parameters(cls: type | None) -> set[str] | None:
+    """The keyword options ``cls`` takes (for a class that dispatches to subclasses, such as ``.pt``'s file and
+    folder readers, those of any of them); None when it takes any."""
+    import inspect
+
+    if cls is None:
+        return set()
+    parameters = inspect.signature(cls.__init__).parameters.values()
+    subclasses = cls.__subclasses__()
+    if any(p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL) for p in parameters) and not subclasses:
+        return None
+    found = {p.name for p in parameters if p.name not in ("self", "path", "args", "kwargs")}
+    for subclass in subclasses:
+        taken = _parameters(subclass)
+        if taken is None:
+            return None
+        found |= taken
+    return found
+
+
+def _check_options(path: Any, name: str, role: str, options: dict[str, Any]) -> None:
+    """Refuse, in one line, an option the format's ``role`` (``reader``/``writer``) does not take, naming the
+    formats that take it."""
+    taken = _parameters(getattr(descriptor(name), role))
+    unknown = sorted(set(options) - taken) if taken is not None else []
+    if not unknown:
+        return
+    key = unknown[0]
+    others = sorted(n for n, d in formats.items() if key in (_parameters(getattr(d, role)) or set()))
+    where = f"it applies to {', '.join(others)}" if others else "no format takes it"
+    accepted = [_spelled(k) for k in sorted((taken or set()) - {"remote"})]  # remote: set by open(URL) itself
+    takes = f"takes {', '.join(accepted)}" if accepted else "takes no options"
+    raise ConfigError(f"{path}: the {name} {role} {takes}, not {_spelled(key)}; {where}.")
+
+
+def _spelled(name: str) -> str:
+    """An option's name as the caller spells it (``--eos`` on the command line, ``eos=`` in Python)."""
+    return option(name, "X").split(" ")[0].replace("=X", "=")
 
 
 def create(path: PathLike, format: str, **options: Any) -> Writer[Any]:
@@ -64,6 +106,7 @@ def create(path: PathLike, format: str, **options: Any) -> Writer[Any]:
     if writer_class is None:
         writable = ", ".join(n for n, d in formats.items() if d.writable)
         raise UnknownFormatError(f"format {format!r} cannot be written; writable formats: {writable}.")
+    _check_options(path, format, "writer", options)
     writer: Writer[Any] = writer_class(path, **options)
     return writer
 
@@ -71,7 +114,9 @@ def create(path: PathLike, format: str, **options: Any) -> Writer[Any]:
 def create_corpus(path: PathLike, format: str, **options: Any) -> TokenWriter:
     """:func:`create` for a corpus format: the writer of token documents (:class:`UnknownFormatError` for a format
     that stores something else, such as a vocabulary)."""
-    return corpus_writer(format)(path, **options)
+    writer_class = corpus_writer(format)
+    _check_options(path, format, "writer", options)
+    return writer_class(path, **options)
 
 
 def corpus_writers() -> dict[str, type[TokenWriter]]:
@@ -150,8 +195,12 @@ def convert(
         writer = _destination_writer(reader, destination, format, delimiter, writer_options)
         added = 0
         check = writer_class.boundaries != "index"
-        if check:  # formats that can record their convention (llm.c's header, a .pt manifest) do
-            writer.declare_delimiter(*((delimiter.kind, delimiter.id) if delimiter else ("none", None)))
+        # Formats that can record their convention (llm.c's header, a .pt manifest) do. A source of one document
+        # declares nothing: a legacy llm.c stream keeps reading at the family's delimiter.
+        if check and delimiter is not None:
+            writer.declare_delimiter(delimiter.kind, delimiter.id)
+        elif check and not keep_boundaries:
+            writer.declare_delimiter("none", None)
         # What the destination reads back: the bare stream of a delimiter format is one document.
         documents = len(reader) if keep_boundaries or not check else min(len(reader), 1)
         with writer:

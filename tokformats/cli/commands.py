@@ -360,6 +360,8 @@ def run_tokenize(args: argparse.Namespace) -> int:
     if bad:
         raise FormatError(f"--writer-option takes NAME=VALUE, found {bad[0]!r}.")
     writer_options = dict(option.split("=", 1) for option in args.writer_option)
+    if args.dtype:
+        writer_options["dtype"] = args.dtype
     executor = None
     if args.workers and args.workers > 1:
         from concurrent.futures import ProcessPoolExecutor

@@ -134,6 +134,11 @@ def _tokenize_args() -> list[Row]:
             "prepend where documents start with a delimiter, append elsewhere)",
         ),
         Arg("--eos-id", type=int, metavar="ID", help="end-of-text id (default: the tokenizer's <|endoftext|>)"),
+        Arg(
+            "--dtype",
+            help="token dtype of the output, e.g. uint32 (default: the smallest holding every id, the end-of-text "
+            "id included)",
+        ),
         Arg("--split", help="split by document, e.g. 8:1:1 (train:val:test) or 0.9,0.1"),
         Arg("--seed", type=int, default=0, help="seed of the split assignment (default 0)"),
         UNIT,

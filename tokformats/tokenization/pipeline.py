@@ -675,6 +675,7 @@ def tokenize(
     targets = output_paths(output, format, plan.keys, plan.splits)
     work = Path(f"{output}.tokenize")
     _check_outputs(writer_class, targets, work, overwrite=overwrite, resume=resume)
+    _check_writer_options(plan, writer_class, targets, writer_options)
     total_bytes = sum(i.size or 0 for i in resolved) or None
     show = sys.stderr.isatty() if progress is None else progress
     monitor = Progress(show, total_bytes, [])
@@ -752,6 +753,9 @@ def _make_plan(
                 f"{option('eos', repr('none'))}."
             )
         eos_id = int(found)
+    stored_eos = eos_id if eos != "none" else None
+    if stored_eos is not None and stored_eos < 0:
+        raise ConfigError(f"the end-of-text id must not be negative, found {option('eos_id', str(stored_eos))}.")
     return Plan(
         inputs=[i.name for i in resolved],
         format=format,
@@ -761,7 +765,9 @@ def _make_plan(
         split=parse_split(split),
         seed=int(seed),
         unit=unit,
-        vocab_size=loaded.get_vocab_size(with_added_tokens=True),
+        # Every id stored: the tokenizer's, and an end-of-text id given beyond them (cl100k's 100257 with a
+        # smaller tokenizer), so that the spools and the writer's dtype hold it from the start.
+        vocab_size=max(loaded.get_vocab_size(with_added_tokens=True), 0 if stored_eos is None else stored_eos + 1),
         tokenizer_hash=hashlib.sha256(loaded.to_str().encode("utf-8")).hexdigest(),
         on_error=on_error,
     )
@@ -809,6 +815,40 @@ def _encode_in_parallel(
     return parts, [Stats(**result) for result in executor.map(_partition_job, jobs)]
 
 
+def _output_writer(
+    plan: Plan,
+    writer_class: type[TokenWriter],
+    target: Path,
+    split: str,
+    writer_options: dict[str, Any],
+    *,
+    replace: bool,
+) -> TokenWriter:
+    """The writer of one output, told the delimiter its documents carry (formats that can record it do, so the
+    output reads back without options)."""
+    options = {
+        "vocab_size": plan.vocab_size,
+        **writer_class.tokenize_options,
+        **writer_class.split_options(split or None),
+        **writer_options,
+    }
+    writer = api.create_corpus(target, plan.format, overwrite=replace, **options)
+    if plan.eos_id is not None:
+        writer.declare_delimiter("bos" if plan.eos == "prepend" else "eos", plan.eos_id)
+    else:
+        writer.declare_delimiter("none", None)
+    return writer
+
+
+def _check_writer_options(
+    plan: Plan, writer_class: type[TokenWriter], targets: dict[tuple[str, str], Path], writer_options: dict[str, Any]
+) -> None:
+    """Create (and discard) the first output's writer before encoding, so that a dtype or option the format
+    refuses fails now, not after the whole encode."""
+    (key, split), target = next(iter(targets.items()))
+    _output_writer(plan, writer_class, target, split, writer_options, replace=True).abort()
+
+
 def _write_outputs(
     plan: Plan,
     writer_class: type[TokenWriter],
@@ -823,17 +863,7 @@ def _write_outputs(
     dtype = dtype_for_vocab(plan.vocab_size)
     for (key, split), target in targets.items():
         name = _stream_name(key, split)
-        options = {
-            "vocab_size": plan.vocab_size,
-            **writer_class.tokenize_options,
-            **writer_class.split_options(split or None),
-            **writer_options,
-        }
-        writer = api.create_corpus(target, plan.format, overwrite=replace, **options)
-        if plan.eos_id is not None:  # formats that can record it do, so the output reads back unprompted
-            writer.declare_delimiter("bos" if plan.eos == "prepend" else "eos", plan.eos_id)
-        else:
-            writer.declare_delimiter("none", None)
+        writer = _output_writer(plan, writer_class, target, split, writer_options, replace=replace)
         with writer:
             for part in parts:
                 copy_spool(writer, part, name, dtype)
