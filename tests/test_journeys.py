@@ -211,3 +211,57 @@ def test_eos_id_beyond_the_vocabulary_widens_the_dtype(novel: Path, tokenizer_pa
     assert (status, stdout) == (2, "")
     assert stderr == "tokformats: error: raw: dtype uint16 holds ids up to 65,535, but vocab_size is 100,258.\n"
     assert not (tmp_path / "small.tokenize").exists() and not (tmp_path / "small.bin").exists()
+
+
+# -- item 6: every hint a message prints runs as printed ------------------------------------------------------
+
+
+def test_every_hint_printed_in_the_journeys_runs(novel: Path, tokenizer_path: Path, tmp_path: Path) -> None:
+    """Walk the journeys, collect each hint (a command, or flags to add to the command that printed it), run it."""
+    import re
+
+    tokenize(novel, tokenizer_path, tmp_path / "r", "--format", "raw")
+    tokenize(novel, tokenizer_path, tmp_path / "s", "--format", "llmc", "--split", "8:1:1")
+    tokenize(novel, tokenizer_path, tmp_path / "m", "--format", "megatron", "--eos", "none")
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = 20240520, 1, 5
+    (tmp_path / "u_000000.bin").write_bytes(header.tobytes() + np.array([9, 1, 0, 2, 0], dtype="<u2").tobytes())
+    journeys = [
+        ["convert", "m_text_document", "out.bin", "--to", "raw", "--to-eos", "1000"],
+        ["convert", "m_text_document", "out2", "--to", "llmc"],
+        ["info", "s"],
+        ["info", "r"],
+        ["info", "u_000000.bin"],
+        ["head", "-n", "1", "--max-chars", "5", "m_text_document"],
+    ]
+    hints: list[list[str]] = []
+    for command in journeys:
+        _, stdout, stderr = cli(*command, cwd=tmp_path)
+        text = stdout + stderr
+        hints += [shlex.split(h) for h in re.findall(r"read it back with: (tokformats .*)", text)]
+        for names in re.findall(r"Did you mean (.*)\?", text):
+            hints += [["tokformats", "info", name] for name in names.split(", ")]
+        hints += [["tokformats", *command, flag, value] for flag, value in re.findall(r"pass (--[a-z-]+) (\d+)", text)]
+        hints += [["tokformats", *command, flag] for flag in re.findall(r"pass (--drop-boundaries)\b", text)]
+        hints += [["tokformats", *command[:-3], "--max-chars", "0", command[-1]]] * ("--max-chars 0" in text)
+    assert len(hints) >= 9, hints
+    for hint in hints:
+        if hint[1] == "convert":  # the same destination again: the hint is run into a fresh one
+            hint[3] = f"hinted-{hint[3]}"
+        status, _, stderr = cli(*hint[1:], cwd=tmp_path)
+        followed = re.findall(r"open it with (--format raw --dtype \w+)\.", stderr)
+        if followed:  # a headerless file named by "Did you mean": its message says how to open it; that runs
+            status, _, stderr = cli(*hint[1:], *followed[0].split(), cwd=tmp_path)
+        assert status == 0, (hint, stderr)
+
+
+# -- item 10: an odd-sized file is not called uint16 ------------------------------------------------------------
+
+
+def test_odd_sized_file_names_no_dtype(tmp_path: Path) -> None:
+    (tmp_path / "odd.bin").write_bytes(bytes(1001))
+    status, _, stderr = cli("info", "odd.bin", cwd=tmp_path)
+    assert status == 2 and "uint16: impossible, 1,001 bytes is not a multiple of 2" in stderr
+    assert stderr.endswith(
+        "Hint: no candidate dtype divides the file size (1,001 bytes is odd): it is truncated or not ids.\n"
+    )
