@@ -53,18 +53,18 @@ def open(path: Any, format: str | None = None, **options: Any) -> Reader[Any]:
     return reader
 
 
-def _parameters(cls: type | None) -> set[str] | None:
+def _parameters(cls: type[Any] | None) -> set[str] | None:
     """The keyword options ``cls`` takes (for a class that dispatches to subclasses, such as ``.pt``'s file and
     folder readers, those of any of them); None when it takes any."""
     import inspect
 
     if cls is None:
         return set()
-    parameters = inspect.signature(cls.__init__).parameters.values()
-    subclasses = cls.__subclasses__()
+    parameters = inspect.signature(cls).parameters.values()
+    subclasses: list[type[Any]] = cls.__subclasses__()
     if any(p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL) for p in parameters) and not subclasses:
         return None
-    found = {p.name for p in parameters if p.name not in ("self", "path", "args", "kwargs")}
+    found = {p.name for p in parameters if p.name not in ("path", "args", "kwargs")}
     for subclass in subclasses:
         taken = _parameters(subclass)
         if taken is None:

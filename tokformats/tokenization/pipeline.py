@@ -845,7 +845,7 @@ def _check_writer_options(
 ) -> None:
     """Create (and discard) the first output's writer before encoding, so that a dtype or option the format
     refuses fails now, not after the whole encode."""
-    (key, split), target = next(iter(targets.items()))
+    (_, split), target = next(iter(targets.items()))
     _output_writer(plan, writer_class, target, split, writer_options, replace=True).abort()
 
 
