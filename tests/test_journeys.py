@@ -265,3 +265,53 @@ def test_odd_sized_file_names_no_dtype(tmp_path: Path) -> None:
     assert stderr.endswith(
         "Hint: no candidate dtype divides the file size (1,001 bytes is odd): it is truncated or not ids.\n"
     )
+
+
+# -- item 11: a stream's state after a plain DataLoader with workers is refused with the call to use ------------
+
+
+def test_state_dict_after_dataloader_workers_is_refused_with_the_call_to_use(tmp_path: Path) -> None:
+    import pickle
+
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    tft = pytest.importorskip("tokformats.torch")
+    from tokformats import training
+
+    with tokformats.create(tmp_path / "c", "megatron", vocab_size=50257) as writer:
+        writer.write_batch(np.arange(1, 6001) % 50000 + 1, [100] * 60)
+    samples = training.GPTSamples(tokformats.open(tmp_path / "c"), 16, seed=1)
+    for workers, consumed in ((0, 20), (2, None)):
+        stream = tft.IterableDataset(samples, 8, 4)
+        for k, _ in enumerate(torch.utils.data.DataLoader(stream, batch_size=None, num_workers=workers)):
+            if k == 4:
+                break
+        if consumed is not None:
+            assert stream.state_dict()["consumed_samples"] == consumed
+            continue
+        with pytest.raises(tokformats.ConfigError, match=r"stream\.state_after\(MICRO_BATCHES_CONSUMED\)"):
+            stream.state_dict()
+        state = stream.state_after(5)
+        assert state["consumed_samples"] == 20
+        assert pickle.loads(pickle.dumps(stream)).state_after(0)["consumed_samples"] == 0
+        stream.load_state_dict(state)
+        assert stream.state_dict()["consumed_samples"] == 20
+
+
+# -- items 8 and 9: outputs are checked before work starts; quickstart -o creates its folder ---------------------
+
+
+def test_train_tokenizer_checks_every_output_before_training(novel: Path, tmp_path: Path) -> None:
+    (tmp_path / "tok.bin").write_bytes(b"mine")
+    status, stdout, stderr = cli(
+        "train-tokenizer", str(novel), "--vocab-size", "300", "-o", "tokenizer.json", "--export", "llmc-vocab=tok.bin",
+        "-q", cwd=tmp_path,
+    )  # fmt: skip
+    assert (status, stdout) == (2, "")
+    assert stderr == "tokformats: error: tok.bin already exists; pass --overwrite to replace it (nothing was written).\n"
+    assert not (tmp_path / "tokenizer.json").exists() and (tmp_path / "tok.bin").read_bytes() == b"mine"
+
+
+def test_quickstart_creates_its_output_folder(tmp_path: Path) -> None:
+    status, stdout, stderr = cli("quickstart", "-o", "demo/new", cwd=tmp_path)
+    assert status == 0, stderr
+    assert "round-tripped exactly" in stdout and (tmp_path / "demo" / "new" / "tokenizer.json").is_file()

@@ -325,8 +325,9 @@ def run_train_tokenizer(args: argparse.Namespace) -> int:
         exports.append((format, path))
 
     output = Path(args.output)
-    if output.exists() and not args.overwrite:
-        raise OutputExistsError(f"{output} already exists; pass --overwrite to replace it.")
+    for path in [output, *(Path(p) for _, p in exports)]:  # every output, before the training starts
+        if path.exists() and not args.overwrite:
+            raise OutputExistsError(f"{path} already exists; pass --overwrite to replace it (nothing was written).")
     tokenizer = train_tokenizer(
         [Path(p) for p in args.inputs],
         args.vocab_size,
