@@ -307,7 +307,8 @@ def test_train_tokenizer_checks_every_output_before_training(novel: Path, tmp_pa
         "-q", cwd=tmp_path,
     )  # fmt: skip
     assert (status, stdout) == (2, "")
-    assert stderr == "tokformats: error: tok.bin already exists; pass --overwrite to replace it (nothing was written).\n"
+    expected = "tokformats: error: tok.bin already exists; pass --overwrite to replace it (nothing was written).\n"
+    assert stderr == expected
     assert not (tmp_path / "tokenizer.json").exists() and (tmp_path / "tok.bin").read_bytes() == b"mine"
 
 
