@@ -316,3 +316,23 @@ def test_quickstart_creates_its_output_folder(tmp_path: Path) -> None:
     status, stdout, stderr = cli("quickstart", "-o", "demo/new", cwd=tmp_path)
     assert status == 0, stderr
     assert "round-tripped exactly" in stdout and (tmp_path / "demo" / "new" / "tokenizer.json").is_file()
+
+
+# -- item 12: Time-MoE scales and strides that cannot work are refused, saying why ----------------------------
+
+
+def test_timemoe_zero_std_and_bad_strides_are_refused(tmp_path: Path) -> None:
+    from tokformats.formats import timemoe
+
+    with tokformats.create(tmp_path / "tm", "timemoe", dtype="float32") as writer:
+        zero_std = r"std=0\.0; .* std non-zero \(for a constant series pass std=1\.0\)"
+        with pytest.raises(tokformats.FormatError, match=zero_std):
+            writer.write([1.0, 1.0, 1.0], mean=1.0, std=0.0)
+        with pytest.raises(tokformats.FormatError, match="both must be finite"):
+            writer.write([1.0, 2.0], mean=float("nan"), std=1.0)
+        writer.write(np.arange(10, dtype=np.float32))
+    with tokformats.open(tmp_path / "tm") as reader:
+        for stride in (0, -4, 2.5):
+            with pytest.raises(tokformats.ConfigError, match=f"found {stride}; pass stride=None for the window length"):
+                timemoe.Windows(reader, 4, stride=stride)
+        assert len(timemoe.Windows(reader, 4, stride=2)) == 3 and len(timemoe.Windows(reader, 4)) == 2

@@ -482,7 +482,12 @@ class Windows:
             raise ValueError(f"normalization must be 'zero', 'max' or None, not {normalization!r}")
         self.reader = reader
         self.window = context_length + prediction_length
-        self.stride = stride or self.window
+        if stride is not None and (isinstance(stride, bool) or int(stride) != stride or stride <= 0):
+            raise ConfigError(
+                f"stride must be a positive number of values, found {stride!r}; pass stride=None for the window "
+                f"length ({self.window}), which is what Time-MoE makes of 0."
+            )
+        self.stride = int(stride) if stride is not None else self.window
         self.normalization = normalization
         self.transform = transform
         self._transformed: tuple[int, np.ndarray] | None = None
@@ -684,6 +689,8 @@ class Writer(TokenWriter):
         values = as_token_array(series, what="a series")
         if (mean is None) != (std is None):
             raise FormatError(f"{self.path}: pass both mean= and std=, or neither (sequence {self.num_documents}).")
+        if mean is not None and std is not None:
+            self._check_scale(mean, std)
         if mean is not None and std is not None and not normalized:
             values = (np.asarray(values, dtype=np.float64) - mean) / std
         flat = self._validated(values, None)
@@ -696,6 +703,14 @@ class Writer(TokenWriter):
         self._store(flat)
         self.num_documents += 1
         self.num_tokens += len(flat)
+
+    def _check_scale(self, mean: float, std: float) -> None:
+        """A scale the reader can undo: finite, and a std that is not 0 (the stored values would be ``x / 0``)."""
+        if not (np.isfinite(mean) and np.isfinite(std)) or std == 0:
+            raise FormatError(
+                f"{self.path}: sequence {self.num_documents} has mean={mean!r}, std={std!r}; a stored sequence is "
+                "(x - mean) / std, so both must be finite and std non-zero (for a constant series pass std=1.0)."
+            )
 
     def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
         starts = self._offset + offsets_from_lengths(lengths)[:-1]
