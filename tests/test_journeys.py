@@ -336,3 +336,48 @@ def test_timemoe_zero_std_and_bad_strides_are_refused(tmp_path: Path) -> None:
             with pytest.raises(tokformats.ConfigError, match=f"found {stride}; pass stride=None for the window length"):
                 timemoe.Windows(reader, 4, stride=stride)
         assert len(timemoe.Windows(reader, 4, stride=2)) == 3 and len(timemoe.Windows(reader, 4)) == 2
+
+
+# -- item 13: info on a tokenizer, publish to a path, a missing .idx, --cache-dir -----------------------------
+
+
+def test_info_on_a_tokenizer_shows_its_vocabulary(tokenizer_path: Path, tmp_path: Path) -> None:
+    found = info(str(tokenizer_path), tmp_path)
+    assert found["format"] == "tokenizer" and found["model"] == "BPE"
+    assert (found["vocab_size"], found["padded_vocab_size"], found["end_of_text_id"]) == (500, 512, 0)
+    assert found["special_tokens"][0] == "<|endoftext|>" and found["token_dtype"] == "uint16"
+
+
+def test_publish_to_a_local_path_says_it_needs_a_url(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x.bin").write_bytes(bytes(4))
+    status, _, stderr = cli("publish", "data", str(tmp_path / "elsewhere"), cwd=tmp_path)
+    assert status == 2
+    assert stderr == (
+        f"tokformats: error: {tmp_path / 'elsewhere'} is not a URL; pass a store's folder URL "
+        "(http, https, s3, gs, gcs, hf).\n"
+    )
+
+
+def test_opening_the_bin_of_a_megatron_dataset_names_its_missing_index(tmp_path: Path) -> None:
+    with tokformats.create(tmp_path / "c", "megatron", vocab_size=500) as writer:
+        writer.write([1, 2, 3])
+    (tmp_path / "c.idx").unlink()
+    status, _, stderr = cli("info", "c.bin", cwd=tmp_path)
+    assert status == 2 and "If it is the data of a Megatron dataset, its index c.idx is missing." in stderr
+
+
+def test_info_head_stats_take_a_cache_dir(tmp_path: Path) -> None:
+    from tests.http_server import FileServer
+
+    with tokformats.create(tmp_path / "served" / "c", "megatron", vocab_size=500) as writer:
+        writer.write_batch([1, 2, 3, 4, 5], [2, 3])
+    server = FileServer(tmp_path / "served")
+    try:
+        for command in ("info", "head", "stats"):
+            cache = tmp_path / f"cache-{command}"
+            status, _, stderr = cli(command, f"{server.url}/c", "--cache-dir", str(cache), cwd=tmp_path)
+            assert status == 0, stderr
+            assert any(p.name == "c.idx" for p in cache.rglob("*")), command
+    finally:
+        server.stop()

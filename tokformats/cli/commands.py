@@ -18,6 +18,7 @@ from .. import api
 from ..core.protocol import TokenReader
 from ..core.registry import formats
 from ..errors import FormatError, OutputExistsError, UnknownFormatError
+from ..fs.paths import is_url
 from .describe import describe
 from .quickstart import format_table
 
@@ -53,9 +54,14 @@ def _reader_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
+def _url_options(args: argparse.Namespace, path: Any) -> dict[str, Any]:
+    """``cache_dir`` for a dataset opened by URL (a local one has no cache)."""
+    return {"cache_dir": args.cache_dir} if getattr(args, "cache_dir", None) and is_url(path) else {}
+
+
 def _open(args: argparse.Namespace) -> Any:
     path = args.path[0] if len(args.path) == 1 else args.path
-    return api.open(path, **_reader_options(args))
+    return api.open(path, **_reader_options(args), **_url_options(args, path))
 
 
 def _open_corpus(args: argparse.Namespace) -> Any:
@@ -128,7 +134,44 @@ def _print_info(info: dict[str, Any]) -> None:
         print(f"{key:<{width}}{text}")
 
 
+def _tokenizer_info(path: str) -> dict[str, Any] | None:
+    """Facts about a ``tokenizer.json`` (which ``info`` is also given), or None for any other file."""
+    file = Path(path)
+    if file.suffix != ".json" or not file.is_file():
+        return None
+    with open(file, "rb") as handle:
+        head = handle.read(1 << 16)
+    if not head.lstrip().startswith(b"{") or b'"added_tokens"' not in head:  # tokenizers writes it near the top
+        return None
+    from ..tokenization.tokenizer import END_OF_TEXT, load_tokenizer, padded_vocab_size
+
+    tokenizer = load_tokenizer(file)
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    model = json.loads(tokenizer.to_str()).get("model", {}).get("type")
+    added = tokenizer.get_added_tokens_decoder()
+    return {
+        "format": "tokenizer",
+        "path": path,
+        "model": model,
+        "vocab_size": size,
+        "padded_vocab_size": padded_vocab_size(size),  # what llm.c and Megatron size the embedding to
+        "end_of_text_id": tokenizer.token_to_id(END_OF_TEXT),
+        "special_tokens": [added[k].content for k in sorted(added) if added[k].special][:20],
+        "token_dtype": "uint16" if size <= 1 << 16 else "uint32",
+    }
+
+
 def run_info(args: argparse.Namespace) -> int:
+    facts = _tokenizer_info(args.path[0]) if len(args.path) == 1 and not _reader_options(args) else None
+    if facts is not None:
+        if args.json:
+            _print_json(facts)
+        else:
+            width = max(len(k) for k in facts) + 2
+            for key, value in facts.items():
+                text = ", ".join(value) if isinstance(value, list) else value
+                print(f"{key:<{width}}{f'{text:,}' if isinstance(text, int) else text}")
+        return 0
     with _open(args) as reader:
         info = describe(reader, scan=not args.no_scan)
     if args.json:
@@ -152,7 +195,7 @@ def run_verify(args: argparse.Namespace) -> int:
     vocab_size = _vocab_size(args)
     report = []
     for path in args.path:
-        with api.open(path, **_reader_options(args)) as reader:
+        with api.open(path, **_reader_options(args), **_url_options(args, path)) as reader:
             found = reader.problems(vocab_size) if hasattr(reader, "problems") else []
         report.append({"path": path, "ok": not found, "problems": [p._asdict() for p in found]})
     if args.json:
@@ -258,6 +301,7 @@ def run_sample(args: argparse.Namespace) -> int:
 
 def run_convert(args: argparse.Namespace) -> int:
     source_options = {k: v for k, v in _reader_options(args).items() if k != "format"}
+    source_options.update(_url_options(args, args.source))
     writer_options: dict[str, Any] = {"overwrite": args.overwrite}
     if args.vocab_size is not None:
         writer_options["vocab_size"] = args.vocab_size

@@ -75,6 +75,7 @@ def reader_args(what: str = "the dataset") -> list[Row]:
                 Arg("--bos", metavar="ID", help=f"split {what}'s documents before this id ('none': one document)"),
             ]
         ),
+        CACHE_DIR,
     ]
 
 
