@@ -381,3 +381,64 @@ def test_info_head_stats_take_a_cache_dir(tmp_path: Path) -> None:
             assert any(p.name == "c.idx" for p in cache.rglob("*")), command
     finally:
         server.stop()
+
+
+# -- F1-F4: owners read what tokformats writes ------------------------------------------------------------------
+
+
+def test_pt_bool_tensors_read_as_uint8(tmp_path: Path) -> None:
+    from tokformats.formats import pt
+
+    pt.save(np.array([True, False, True]), tmp_path / "ours.pt")
+    with tokformats.open(tmp_path / "ours.pt") as reader:
+        assert reader.dtype == np.uint8 and np.asarray(reader.tokens).tolist() == [1, 0, 1]
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    assert torch.load(tmp_path / "ours.pt").tolist() == [True, False, True]
+    torch.save({"mask": torch.tensor([True, False]), "tokens": torch.tensor([4, 5])}, tmp_path / "theirs.pt")
+    with tokformats.open(tmp_path / "theirs.pt", key="tokens") as reader:
+        assert np.asarray(reader.tokens).tolist() == [4, 5]
+    with tokformats.open(tmp_path / "theirs.pt", key="mask") as reader:
+        assert reader.dtype == np.uint8 and np.asarray(reader.tokens).tolist() == [1, 0]
+
+
+def test_datatrove_merger_reads_what_tokenize_wrote(novel: Path, tokenizer_path: Path, tmp_path: Path) -> None:
+    pytest.importorskip("datatrove", reason="datatrove is not installed")
+    from datatrove.pipeline.tokens.merger import DocumentTokenizerMerger
+
+    (tmp_path / "in").mkdir()
+    summary = tokformats.tokenize(
+        [novel.read_text().split("\n\n")[k] for k in range(50)], str(tokenizer_path), tmp_path / "in" / "00000_part",
+        "datatrove", progress=False,
+    )  # fmt: skip
+    (output,) = summary["outputs"].values()
+    metadata = Path(output["path"] + ".metadata").read_text().splitlines()
+    assert metadata[0] == f"{tokenizer_path}|2"
+    DocumentTokenizerMerger(str(tmp_path / "in"), str(tmp_path / "out"), "merged", shuffle=False, progress=False).run()
+    (merged,) = sorted((tmp_path / "out").glob("*.ds"))
+    with tokformats.open(output["path"]) as ours, tokformats.open(merged) as theirs:
+        assert [d.tolist() for d in theirs] == [d.tolist() for d in ours] and len(ours) == 50
+    assert Path(f"{merged}.metadata").read_text().splitlines()[0] == f"{tokenizer_path}|2"
+
+
+def test_convert_to_raw_picks_the_smallest_dtype_and_names_it(tmp_path: Path) -> None:
+    with tokformats.create(tmp_path / "c.pt", "pt", eos=0) as writer:  # int64, as .pt users expect
+        writer.write_batch([5, 6, 7, 300], [2, 2])
+    summary = tokformats.convert(tmp_path / "c.pt", tmp_path / "r.bin", "raw", source_options={"eos": 0})
+    assert summary["dtype"] == "uint16" and summary["read_with"] == {"format": "raw", "dtype": "uint16", "eos": 0}
+    assert (tmp_path / "r.bin").stat().st_size == 6 * 2
+    with tokformats.open(tmp_path / "r.bin", **summary["read_with"]) as reader:
+        assert [d.tolist() for d in reader] == [[5, 6, 0], [7, 300, 0]]
+
+
+def test_timemoe_trailing_empty_sequence_is_where_time_moe_finds_it(tmp_path: Path) -> None:
+    with tokformats.create(tmp_path / "src", "megatron", vocab_size=500) as writer:
+        for document in ([1, 2], [], [3], []):
+            writer.write(document)
+    tokformats.convert(tmp_path / "src", tmp_path / "tm", "timemoe")
+    meta = json.loads((tmp_path / "tm" / "meta.json").read_text())
+    total = sum(meta["files"].values())
+    # Time-MoE's BinaryDataset reads a sequence from the file its offset falls in: every offset must be in one.
+    assert total == 3 and all(0 <= scale["offset"] < total for scale in meta["scales"])
+    assert [s["length"] for s in meta["scales"]] == [2, 0, 1, 0]
+    with tokformats.open(tmp_path / "tm") as reader:
+        assert [d.tolist() for d in reader] == [[1, 2], [], [3], []] and reader.problems() == []

@@ -522,6 +522,9 @@ class TokenWriter(Writer[Any]):
     delimit_empty_documents: ClassVar[bool] = True
     #: Writer options ``tokenize`` uses unless the caller gives others.
     tokenize_options: ClassVar[dict[str, Any]] = {}
+    #: The writer option that records the tokenizer's name or path (datatrove's ``.ds.metadata``), which
+    #: ``tokenize`` fills with the tokenizer it was given; None when the format records none.
+    tokenizer_name_option: ClassVar[str | None] = None
 
     @classmethod
     def output_path(cls, output: PathLike, key: str, split: str | None, several_keys: bool) -> Path:

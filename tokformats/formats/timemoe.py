@@ -400,7 +400,10 @@ class Reader(TokenReader):
 
     def _offsets(self) -> np.ndarray:
         offsets = offsets_from_lengths(self.scales.lengths)
-        if not np.array_equal(offsets[:-1], self.scales.offsets):
+        # An empty sequence may sit anywhere (the writer puts a trailing one on the last value, where Time-MoE
+        # finds it): only the others must tile the data.
+        stored = self.scales.lengths > 0
+        if not np.array_equal(offsets[:-1][stored], self.scales.offsets[stored]):
             raise FormatError(
                 f"{self._path}: the sequences do not tile the data contiguously, so they have no flat document "
                 "offsets; use r[i] or r.scales."
@@ -753,6 +756,11 @@ class Writer(TokenWriter):
         head = json.dumps({"num_sequences": len(self._offsets), "dtype": self.dtype.name, "files": files})
         yield head[:-1] + ', "scales": ['
         offsets, lengths = self._offsets.view().tolist(), self._lengths.view().tolist()
+        # Time-MoE's BinaryDataset finds a sequence by the file its offset falls in: an empty sequence at the very
+        # end (offset == every value) falls in none and fails ("need at least one array to concatenate"). It is
+        # placed on the last value instead, which Time-MoE reads as empty as well (nothing else changes).
+        end = self._offset
+        offsets = [o if length or o < end or not end else end - 1 for o, length in zip(offsets, lengths)]
         means, stds = self._means.view(), self._stds.view()
         for k in range(len(offsets)):
             entry: dict[str, Any] = {"offset": offsets[k]}

@@ -675,6 +675,9 @@ def tokenize(
     targets = output_paths(output, format, plan.keys, plan.splits)
     work = Path(f"{output}.tokenize")
     _check_outputs(writer_class, targets, work, overwrite=overwrite, resume=resume)
+    named = writer_class.tokenizer_name_option
+    if named and named not in writer_options and isinstance(tokenizer, (str, os.PathLike)):
+        writer_options = {**writer_options, named: os.fspath(tokenizer)}  # as DocumentTokenizer records it
     _check_writer_options(plan, writer_class, targets, writer_options)
     total_bytes = sum(i.size or 0 for i in resolved) or None
     show = sys.stderr.isatty() if progress is None else progress
