@@ -442,3 +442,66 @@ def test_timemoe_trailing_empty_sequence_is_where_time_moe_finds_it(tmp_path: Pa
     assert [s["length"] for s in meta["scales"]] == [2, 0, 1, 0]
     with tokformats.open(tmp_path / "tm") as reader:
         assert [d.tolist() for d in reader] == [[1, 2], [], [3], []] and reader.problems() == []
+
+
+# -- every output of tokenize and convert, in every format, reads back as exactly the documents written ---------
+
+
+def _opened(output: dict) -> object:
+    """What to open for a written output: its path when that exists (file, folder), else its files."""
+    path, files = output["path"], output["files"]
+    if Path(path).exists() or len({Path(f).suffix for f in files}) != 1:
+        return path  # a file or folder; or a prefix whose files differ by suffix (Megatron's .bin and .idx)
+    return files
+
+
+def test_every_tokenize_output_reads_back_exactly(tokenizer_path: Path, tmp_path: Path) -> None:
+    from tokenizers import Tokenizer
+
+    texts = [*sample_texts(40)[:20], "", *sample_texts(40)[20:], ""]
+    encoder = Tokenizer.from_file(str(tokenizer_path))
+    encoded = [e.ids for e in encoder.encode_batch(texts, add_special_tokens=False)]
+    eos = encoder.token_to_id("<|endoftext|>")
+    checked = []
+    for name, writer_class in tokformats.api.corpus_writers().items():
+        try:
+            summary = tokformats.tokenize(texts, tokenizer_path, tmp_path / name / "t", name, progress=False)
+        except ImportError:  # an optional extra (pyarrow for hf) is missing
+            continue
+        (output,) = summary["outputs"].values()
+        prepend = writer_class.boundaries == "bos"
+        expected = [
+            ([eos, *ids] if prepend else [*ids, eos]) if ids or writer_class.delimit_empty_documents else ids
+            for ids in encoded
+        ]
+        with tokformats.open(_opened(output), **output["read_with"]) as reader:
+            assert [np.asarray(d).tolist() for d in reader] == expected, name
+        assert output["documents"] == len(texts), name
+        checked.append(name)
+    assert {"megatron", "llmc", "pt", "raw", "timemoe", "datatrove", "dolma", "litdata"} <= set(checked)
+
+
+def test_every_convert_output_reads_back_exactly(tmp_path: Path) -> None:
+    documents = [[5, 6, 0], [], [7, 0], [8, 9, 10, 0]]  # Megatron's convention: EOD appended, none on empty
+    with tokformats.create(tmp_path / "src", "megatron", vocab_size=500) as writer:
+        for document in documents:
+            writer.write(document)
+    checked = []
+    for name, writer_class in tokformats.api.corpus_writers().items():
+        destination = writer_class.output_path(tmp_path / name / "c", "text", None, False)
+        try:
+            summary = tokformats.convert(tmp_path / "src", destination, name)
+        except ImportError:
+            continue
+        if writer_class.boundaries == "bos":  # the delimiter moves to the start; the empty document gets one
+            expected = [[0, *d[:-1]] if d else [0] for d in documents]
+        elif writer_class.boundaries == "eos":
+            expected = [d if d else [0] for d in documents]
+        else:
+            expected = documents
+        output = {"path": str(destination), "files": [str(f) for f in summary["files"]]}
+        with tokformats.open(_opened(output), **summary["read_with"]) as reader:
+            assert [np.asarray(d).tolist() for d in reader] == expected, name
+        assert summary["documents"] == len(documents), name
+        checked.append(name)
+    assert {"megatron", "llmc", "pt", "raw", "timemoe", "datatrove", "dolma", "litdata"} <= set(checked)
