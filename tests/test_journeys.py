@@ -505,3 +505,21 @@ def test_every_convert_output_reads_back_exactly(tmp_path: Path) -> None:
         assert summary["documents"] == len(documents), name
         checked.append(name)
     assert {"megatron", "llmc", "pt", "raw", "timemoe", "datatrove", "dolma", "litdata"} <= set(checked)
+
+
+# -- item 10: a dataset opened by URL is named by its URL in messages --------------------------------------------
+
+
+def test_headerless_file_by_url_is_named_by_its_url(tmp_path: Path) -> None:
+    from tests.http_server import FileServer
+
+    (tmp_path / "served").mkdir()
+    np.arange(1, 101, dtype="<u4").tofile(tmp_path / "served" / "train.bin")
+    server = FileServer(tmp_path / "served")
+    try:
+        status, _, stderr = cli("info", f"{server.url}/train.bin", "--cache-dir", "cache", cwd=tmp_path)
+    finally:
+        server.stop()
+    assert status == 2
+    assert stderr.startswith(f"tokformats: error: {server.url}/train.bin is not in a format tokformats recognises")
+    assert "cache" not in stderr.split("\n")[0].split("recognises")[0]

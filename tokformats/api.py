@@ -42,7 +42,14 @@ def open(path: Any, format: str | None = None, **options: Any) -> Reader[Any]:
     if is_url(path):
         from .remote import open_url
 
-        remote: Reader[Any] = open_url(path, open, format=format, **options)
+        def open_cached(target: Any, **cached: Any) -> Reader[Any]:
+            """:func:`open` on the cached copy; its messages name the URL the user gave, not the cache path."""
+            try:
+                return open(target, **cached)
+            except FormatError as error:
+                raise _naming_url(error, target, path) from None
+
+        remote: Reader[Any] = open_url(path, open_cached, format=format, **options)
         return remote
     if format is None:
         recover_near(path)  # detection reads the files: a killed writer's commit is completed first
@@ -91,6 +98,16 @@ def _check_options(path: Any, name: str, role: str, options: dict[str, Any]) -> 
 def _spelled(name: str) -> str:
     """An option's name as the caller spells it (``--eos`` on the command line, ``eos=`` in Python)."""
     return option(name, "X").split(" ")[0].replace("=X", "=")
+
+
+def _naming_url(error: FormatError, target: Any, url: str) -> FormatError:
+    """``error`` with the cached copy's path in its message replaced by the URL it came from."""
+    text = str(error).replace(str(target), url.rstrip("/") if not str(target).endswith("/") else url)
+    try:
+        renamed = type(error)(text)
+    except TypeError:  # an error type built from other arguments keeps its own message
+        return error
+    return renamed
 
 
 def create(path: PathLike, format: str, **options: Any) -> Writer[Any]:
