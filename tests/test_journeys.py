@@ -523,3 +523,31 @@ def test_headerless_file_by_url_is_named_by_its_url(tmp_path: Path) -> None:
     assert status == 2
     assert stderr.startswith(f"tokformats: error: {server.url}/train.bin is not in a format tokformats recognises")
     assert "cache" not in stderr.split("\n")[0].split("recognises")[0]
+
+
+# -- item 14 (part): --json on every command ----------------------------------------------------------------------
+
+
+def test_every_command_takes_json(novel: Path, tmp_path: Path) -> None:
+    from tokformats.cli import build_parser
+
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if hasattr(a, "choices") and isinstance(a.choices, dict)]
+    lacking = [n for n, sub in commands.choices.items() if not any("--json" in a.option_strings for a in sub._actions)]
+    assert lacking == []
+    status, stdout, stderr = cli(
+        "train-tokenizer", str(novel), "--vocab-size", "300", "-o", "tok.json", "-q", "--json", cwd=tmp_path
+    )
+    assert status == 0, stderr
+    assert json.loads(stdout) == {"tokenizer": "tok.json", "vocab_size": 300, "padded_vocab_size": 320}
+    with tokformats.create(tmp_path / "c", "megatron", vocab_size=500) as writer:
+        writer.write_batch([1, 2, 3, 4, 5], [2, 3])
+    for command in ("head", "tail", "sample"):
+        status, stdout, stderr = cli(command, "c", "-n", "1", "--json", cwd=tmp_path)
+        assert status == 0, stderr
+        assert json.loads(stdout) == (
+            [{"document": 1, "tokens": 3, "ids": [3, 4, 5]}]
+            if command == "tail"
+            else [{"document": 0, "tokens": 2, "ids": [1, 2]}] if command == "head" else json.loads(stdout)
+        )
+        assert len(json.loads(stdout)) == 1

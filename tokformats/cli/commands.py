@@ -271,9 +271,20 @@ def _plot(result: dict[str, Any], path: str) -> None:
     plt.close(figure)
 
 
+def _document_json(index: int, document: Any, decode: Callable[[Any], str] | None) -> dict[str, Any]:
+    """One document for ``--json``: its index, length and ids (and text, with a decoder)."""
+    found: dict[str, Any] = {"document": index, "tokens": len(document), "ids": document.tolist()}
+    if decode is not None:
+        found["text"] = decode(document)
+    return found
+
+
 def _print_documents(args: argparse.Namespace, pick: Callable[[int], list[int]]) -> int:
     decode = _decoder(args)
     with _open_corpus(args) as reader:
+        if args.json:
+            _print_json([_document_json(k, reader[k], decode) for k in pick(len(reader))])
+            return 0
         for k in pick(len(reader)):
             document = reader[k]
             print(f"--- document {k:,} ({len(document):,} tokens) ---")
@@ -383,10 +394,16 @@ def run_train_tokenizer(args: argparse.Namespace) -> int:
     output.parent.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(output))
     size = tokenizer.get_vocab_size(with_added_tokens=True)
+    written = {format: str(api.export_tokenizer(tokenizer, path, format, overwrite=args.overwrite))
+               for format, path in exports}  # fmt: skip
+    if args.json:
+        _print_json(
+            {"tokenizer": str(output), "vocab_size": size, "padded_vocab_size": padded_vocab_size(size), **written}
+        )
+        return 0
     print(f"vocabulary size {size:,} (padded to a multiple of 64: {padded_vocab_size(size):,}) -> {output}")
-    for format, path in exports:
-        written = api.export_tokenizer(tokenizer, path, format, overwrite=args.overwrite)
-        print(f"{format} vocabulary -> {written}")
+    for format, path in written.items():
+        print(f"{format} vocabulary -> {path}")
     return 0
 
 
@@ -522,6 +539,9 @@ def run_quickstart(args: argparse.Namespace) -> int:
     from .quickstart import run
 
     rows = run(Path(args.output) if args.output else None)
+    if args.json:
+        _print_json(rows)
+        return 0
     print(format_table(rows))
     done = [r for r in rows if r["check"] == "ok"]
     skipped = [r["format"] for r in rows if r["check"] != "ok"]

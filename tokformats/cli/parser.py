@@ -116,6 +116,7 @@ def _documents_command(name: str, what: str, example: str, runner: Callable[[arg
             Arg("--max-chars", type=int, default=2000, help="cut each document after this many characters (0: all)"),
             *decoder_args(),
             *reader_args(),
+            JSON,
         ],
     )
 
@@ -332,6 +333,7 @@ def commands() -> list[Command]:
                 ),
                 OVERWRITE,
                 Arg("--quiet", "-q", action="store_true", help="no progress bar"),
+                JSON,
             ],
         ),
         Command(
@@ -347,7 +349,7 @@ def commands() -> list[Command]:
             "tokenize built-in sample text into every format, read it back, check it decodes",
             "tokformats quickstart -o /tmp/tokformats-demo",
             run.run_quickstart,
-            [Arg("--output", "-o", help="keep the files in this folder (default: a temporary one)")],
+            [Arg("--output", "-o", help="keep the files in this folder (default: a temporary one)"), JSON],
         ),
     ]
 
