@@ -551,3 +551,31 @@ def test_every_command_takes_json(novel: Path, tmp_path: Path) -> None:
             else [{"document": 0, "tokens": 2, "ids": [1, 2]}] if command == "head" else json.loads(stdout)
         )
         assert len(json.loads(stdout)) == 1
+
+
+# -- item 15: stats for a notebook, and a plot ------------------------------------------------------------------
+
+
+def test_stats_display_and_plot(tokenizer_path: Path, tmp_path: Path) -> None:
+    from tokenizers import Tokenizer
+
+    with tokformats.create(tmp_path / "c", "megatron", vocab_size=500) as writer:
+        writer.write_batch([22, 22, 22, 5, 22, 6, 7], [2, 5])
+    decode = Tokenizer.from_file(str(tokenizer_path)).decode
+    with tokformats.open(tmp_path / "c") as reader:
+        report = reader.stats(top=2, decode=decode)
+        assert report["top_ids"][0] == {"id": 22, "count": 4, "text": decode([22])}
+        assert json.loads(json.dumps(report))["documents"] == 2  # still the JSON-able dict
+        text = repr(report).splitlines()
+        assert text[0] == f"megatron {tmp_path / 'c'}: 2 documents, 7 tokens, uint16"
+        assert text[-1] == f"most frequent ids: 22 {decode([22])!r} (4), 5 {decode([5])!r} (1)"
+        html = report._repr_html_()
+        assert "<th>p50</th>" in html and "<td>4</td>" in html and html.count("<tr>") == 2 + 3 + 3
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            with pytest.raises(ImportError, match=r"pip install 'tokformats\[plot\]'"):
+                reader.plot()
+            return
+        axes = reader.plot(path=tmp_path / "lengths.png")
+        assert [p.get_height() for p in axes.patches] == [1, 1] and (tmp_path / "lengths.png").is_file()

@@ -258,7 +258,7 @@ def _plot(result: dict[str, Any], path: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise FormatError("--plot needs matplotlib: pip install matplotlib") from None
+        raise FormatError("--plot needs matplotlib: pip install 'tokformats[plot]'") from None
     figure, axis = plt.subplots(figsize=(8, 4))
     rows = result.get("histogram", [])
     axis.bar([f"{r['from']:,}" for r in rows], [r["documents"] for r in rows])

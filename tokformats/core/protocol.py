@@ -372,11 +372,18 @@ class TokenReader(Reader[np.ndarray]):
         if found:
             raise VerificationError(found)
 
-    def stats(self, top: int = 20) -> dict[str, Any]:
-        """Documents, tokens, length percentiles and histogram, most frequent ids, files (``tokformats stats``)."""
+    def stats(self, top: int = 20, decode: Callable[[list[int]], str] | None = None) -> dict[str, Any]:
+        """Documents, tokens, length percentiles and histogram, most frequent ids (their text with ``decode``, e.g.
+        ``tokenizer.decode``), files (``tokformats stats``): a dict that shows as tables in a notebook."""
         from .reports import stats
 
-        return stats(self, top=top)
+        return stats(self, top=top, decode=decode)
+
+    def plot(self, ax: Any = None, path: Any = None) -> Any:
+        """The document-length histogram with matplotlib (``tokformats stats --plot``); returns the axes."""
+        from .reports import plot_lengths
+
+        return plot_lengths(self, ax=ax, path=path)
 
     def decode(self, index: int, tokenizer: Any) -> str:
         """Document ``index`` as text, with a ``tokenizers.Tokenizer`` (or a tokenizer.json path) or an llm.c
