@@ -579,3 +579,24 @@ def test_stats_display_and_plot(tokenizer_path: Path, tmp_path: Path) -> None:
             return
         axes = reader.plot(path=tmp_path / "lengths.png")
         assert [p.get_height() for p in axes.patches] == [1, 1] and (tmp_path / "lengths.png").is_file()
+
+
+# -- item 16: the README is a guide: install first, every extra in a table, benchmarks beside their scripts ---------
+
+
+def test_readme_installs_first_and_lists_every_extra() -> None:
+    import tomllib
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    first_command = readme.split("```bash\n", 1)[1].split("\n", 1)[0]
+    assert first_command.startswith('pip install ".[fast,hf]" && tokformats quickstart')
+    sections = [line for line in readme.splitlines() if line.startswith("## ")]
+    assert sections[0] == "## Install" and {"## Benchmarks", "## Tests"} <= set(sections)
+    install = readme.split("## Install", 1)[1].split("\n## ", 1)[0]
+    listed = {name.strip("` ") for row in install.splitlines() if row.startswith("| `") for name in
+              row.split("|")[1].split(",")}  # fmt: skip
+    assert set(extras) <= listed, set(extras) - listed
+    benchmarks = readme.split("## Benchmarks", 1)[1].split("\n## ", 1)[0]
+    assert len(benchmarks) < 2500 and "benchmarks/README.md" in benchmarks
+    assert "bench_tokenize.py" in (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
