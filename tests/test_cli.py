@@ -256,14 +256,14 @@ def test_progress_counts_encoded_bytes_and_can_be_forced(
     class Read:
         count = 900  # the reader thread is ahead: 900 of 1,000 bytes read
 
-    monitor = Progress(True, 1000, [Read()])
+    monitor = Progress(True, 1000, [Read()], style="line")
     monitor.encoded = 100  # but only 100 bytes' documents are encoded
     monitor.update(Stats(), final=True)
     assert ", 10%," in capsys.readouterr().err
     text = tmp_path / "in.txt"
     text.write_text("one\ntwo\n")
     args = ["tokenize", str(text), "-t", str(tokenizer_path), "-o", str(tmp_path / "p")]
-    assert run([*args, "--progress"], capsys)[2].count("tokenize: 2 documents") == 1  # stderr is not a terminal
+    assert "2 documents, " in run([*args, "--progress"], capsys)[2]  # stderr is not a terminal (tqdm or a line)
     assert "tokenize:" not in run([*args, "--overwrite", "--no-progress"], capsys)[2]
 
 

@@ -600,3 +600,25 @@ def test_readme_installs_first_and_lists_every_extra() -> None:
     benchmarks = readme.split("## Benchmarks", 1)[1].split("\n## ", 1)[0]
     assert len(benchmarks) < 2500 and "benchmarks/README.md" in benchmarks
     assert "bench_tokenize.py" in (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
+
+
+# -- item 14: progress on the text encoded, in batches bounded by text as well as documents ----------------------
+
+
+def test_progress_counts_text_and_batches_long_documents_apart(tokenizer_path: Path, tmp_path: Path) -> None:
+    import queue
+    import threading
+
+    from tokformats.tokenization.pipeline import MAX_BATCH_TEXT, _batches
+    from tokformats.tokenization.sources import Record
+
+    long = "x" * (MAX_BATCH_TEXT // 2)
+    out: queue.Queue = queue.Queue()
+    _batches(iter([Record(0, k, (long,)) for k in range(5)]), 1000, out, threading.Event(), [])
+    sizes = []
+    while (item := out.get()) is not None:
+        sizes.append(len(item[0]))
+    assert sizes == [2, 2, 1]  # not one batch of 5: each batch is encoded (and reported) after about 1 MiB of text
+    texts = ["héllo wörld", "", "日本語のテキスト"]
+    summary = tokformats.tokenize(texts, tokenizer_path, tmp_path / "t", "raw", progress=False)
+    assert summary["text_characters"] == sum(map(len, texts))

@@ -465,7 +465,7 @@ def run_tokenize(args: argparse.Namespace) -> int:
         _print_json(summary)
         return 0
     seconds = summary["seconds"]
-    rate = f", {summary['bytes'] / seconds / 1e6:.1f} MB/s" if summary["bytes"] and seconds else ""
+    rate = f", {summary['text_characters'] / seconds / 1e6:.1f} M characters/s" if seconds else ""
     print(f"tokenized {summary['documents']:,} documents into {summary['tokens']:,} tokens in {seconds:.1f} s{rate}")
     print(f"engine: {summary['engine']} ({summary['engine_reason']})")
     if summary["skipped"]:
