@@ -622,3 +622,25 @@ def test_progress_counts_text_and_batches_long_documents_apart(tokenizer_path: P
     texts = ["héllo wörld", "", "日本語のテキスト"]
     summary = tokformats.tokenize(texts, tokenizer_path, tmp_path / "t", "raw", progress=False)
     assert summary["text_characters"] == sum(map(len, texts))
+
+
+# -- item 13 (by URL): info names the URL, sizes from the store, no download for the id scan, no empty .partial -
+
+
+def test_info_by_url_names_the_url_and_downloads_only_the_index(tmp_path: Path) -> None:
+    from tests.http_server import FileServer
+
+    with tokformats.create(tmp_path / "served" / "c", "megatron", vocab_size=500) as writer:
+        writer.write_batch(np.arange(1, 2001) % 400, [1000, 1000])
+    server = FileServer(tmp_path / "served")
+    try:
+        found = info(f"{server.url}/c", tmp_path, "--cache-dir", "cache")
+        scanned = info(f"{server.url}/c", tmp_path, "--cache-dir", "cache", "--scan")
+    finally:
+        server.stop()
+    assert found["path"] == f"{server.url}/c" and found["files"] == [f"{server.url}/c.bin", f"{server.url}/c.idx"]
+    sizes = {p.suffix: p.stat().st_size for p in (tmp_path / "served").iterdir()}
+    assert found["bytes"] == sizes[".bin"] + sizes[".idx"]
+    assert found["bytes_cached"] == sizes[".idx"]  # the .bin was not downloaded
+    assert "min_id" not in found and (scanned["min_id"], scanned["max_id"]) == (0, 399)
+    assert not [p for p in (tmp_path / "cache").rglob("*.partial") if not p.stat().st_size]

@@ -172,8 +172,11 @@ def run_info(args: argparse.Namespace) -> int:
                 text = ", ".join(value) if isinstance(value, list) else value
                 print(f"{key:<{width}}{f'{text:,}' if isinstance(text, int) else text}")
         return 0
+    path = args.path[0]
+    by_url = len(args.path) == 1 and is_url(path)
     with _open(args) as reader:
-        info = describe(reader, scan=not args.no_scan)
+        # By URL, the id scan would download every file: only when asked (--scan).
+        info = describe(reader, scan=not args.no_scan and (args.scan or not by_url), url=path if by_url else None)
     if args.json:
         _print_json(info)
     else:

@@ -218,6 +218,11 @@ def commands() -> list[Command]:
                 *reader_args(),
                 JSON,
                 Arg("--no-scan", action="store_true", help="skip the min/max id scan over all tokens"),
+                Arg(
+                    "--scan",
+                    action="store_true",
+                    help="scan a dataset opened by URL for its min/max id too (downloads every file)",
+                ),
             ],
         ),
         Command(

@@ -365,6 +365,8 @@ class Cache:
                     handle.flush()
                     os.fsync(handle.fileno())
             except (NotFoundError, ChecksumError):  # another attempt would not mend them
+                if partial.exists() and not partial.stat().st_size:  # nothing arrived: leave no empty .partial
+                    partial.unlink()
                 raise
             except _Restart:
                 partial.unlink(missing_ok=True)
