@@ -644,3 +644,19 @@ def test_info_by_url_names_the_url_and_downloads_only_the_index(tmp_path: Path) 
     assert found["bytes_cached"] == sizes[".idx"]  # the .bin was not downloaded
     assert "min_id" not in found and (scanned["min_id"], scanned["max_id"]) == (0, 399)
     assert not [p for p in (tmp_path / "cache").rglob("*.partial") if not p.stat().st_size]
+
+
+def test_convert_and_verify_show_a_bar_after_a_second(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tokformats.core.progress import DELAY, progress_bar
+
+    assert progress_bar(10, "x", enabled=False) is None
+    tqdm = pytest.importorskip("tqdm", reason="tqdm is not installed")
+    bar = progress_bar(10, "convert", enabled=True)
+    assert isinstance(bar, tqdm.tqdm) and bar.delay == DELAY == 1.0 and bar.total == 10
+    bar.close()
+    with tokformats.create(tmp_path / "c", "megatron", vocab_size=500) as writer:
+        writer.write_batch([1, 2, 3], [3])
+    tokformats.convert(tmp_path / "c", tmp_path / "r.bin", "raw", progress=True)  # quick: nothing printed
+    with tokformats.open(tmp_path / "c") as reader:
+        assert reader.problems(progress=True) == []
+    assert capsys.readouterr().err == ""

@@ -8,6 +8,7 @@ from typing import Any
 
 from .core.boundaries import choose_delimiter, delimit
 from .core.documents import document_runs
+from .core.progress import progress_bar
 from .core.protocol import PathLike, Reader, TokenReader, TokenWriter, Writer
 from .core.registry import descriptor, detect, formats
 from .errors import ConfigError, DTypeError, FormatError, NoFilesError, UnknownFormatError, option
@@ -171,6 +172,7 @@ def convert(
     bos: int | None = None,
     keep_boundaries: bool = True,
     batch_tokens: int = 1 << 24,
+    progress: bool = False,
     **writer_options: Any,
 ) -> dict[str, Any]:
     """Copy a corpus into another format, in batches of about ``batch_tokens``, losing no token and no boundary.
@@ -182,6 +184,8 @@ def convert(
     that keeps the boundaries; ``keep_boundaries=False`` copies the bare stream instead (its documents then read
     back merged, which the summary says). Before committing, the documents are proven to split back unchanged
     (the delimiter occurs once per document) and the counts written are checked against the source's.
+
+    ``progress``: a tqdm bar (when tqdm is installed) once the copy has run for a second.
 
     When neither ``dtype=`` nor ``vocab_size=`` is given, the format's conventional dtype is used (``.pt``:
     int64), else the source's dtype if the destination stores it, else the smallest dtype holding the largest id
@@ -220,14 +224,19 @@ def convert(
             writer.declare_delimiter("none", None)
         # What the destination reads back: the bare stream of a delimiter format is one document.
         documents = len(reader) if keep_boundaries or not check else min(len(reader), 1)
+        bar = progress_bar(reader.num_tokens, f"convert -> {format}", enabled=progress)
         with writer:
             for first, stop in document_runs(reader.offsets, batch_tokens):
                 flat = reader.span(reader.offsets.item(first), reader.offsets.item(stop))
                 lengths = reader.lengths[first:stop]
+                if bar is not None:
+                    bar.update(len(flat))
                 if delimiter is not None:
                     flat, lengths, inserted = delimit(flat, lengths, delimiter, first, check=check)
                     added += inserted
                 writer.write_batch(flat, lengths)
+            if bar is not None:
+                bar.close()
             if (writer.num_documents, writer.num_tokens) != (len(reader), reader.num_tokens + added):
                 raise FormatError(  # a bug, not bad input: refuse to commit rather than publish it
                     f"converting {reader.path} wrote {writer.num_documents:,} documents and {writer.num_tokens:,} "

@@ -199,7 +199,8 @@ def run_verify(args: argparse.Namespace) -> int:
     report = []
     for path in args.path:
         with api.open(path, **_reader_options(args), **_url_options(args, path)) as reader:
-            found = reader.problems(vocab_size) if hasattr(reader, "problems") else []
+            shown = sys.stderr.isatty() or "ipykernel" in sys.modules
+            found = reader.problems(vocab_size, progress=shown) if hasattr(reader, "problems") else []
         report.append({"path": path, "ok": not found, "problems": [p._asdict() for p in found]})
     if args.json:
         _print_json(report)
@@ -330,6 +331,7 @@ def run_convert(args: argparse.Namespace) -> int:
         eos=args.to_eos,
         bos=args.to_bos,
         keep_boundaries=not args.drop_boundaries,
+        progress=sys.stderr.isatty() or "ipykernel" in sys.modules,
         **writer_options,
     )
     files = [str(f) for f in summary["files"] or []]

@@ -356,13 +356,14 @@ class TokenReader(Reader[np.ndarray]):
         :class:`tokformats.checks.Problem` rows. Formats override it; the base has none."""
         return []
 
-    def problems(self, vocab_size: int | None = None) -> list[Any]:
+    def problems(self, vocab_size: int | None = None, *, progress: bool = False) -> list[Any]:
         """Every problem found by reading the whole dataset once: the format's own checks (index consistency,
         recorded sizes and checksums), ids below ``vocab_size`` (negative ids and non-finite values always),
-        and delimiters where the format splits at one. Empty when the dataset is sound."""
+        and delimiters where the format splits at one. Empty when the dataset is sound. ``progress``: a tqdm bar
+        once the scan has run for a second."""
         from .reports import problems
 
-        return problems(self, vocab_size)
+        return problems(self, vocab_size, progress=progress)
 
     def verify(self, vocab_size: int | None = None) -> None:
         """:meth:`problems`, raising :class:`tokformats.checks.VerificationError` (listing them all) if any."""

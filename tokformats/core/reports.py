@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import FormatError
 from .arrays import ConcatenatedArray, iter_chunks
+from .progress import progress_bar
 
 if TYPE_CHECKING:
     from .protocol import TokenReader
@@ -50,7 +51,7 @@ def _document_of(reader: TokenReader, position: int) -> int:
     return int(np.searchsorted(reader.offsets, position, side="right")) - 1
 
 
-def problems(reader: TokenReader, vocab_size: int | None = None) -> list[Problem]:
+def problems(reader: TokenReader, vocab_size: int | None = None, *, progress: bool = False) -> list[Problem]:
     """Every problem found in ``reader``: the format's own checks, then ids, values and delimiters."""
     found: list[Problem] = list(reader._problems())
     path = str(reader.path)
@@ -61,17 +62,22 @@ def problems(reader: TokenReader, vocab_size: int | None = None) -> list[Problem
     if len(offsets) and (offsets[0] != 0 or offsets[-1] != reader.num_tokens or (np.diff(offsets) < 0).any()):
         found.append(Problem(path, "offsets", "document boundaries do not tile the token stream"))
         return found
-    found += _value_problems(reader, vocab_size)
+    bar = progress_bar(reader.num_tokens, f"verify {reader.path.name}", enabled=progress)
+    found += _value_problems(reader, vocab_size, bar)
+    if bar is not None:
+        bar.close()
     found += _delimiter_problems(reader)
     return found
 
 
-def _value_problems(reader: TokenReader, vocab_size: int | None) -> list[Problem]:
+def _value_problems(reader: TokenReader, vocab_size: int | None, bar: Any = None) -> list[Problem]:
     path, dtype = str(reader.path), reader.dtype
     found: list[Problem] = []
     position = 0
     for chunk in iter_chunks(reader.tokens):
         values = np.asarray(chunk)
+        if bar is not None:
+            bar.update(len(values))
         if dtype.kind == "f":
             bad = np.flatnonzero(~np.isfinite(values))
             what = "is not finite"
