@@ -43,7 +43,7 @@ def test_convert_uses_the_sources_own_delimiter(tmp_path: Path) -> None:
     # Documents as preprocess_data.py writes them (each ends with EOD, an empty one has none).
     source = megatron_source(tmp_path, [[5, 6, 50256], [], [7, 50256]])
     summary = tokformats.convert(source, tmp_path / "flat.bin", "raw")
-    assert summary["read_with"] == {"eos": 50256} and summary["documents"] == 3
+    assert summary["read_with"] == {"format": "raw", "dtype": "uint16", "eos": 50256} and summary["documents"] == 3
     assert summary["delimiters_added"] == 1  # only the empty document lacked it
     with tokformats.open(tmp_path / "flat.bin", format="raw", dtype="uint16", eos=50256) as reader:
         assert [d.tolist() for d in reader] == [[5, 6, 50256], [50256], [7, 50256]]
@@ -61,7 +61,8 @@ def test_a_delimiter_inside_a_document_is_refused_before_anything_is_written(tmp
 def test_the_bare_stream_is_an_explicit_choice(tmp_path: Path) -> None:
     source = megatron_source(tmp_path, [[5, 6], [7, 8, 9]])
     summary = tokformats.convert(source, tmp_path / "bare.bin", "raw", keep_boundaries=False)
-    assert summary["documents"] == 1 and summary["tokens"] == 5 and summary["read_with"] == {}
+    assert summary["documents"] == 1 and summary["tokens"] == 5
+    assert summary["read_with"] == {"format": "raw", "dtype": "uint16"}  # the dtype is the smallest that fits
     assert np.fromfile(tmp_path / "bare.bin", dtype="<u2").tolist() == [5, 6, 7, 8, 9]
 
 
@@ -92,11 +93,12 @@ def test_info_warns_when_the_delimiter_never_occurs(tmp_path: Path, capsys: pyte
         writer.write_batch(np.arange(1, 101), [100])  # no delimiter anywhere: one document
     from tokformats.cli.describe import describe
 
-    with tokformats.open(tmp_path / "one_000000.bin") as reader:
-        info = describe(reader)
-    assert info["documents"] == 1 and any("never occurs" in w for w in info["warnings"])
+    with pytest.warns(DataWarning, match="delimiter is unknown"), tokformats.open(tmp_path / "one_000000.bin") as r:
+        info = describe(r)
+    assert info["documents"] == 1 and any("pass bos=1" in w and "eos=100" in w for w in info["warnings"])
     assert main(["info", str(tmp_path / "one_000000.bin")]) == 0
-    assert "warning: the delimiter" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.count("delimiter is unknown") == 1 and "pass --bos 1" in err and "--eos 100" in err
 
 
 # -- item 5: Time-MoE's arithmetic for every stored dtype -------------------------------------------------------

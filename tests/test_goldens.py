@@ -10,8 +10,8 @@ import pytest
 def test_committed_copy_of_the_shared_fixtures_is_identical(reference_fixtures: Path | None, goldens: Path) -> None:
     if reference_fixtures is None:
         pytest.skip(
-            "compares tests/data/shared with the owners' reference fixtures (shared/fixtures beside the clone), "
-            "which are not here; every golden test reads the committed copy"
+            "no reference folder shared/fixtures beside this clone to compare tests/data/shared with; the golden "
+            "tests read the committed copy (written by the owners' tools, see tests/data/shared/README.md)"
         )
     files = [p for p in reference_fixtures.rglob("*") if p.is_file()]
     reference = {p.relative_to(reference_fixtures): p.read_bytes() for p in files}

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tokformats
-from tokformats import HeaderError, NoFilesError, SizeMismatchError
+from tokformats import DataWarning, HeaderError, NoFilesError, SizeMismatchError
 from tokformats.formats import llmc
 from tokformats.testing import TokenFormatTests
 
@@ -91,11 +91,16 @@ def test_default_delimiters_by_family(fixtures: Path) -> None:
         assert len(reader) == 1 and reader.bos is None
 
 
-def test_default_delimiter_of_another_tokenizer_is_the_first_token(fixtures: Path) -> None:
-    """Regression (issue 11, item 3): shards written with a non-GPT-2 tokenizer (EOT 0) read as one document."""
+def test_another_tokenizers_delimiter_is_not_guessed(fixtures: Path) -> None:
+    """Issue 22, item 1: llm.c's own shards written with another tokenizer (EOT 0) record no delimiter; the reader
+    reads one stream and warns with the options to pass, rather than guessing the first token."""
     documents = json.loads((fixtures / "llmc" / "corpus.docs.json").read_text())
-    with tokformats.open(fixtures / "llmc" / "corpus_train_*.bin") as reader:
-        assert (reader.bos, reader.bos_rule) == (0, "first token")
+    with pytest.warns(DataWarning, match=r"pass bos=0; .* pass eos=317"):
+        reader = tokformats.open(fixtures / "llmc" / "corpus_train_*.bin")
+    with reader:
+        assert (reader.bos, reader.eos, reader.bos_rule, len(reader)) == (None, None, "unknown", 1)
+        assert [p.field for p in reader.problems()] == ["delimiter"]
+    with tokformats.open(fixtures / "llmc" / "corpus_train_*.bin", bos=0) as reader:
         assert len(reader) == len(documents) == 400
         copy = pickle.loads(pickle.dumps(reader))
         assert copy.bos == 0 and len(copy) == 400

@@ -9,9 +9,10 @@ from typing import Any
 from .core.boundaries import choose_delimiter, delimit
 from .core.documents import document_runs
 from .core.format_module import ExportsTokenizer, Merges
+from .core.progress import progress_bar
 from .core.protocol import PathLike, Reader, TokenReader, TokenWriter, Writer
 from .core.registry import descriptor, detect, formats
-from .errors import DTypeError, FormatError, NoFilesError, UnknownFormatError
+from .errors import ConfigError, DTypeError, FormatError, NoFilesError, UnknownFormatError, option
 from .fs.journal import one_recovery, recover_near
 from .fs.paths import is_url, one_expansion
 
@@ -43,7 +44,14 @@ def open(path: Any, format: str | None = None, **options: Any) -> Reader[Any]:
     if is_url(path):
         from .remote import open_url
 
-        remote: Reader[Any] = open_url(path, open, format=format, **options)
+        def open_cached(target: Any, **cached: Any) -> Reader[Any]:
+            """:func:`open` on the cached copy; its messages name the URL the user gave, not the cache path."""
+            try:
+                return open(target, **cached)
+            except FormatError as error:
+                raise _naming_url(error, target, path) from None
+
+        remote: Reader[Any] = open_url(path, open_cached, format=format, **options)
         return remote
     # A glob is listed once for detection, the journal check and the reader; detection and the reader each complete
     # a killed writer's commit first, once per folder.
@@ -51,8 +59,60 @@ def open(path: Any, format: str | None = None, **options: Any) -> Reader[Any]:
         if format is None:
             recover_near(path)
         name = format if format is not None else detect(path)
-        reader: Reader[Any] = descriptor(name).reader(path, **options)
+        reader_class = descriptor(name).reader
+        _check_options(path, name, "reader", options)
+        reader: Reader[Any] = reader_class(path, **options)
     return reader
+
+
+def _parameters(cls: type[Any] | None) -> set[str] | None:
+    """The keyword options ``cls`` takes (for a class that dispatches to subclasses, such as ``.pt``'s file and
+    folder readers, those of any of them); None when it takes any."""
+    import inspect
+
+    if cls is None:
+        return set()
+    parameters = inspect.signature(cls).parameters.values()
+    subclasses: list[type[Any]] = cls.__subclasses__()
+    if any(p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL) for p in parameters) and not subclasses:
+        return None
+    found = {p.name for p in parameters if p.name not in ("path", "args", "kwargs")}
+    for subclass in subclasses:
+        taken = _parameters(subclass)
+        if taken is None:
+            return None
+        found |= taken
+    return found
+
+
+def _check_options(path: Any, name: str, role: str, options: dict[str, Any]) -> None:
+    """Refuse, in one line, an option the format's ``role`` (``reader``/``writer``) does not take, naming the
+    formats that take it."""
+    taken = _parameters(getattr(descriptor(name), role))
+    unknown = sorted(set(options) - taken) if taken is not None else []
+    if not unknown:
+        return
+    key = unknown[0]
+    others = sorted(n for n, d in formats.items() if key in (_parameters(getattr(d, role)) or set()))
+    where = f"it applies to {', '.join(others)}" if others else "no format takes it"
+    accepted = [_spelled(k) for k in sorted((taken or set()) - {"remote"})]  # remote: set by open(URL) itself
+    takes = f"takes {', '.join(accepted)}" if accepted else "takes no options"
+    raise ConfigError(f"{path}: the {name} {role} {takes}, not {_spelled(key)}; {where}.")
+
+
+def _spelled(name: str) -> str:
+    """An option's name as the caller spells it (``--eos`` on the command line, ``eos=`` in Python)."""
+    return option(name, "X").split(" ")[0].replace("=X", "=")
+
+
+def _naming_url(error: FormatError, target: Any, url: str) -> FormatError:
+    """``error`` with the cached copy's path in its message replaced by the URL it came from."""
+    text = str(error).replace(str(target), url.rstrip("/") if not str(target).endswith("/") else url)
+    try:
+        renamed = type(error)(text)
+    except TypeError:  # an error type built from other arguments keeps its own message
+        return error
+    return renamed
 
 
 def create(path: PathLike, format: str, **options: Any) -> Writer[Any]:
@@ -68,6 +128,7 @@ def create(path: PathLike, format: str, **options: Any) -> Writer[Any]:
     if writer_class is None:
         writable = ", ".join(n for n, d in formats.items() if d.writable)
         raise UnknownFormatError(f"format {format!r} cannot be written; writable formats: {writable}.")
+    _check_options(path, format, "writer", options)
     writer: Writer[Any] = writer_class(path, **options)
     return writer
 
@@ -75,7 +136,9 @@ def create(path: PathLike, format: str, **options: Any) -> Writer[Any]:
 def create_corpus(path: PathLike, format: str, **options: Any) -> TokenWriter:
     """:func:`create` for a corpus format: the writer of token documents (:class:`UnknownFormatError` for a format
     that stores something else, such as a vocabulary)."""
-    return corpus_writer(format)(path, **options)
+    writer_class = corpus_writer(format)
+    _check_options(path, format, "writer", options)
+    return writer_class(path, **options)
 
 
 def corpus_writers() -> dict[str, type[TokenWriter]]:
@@ -113,6 +176,7 @@ def convert(
     bos: int | None = None,
     keep_boundaries: bool = True,
     batch_tokens: int = 1 << 24,
+    progress: bool = False,
     **writer_options: Any,
 ) -> dict[str, Any]:
     """Copy a corpus into another format, in batches of about ``batch_tokens``, losing no token and no boundary.
@@ -125,14 +189,18 @@ def convert(
     back merged, which the summary says). Before committing, the documents are proven to split back unchanged
     (the delimiter occurs once per document) and the counts written are checked against the source's.
 
+    ``progress``: a tqdm bar (when tqdm is installed) once the copy has run for a second.
+
     When neither ``dtype=`` nor ``vocab_size=`` is given, the format's conventional dtype is used (``.pt``:
-    int64), else the source's dtype if the destination stores it, else the smallest dtype holding the largest id.
+    int64), else the source's dtype if the destination stores it, else the smallest dtype holding the largest id
+    (a raw stream's reader is then told it through ``read_with``). A source whose documents end with an id
+    becomes a destination whose documents start with it (llm.c) by moving it, and back.
     Values are copied as stored: Time-MoE sequences stored normalised stay normalised.
 
     Returns:
-        ``{"documents", "tokens", "dtype", "files", "delimiters_added", "read_with"}``: what the destination reads
-        back, its token dtype, and the reader options to open it with (``{"eos": 50256}``, ...; empty when none
-        are needed).
+        ``{"documents", "tokens", "dtype", "files", "delimiters_added", "delimiter_moved", "read_with"}``: what the
+        destination reads back, its token dtype, and the reader options to open it with (``{"format": "raw",
+        "dtype": "uint16", "eos": 50256}``, ...; empty when the files record everything).
     """
     writer_class = corpus_writer(format)
     reader = open(source, format=source_format, **(source_options or {}))
@@ -149,44 +217,64 @@ def convert(
             source=reader.path,
             alternatives=_index_formats(),
         )
-        options = dict(writer_options)
-        if "dtype" not in options and "vocab_size" not in options:
-            options["dtype"] = writer_class.conventional_dtype or reader.dtype
-            try:
-                writer = create_corpus(destination, format, **options)
-            except DTypeError:
-                del options["dtype"]
-                top = reader.tokens.max() if reader.num_tokens else 0
-                options["vocab_size"] = max(int(top), delimiter.id if delimiter else 0) + 1
-                writer = create_corpus(destination, format, **options)
-        else:
-            writer = create_corpus(destination, format, **options)
+        writer = _destination_writer(reader, destination, format, delimiter, writer_options)
         added = 0
         check = writer_class.boundaries != "index"
+        # Formats that can record their convention (llm.c's header, a .pt manifest) do. A source of one document
+        # declares nothing: a legacy llm.c stream keeps reading at the family's delimiter.
+        if check and delimiter is not None:
+            writer.declare_delimiter(delimiter.kind, delimiter.id)
+        elif check and not keep_boundaries:
+            writer.declare_delimiter("none", None)
         # What the destination reads back: the bare stream of a delimiter format is one document.
         documents = len(reader) if keep_boundaries or not check else min(len(reader), 1)
+        bar = progress_bar(reader.num_tokens, f"convert -> {format}", enabled=progress)
         with writer:
             for first, stop in document_runs(reader.offsets, batch_tokens):
                 flat = reader.span(reader.offsets.item(first), reader.offsets.item(stop))
                 lengths = reader.lengths[first:stop]
+                if bar is not None:
+                    bar.update(len(flat))
                 if delimiter is not None:
                     flat, lengths, inserted = delimit(flat, lengths, delimiter, first, check=check)
                     added += inserted
                 writer.write_batch(flat, lengths)
+            if bar is not None:
+                bar.close()
             if (writer.num_documents, writer.num_tokens) != (len(reader), reader.num_tokens + added):
                 raise FormatError(  # a bug, not bad input: refuse to commit rather than publish it
                     f"converting {reader.path} wrote {writer.num_documents:,} documents and {writer.num_tokens:,} "
                     f"tokens, expected {len(reader):,} and {reader.num_tokens + added:,}; nothing was written."
                 )
-        read_with = delimiter.option if delimiter is not None and check else {}
         return {
             "documents": documents,
             "tokens": reader.num_tokens + added,
             "dtype": writer.dtype.name,
             "files": writer.written,
             "delimiters_added": added,
-            "read_with": read_with,
+            "delimiter_moved": bool(delimiter and delimiter.moves),
+            "read_with": writer.read_with(),
         }
+
+
+def _destination_writer(
+    reader: TokenReader, destination: PathLike, format: str, delimiter: Any, writer_options: dict[str, Any]
+) -> TokenWriter:
+    """The writer ``convert`` fills: the options given, else the format's conventional dtype, else the source's
+    when the destination stores its dtype, else the smallest dtype holding the largest id (and the delimiter)."""
+    options = dict(writer_options)
+    writer_class = corpus_writer(format)
+    if "dtype" in options or "vocab_size" in options:
+        return create_corpus(destination, format, **options)
+    if writer_class.conventional_dtype or writer_class.stores_dtype:
+        options["dtype"] = writer_class.conventional_dtype or reader.dtype
+        try:
+            return create_corpus(destination, format, **options)
+        except DTypeError:
+            del options["dtype"]
+    top = reader.tokens.max() if reader.num_tokens else 0
+    options["vocab_size"] = max(int(top), delimiter.id if delimiter else 0) + 1
+    return create_corpus(destination, format, **options)
 
 
 def vocabulary_formats() -> list[str]:

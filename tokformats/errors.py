@@ -34,10 +34,13 @@ _FLAGS: ContextVar[Mapping[str, str] | None] = ContextVar("tokformats_flags", de
 def option(name: str, value: str = "True") -> str:
     """An option as the caller spells it, for messages: ``overwrite=True`` or ``on_error='skip'`` from Python,
     ``--overwrite`` or ``--on-error skip`` from the command line. ``value`` is the Python spelling of the value
-    (``"True"``, ``"'skip'"``, or a placeholder such as ``"ID"``)."""
+    (``"True"``, ``"'skip'"``, or a placeholder such as ``"ID"``). A flag recorded as ``"not --flag"`` sets the
+    option False (``keep_boundaries=False`` is ``--drop-boundaries``)."""
     flags = _FLAGS.get()
     if flags is None or name not in flags:
         return f"{name}={value}"
+    if flags[name].startswith("not "):  # a flag that sets the option False: --drop-boundaries for keep_boundaries
+        return flags[name][len("not ") :] if value == "False" else f"no {flags[name][len('not ') :]}"
     if value == "True":
         return flags[name]
     return f"{flags[name]} {value.strip(chr(39))}"

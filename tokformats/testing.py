@@ -349,7 +349,8 @@ class TokenFormatTests:
             keep_boundaries=False,
         )
         assert summary["tokens"] == len(stream) and summary["documents"] == min(documents, 1)
-        with tokformats.open(tmp_path / "flat.bin", format="raw", dtype=stream.dtype) as raw:
+        assert summary["read_with"] == {"format": "raw", "dtype": summary["dtype"]}
+        with tokformats.open(tmp_path / "flat.bin", **summary["read_with"]) as raw:
             assert isinstance(raw, tokformats.TokenReader)
             np.testing.assert_array_equal(np.asarray(raw.tokens), stream)
         # By default the boundaries survive: an EOS id that occurs in no document is added to each one.
@@ -364,8 +365,9 @@ class TokenFormatTests:
             source_options=options,
             eos=self.free_id,
         )
-        assert summary["documents"] == documents and summary["read_with"] == {"eos": self.free_id}
-        with tokformats.open(tmp_path / "kept.bin", format="raw", dtype=stream.dtype, eos=self.free_id) as kept:
+        assert summary["documents"] == documents
+        assert summary["read_with"] == {"format": "raw", "dtype": summary["dtype"], "eos": self.free_id}
+        with tokformats.open(tmp_path / "kept.bin", **summary["read_with"]) as kept:
             assert [np.asarray(d).tolist() for d in kept] == [[*d, self.free_id] for d in originals]
         # Converting into the same format keeps documents; no delimiter options, the stream holds them.
         back = self.target(tmp_path, "back")

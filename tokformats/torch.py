@@ -11,7 +11,9 @@ Samples that are arrays become int64/float tensors; samples that are dicts of ar
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Iterator, Sequence
+from multiprocessing.context import get_spawning_popen
 from typing import Any
 
 import numpy as np
@@ -25,6 +27,7 @@ except ImportError as error:  # pragma: no cover - exercised only without torch
         "https://download.pytorch.org/whl/cpu). The rest of tokformats.training works without it."
     ) from error
 
+from .errors import ConfigError
 from .training.sampler import BatchSampler
 
 __all__ = ["Dataset", "IterableDataset", "to_tensor", "collate"]
@@ -96,6 +99,15 @@ class IterableDataset(torch.utils.data.IterableDataset[Any]):
         self.samples = samples
         self.sampler = BatchSampler(samples, global_batch_size, micro_batch_size, rank, world_size, **sampler_options)
         self._anchor = 0  # the step worker 0 starts at: workers deal steps round-robin from it
+        # Set by a DataLoader worker that iterates this dataset: this process then does not know the position, and
+        # state_dict() here refuses rather than return the start (shared by inheritance with the workers).
+        self._in_workers: Any = multiprocessing.RawValue("b", 0)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        if get_spawning_popen() is None:  # only a worker being started shares the flag; any other pickle drops it
+            state["_in_workers"] = None
+        return state
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -103,6 +115,8 @@ class IterableDataset(torch.utils.data.IterableDataset[Any]):
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
         workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
+        if info is not None and self._in_workers is not None:
+            self._in_workers.value = 1
         sampler = self.sampler
         order = sampler.order()
         steps = -(-sampler.end // sampler.step)
@@ -118,12 +132,26 @@ class IterableDataset(torch.utils.data.IterableDataset[Any]):
         self._anchor = 0
 
     def state_dict(self) -> dict[str, Any]:
-        """The position after the last micro-batch this iterator (or this worker) produced: JSON-able."""
+        """The position after the last micro-batch this iterator (or this worker) produced: JSON-able.
+
+        Raises:
+            ConfigError: called in the main process after a plain DataLoader iterated this dataset in workers
+                (their positions are not visible here); :meth:`state_after` or a ``StatefulDataLoader`` gives it.
+        """
+        if torch.utils.data.get_worker_info() is None and self._in_workers is not None and self._in_workers.value:
+            raise ConfigError(
+                "this IterableDataset was iterated by DataLoader workers, whose positions this process does not see, "
+                "so its state_dict() would restart the data: take the state with "
+                "stream.state_after(MICRO_BATCHES_CONSUMED), or iterate with torchdata's StatefulDataLoader and "
+                "save loader.state_dict()."
+            )
         return {**self.sampler.state_dict(), "anchor": self._anchor * self.sampler.step}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``; refuses a state of another dataset or batch layout."""
         self.sampler.load_state_dict(state)
+        if self._in_workers is not None:
+            self._in_workers.value = 0  # the position is known again
         self._anchor = int(state.get("anchor", state["consumed_samples"])) // self.sampler.step
 
     def state_after(self, micro_batches: int) -> dict[str, Any]:

@@ -9,12 +9,23 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Sequence
+from typing import Any, TextIO
 
 from ..errors import FormatError, command_line_flags
+from . import commands
 from .parser import build_parser, flags
 
 __all__ = ["main", "build_parser"]
+
+
+def _show_warning(
+    message: Warning | str, category: type[Warning], filename: str, lineno: int, file: TextIO | None = None,
+    line: str | None = None, *_: Any,
+) -> None:
+    """Print a warning raised while a command runs as ``warning: MESSAGE``, once."""
+    commands.print_warning(str(message))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -22,8 +33,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments (one line on stderr), 130 interrupted."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    commands._shown_warnings.clear()
     try:
-        with command_line_flags(flags(parser, args.command)):
+        with command_line_flags(flags(parser, args.command)), warnings.catch_warnings():
+            warnings.showwarning = _show_warning  # one line, once: not Python's source line of the library
             status: int = args.run(args)
     except BrokenPipeError:
         return 0

@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import json
 import random
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -17,10 +18,23 @@ from .. import api
 from ..core.protocol import TokenReader
 from ..core.registry import formats
 from ..errors import FormatError, OutputExistsError, UnknownFormatError
+from ..fs.paths import is_url
 from .describe import describe
 from .quickstart import format_table
 
 # -- shared pieces -----------------------------------------------------------------------------------------
+
+
+#: Warnings printed during this command, so that each is printed once (a reader's warning is both raised as a
+#: DataWarning and listed by ``info``).
+_shown_warnings: set[str] = set()
+
+
+def print_warning(text: str) -> None:
+    """``warning: TEXT`` on stderr, once per command."""
+    if text not in _shown_warnings:
+        _shown_warnings.add(text)
+        print(f"warning: {text}", file=sys.stderr)
 
 
 def _int_or_none(text: str) -> int | None:
@@ -40,9 +54,14 @@ def _reader_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
+def _url_options(args: argparse.Namespace, path: Any) -> dict[str, Any]:
+    """``cache_dir`` for a dataset opened by URL (a local one has no cache)."""
+    return {"cache_dir": args.cache_dir} if getattr(args, "cache_dir", None) and is_url(path) else {}
+
+
 def _open(args: argparse.Namespace) -> Any:
     path = args.path[0] if len(args.path) == 1 else args.path
-    return api.open(path, **_reader_options(args))
+    return api.open(path, **_reader_options(args), **_url_options(args, path))
 
 
 def _open_corpus(args: argparse.Namespace) -> Any:
@@ -73,6 +92,26 @@ def _truncate(text: str, limit: int) -> str:
     return f"{text[:limit]} ... [{len(text) - limit:,} more characters; --max-chars 0 prints all]"
 
 
+def _opened_as(destination: str, files: list[str]) -> str:
+    """What ``tokformats info`` opens to read a written dataset: the folder or file itself, the one file written,
+    else a glob of the shards (quoted for the shell)."""
+    if Path(destination).exists():
+        return destination
+    if len(files) == 1:
+        return files[0]
+    suffixes = {Path(f).suffix for f in files}
+    stems = {Path(f).name.startswith(Path(destination).name) for f in files}
+    if len(suffixes) == 1 and stems == {True}:
+        return f"{destination}_*{suffixes.pop()}"
+    return destination
+
+
+def read_back_command(destination: str, files: list[str], read_with: dict[str, Any]) -> str:
+    """``tokformats info PATH --OPTION VALUE ...``: the command that reads back what was written, as printed."""
+    flags = "".join(f" --{name.replace('_', '-')} {value}" for name, value in read_with.items())
+    return f"tokformats info {shlex.quote(_opened_as(destination, files))}{flags}"
+
+
 # -- subcommands -------------------------------------------------------------------------------------------
 
 
@@ -80,7 +119,7 @@ def _print_info(info: dict[str, Any]) -> None:
     metadata = info.pop("metadata")
     files = info.pop("files")
     for warning in info.pop("warnings", []):
-        print(f"warning: {warning}", file=sys.stderr)
+        print_warning(warning)
     width = max(len(k) for k in [*info, "files", *metadata]) + 2
     for key, value in info.items():
         text = f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else value
@@ -95,9 +134,50 @@ def _print_info(info: dict[str, Any]) -> None:
         print(f"{key:<{width}}{text}")
 
 
+def _tokenizer_info(path: str) -> dict[str, Any] | None:
+    """Facts about a ``tokenizer.json`` (which ``info`` is also given), or None for any other file."""
+    file = Path(path)
+    if file.suffix != ".json" or not file.is_file():
+        return None
+    with open(file, "rb") as handle:
+        head = handle.read(1 << 16)
+    if not head.lstrip().startswith(b"{") or b'"added_tokens"' not in head:  # tokenizers writes it near the top
+        return None
+    from ..core.vocab import END_OF_TEXT, padded_vocab_size
+    from ..tokenization.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(file)
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    model = json.loads(tokenizer.to_str()).get("model", {}).get("type")
+    added = tokenizer.get_added_tokens_decoder()
+    return {
+        "format": "tokenizer",
+        "path": path,
+        "model": model,
+        "vocab_size": size,
+        "padded_vocab_size": padded_vocab_size(size),  # what llm.c and Megatron size the embedding to
+        "end_of_text_id": tokenizer.token_to_id(END_OF_TEXT),
+        "special_tokens": [added[k].content for k in sorted(added) if added[k].special][:20],
+        "token_dtype": "uint16" if size <= 1 << 16 else "uint32",
+    }
+
+
 def run_info(args: argparse.Namespace) -> int:
+    facts = _tokenizer_info(args.path[0]) if len(args.path) == 1 and not _reader_options(args) else None
+    if facts is not None:
+        if args.json:
+            _print_json(facts)
+        else:
+            width = max(len(k) for k in facts) + 2
+            for key, value in facts.items():
+                text = ", ".join(value) if isinstance(value, list) else value
+                print(f"{key:<{width}}{f'{text:,}' if isinstance(text, int) else text}")
+        return 0
+    path = args.path[0]
+    by_url = len(args.path) == 1 and is_url(path)
     with _open(args) as reader:
-        info = describe(reader, scan=not args.no_scan)
+        # By URL, the id scan would download every file: only when asked (--scan).
+        info = describe(reader, scan=not args.no_scan and (args.scan or not by_url), url=path if by_url else None)
     if args.json:
         _print_json(info)
     else:
@@ -119,8 +199,9 @@ def run_verify(args: argparse.Namespace) -> int:
     vocab_size = _vocab_size(args)
     report = []
     for path in args.path:
-        with api.open(path, **_reader_options(args)) as reader:
-            found = reader.problems(vocab_size) if hasattr(reader, "problems") else []
+        with api.open(path, **_reader_options(args), **_url_options(args, path)) as reader:
+            shown = sys.stderr.isatty() or "ipykernel" in sys.modules
+            found = reader.problems(vocab_size, progress=shown) if hasattr(reader, "problems") else []
         report.append({"path": path, "ok": not found, "problems": [p._asdict() for p in found]})
     if args.json:
         _print_json(report)
@@ -182,7 +263,7 @@ def _plot(result: dict[str, Any], path: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise FormatError("--plot needs matplotlib: pip install matplotlib") from None
+        raise FormatError("--plot needs matplotlib: pip install 'tokformats[plot]'") from None
     figure, axis = plt.subplots(figsize=(8, 4))
     rows = result.get("histogram", [])
     axis.bar([f"{r['from']:,}" for r in rows], [r["documents"] for r in rows])
@@ -195,9 +276,20 @@ def _plot(result: dict[str, Any], path: str) -> None:
     plt.close(figure)
 
 
+def _document_json(index: int, document: Any, decode: Callable[[Any], str] | None) -> dict[str, Any]:
+    """One document for ``--json``: its index, length and ids (and text, with a decoder)."""
+    found: dict[str, Any] = {"document": index, "tokens": len(document), "ids": document.tolist()}
+    if decode is not None:
+        found["text"] = decode(document)
+    return found
+
+
 def _print_documents(args: argparse.Namespace, pick: Callable[[int], list[int]]) -> int:
     decode = _decoder(args)
     with _open_corpus(args) as reader:
+        if args.json:
+            _print_json([_document_json(k, reader[k], decode) for k in pick(len(reader))])
+            return 0
         for k in pick(len(reader)):
             document = reader[k]
             print(f"--- document {k:,} ({len(document):,} tokens) ---")
@@ -225,6 +317,7 @@ def run_sample(args: argparse.Namespace) -> int:
 
 def run_convert(args: argparse.Namespace) -> int:
     source_options = {k: v for k, v in _reader_options(args).items() if k != "format"}
+    source_options.update(_url_options(args, args.source))
     writer_options: dict[str, Any] = {"overwrite": args.overwrite}
     if args.vocab_size is not None:
         writer_options["vocab_size"] = args.vocab_size
@@ -239,6 +332,7 @@ def run_convert(args: argparse.Namespace) -> int:
         eos=args.to_eos,
         bos=args.to_bos,
         keep_boundaries=not args.drop_boundaries,
+        progress=sys.stderr.isatty() or "ipykernel" in sys.modules,
         **writer_options,
     )
     files = [str(f) for f in summary["files"] or []]
@@ -248,11 +342,12 @@ def run_convert(args: argparse.Namespace) -> int:
     print(f"wrote {summary['documents']:,} documents, {summary['tokens']:,} tokens to {len(files)} file(s):")
     for f in files:
         print(f"  {f}")
+    if summary["delimiter_moved"]:
+        print("moved each document's delimiter to the edge where the destination's reader looks for it")
     if summary["delimiters_added"]:
         print(f"added the delimiter to {summary['delimiters_added']:,} documents that lacked it")
     if summary["read_with"]:
-        flags = " ".join(f"--{k} {v}" for k, v in summary["read_with"].items())
-        print(f"read it back with: tokformats info {args.destination} {flags}")
+        print(f"read it back with: {read_back_command(args.destination, files, summary['read_with'])}")
     return 0
 
 
@@ -292,8 +387,9 @@ def run_train_tokenizer(args: argparse.Namespace) -> int:
         exports.append((format, path))
 
     output = Path(args.output)
-    if output.exists() and not args.overwrite:
-        raise OutputExistsError(f"{output} already exists; pass --overwrite to replace it.")
+    for path in [output, *(Path(p) for _, p in exports)]:  # every output, before the training starts
+        if path.exists() and not args.overwrite:
+            raise OutputExistsError(f"{path} already exists; pass --overwrite to replace it (nothing was written).")
     tokenizer = train_tokenizer(
         [Path(p) for p in args.inputs],
         args.vocab_size,
@@ -305,10 +401,16 @@ def run_train_tokenizer(args: argparse.Namespace) -> int:
     output.parent.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(output))
     size = tokenizer.get_vocab_size(with_added_tokens=True)
+    written = {format: str(api.export_tokenizer(tokenizer, path, format, overwrite=args.overwrite))
+               for format, path in exports}  # fmt: skip
+    if args.json:
+        _print_json(
+            {"tokenizer": str(output), "vocab_size": size, "padded_vocab_size": padded_vocab_size(size), **written}
+        )
+        return 0
     print(f"vocabulary size {size:,} (padded to a multiple of 64: {padded_vocab_size(size):,}) -> {output}")
-    for format, path in exports:
-        written = api.export_tokenizer(tokenizer, path, format, overwrite=args.overwrite)
-        print(f"{format} vocabulary -> {written}")
+    for format, path in written.items():
+        print(f"{format} vocabulary -> {path}")
     return 0
 
 
@@ -327,6 +429,8 @@ def run_tokenize(args: argparse.Namespace) -> int:
     if bad:
         raise FormatError(f"--writer-option takes NAME=VALUE, found {bad[0]!r}.")
     writer_options = dict(option.split("=", 1) for option in args.writer_option)
+    if args.dtype:
+        writer_options["dtype"] = args.dtype
     executor = None
     if args.workers and args.workers > 1:
         from concurrent.futures import ProcessPoolExecutor
@@ -368,13 +472,17 @@ def run_tokenize(args: argparse.Namespace) -> int:
         _print_json(summary)
         return 0
     seconds = summary["seconds"]
-    rate = f", {summary['bytes'] / seconds / 1e6:.1f} MB/s" if summary["bytes"] and seconds else ""
+    rate = f", {summary['text_characters'] / seconds / 1e6:.1f} M characters/s" if seconds else ""
     print(f"tokenized {summary['documents']:,} documents into {summary['tokens']:,} tokens in {seconds:.1f} s{rate}")
     print(f"engine: {summary['engine']} ({summary['engine_reason']})")
     if summary["skipped"]:
         print(f"skipped {summary['skipped']:,} bad records, e.g. {summary['errors'][0]}")
     for name, output in summary["outputs"].items():
-        print(f"  {name}: {output['documents']:,} documents, {output['tokens']:,} tokens -> {output['path']}")
+        files = output["files"]
+        shown = _opened_as(output["path"], files)
+        print(f"  {name}: {output['documents']:,} documents, {output['tokens']:,} tokens -> {shown}")
+        if output["read_with"]:
+            print(f"    read it back with: {read_back_command(output['path'], files, output['read_with'])}")
     return 0
 
 
@@ -441,6 +549,9 @@ def run_quickstart(args: argparse.Namespace) -> int:
     from .quickstart import run
 
     rows = run(Path(args.output) if args.output else None)
+    if args.json:
+        _print_json(rows)
+        return 0
     print(format_table(rows))
     done = [r for r in rows if r["check"] == "ok"]
     skipped = [r["format"] for r in rows if r["check"] != "ok"]

@@ -25,20 +25,27 @@ def _extremes(reader: TokenReader) -> tuple[Any, Any]:
     return (low.item(), high.item())
 
 
-def describe(reader: Reader[Any], *, scan: bool = True) -> dict[str, Any]:
+def describe(reader: Reader[Any], *, scan: bool = True, url: str | None = None) -> dict[str, Any]:
     """A JSON-serialisable summary: format, files, sizes, counts, dtype, id range and header fields.
 
     Args:
         reader: an open reader.
         scan: compute the smallest and largest id (reads every token once).
+        url: the URL the dataset was opened by: the summary names it and its files' URLs, and gives their sizes
+            as the store lists them (``bytes``) beside what the cache holds (``bytes_cached``), not the cache paths.
     """
     files = reader.files
-    info: dict[str, Any] = {
-        "format": reader.format,
-        "path": str(reader.path),
-        "files": [str(f) for f in files],
-        "bytes_on_disk": int(sum(f.stat().st_size for f in files if f.exists())),
-    }
+    on_disk = int(sum(f.stat().st_size for f in files if f.exists()))
+    remote = getattr(reader, "_remote", None)
+    info: dict[str, Any] = {"format": reader.format, "path": str(reader.path), "files": [str(f) for f in files]}
+    if url is not None:
+        info["path"] = url
+        if remote is not None:
+            info["files"] = [f"{remote.url}/{remote.name_of(f)}" for f in files]
+            info["bytes"] = int(sum(remote.size(f) for f in files))
+        info["bytes_cached"] = on_disk
+    else:
+        info["bytes_on_disk"] = on_disk
     warnings = list(reader.warnings)
     if isinstance(reader, TokenReader):
         info["documents"] = len(reader)

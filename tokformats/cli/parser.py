@@ -75,6 +75,7 @@ def reader_args(what: str = "the dataset") -> list[Row]:
                 Arg("--bos", metavar="ID", help=f"split {what}'s documents before this id ('none': one document)"),
             ]
         ),
+        CACHE_DIR,
     ]
 
 
@@ -115,6 +116,7 @@ def _documents_command(name: str, what: str, example: str, runner: Callable[[arg
             Arg("--max-chars", type=int, default=2000, help="cut each document after this many characters (0: all)"),
             *decoder_args(),
             *reader_args(),
+            JSON,
         ],
     )
 
@@ -134,6 +136,11 @@ def _tokenize_args() -> list[Row]:
             "prepend where documents start with a delimiter, append elsewhere)",
         ),
         Arg("--eos-id", type=int, metavar="ID", help="end-of-text id (default: the tokenizer's <|endoftext|>)"),
+        Arg(
+            "--dtype",
+            help="token dtype of the output, e.g. uint32 (default: the smallest holding every id, the end-of-text "
+            "id included)",
+        ),
         Arg("--split", help="split by document, e.g. 8:1:1 (train:val:test) or 0.9,0.1"),
         Arg("--seed", type=int, default=0, help="seed of the split assignment (default 0)"),
         UNIT,
@@ -211,6 +218,11 @@ def _reading_commands() -> list[Command]:
                 *reader_args(),
                 JSON,
                 Arg("--no-scan", action="store_true", help="skip the min/max id scan over all tokens"),
+                Arg(
+                    "--scan",
+                    action="store_true",
+                    help="scan a dataset opened by URL for its min/max id too (downloads every file)",
+                ),
             ],
         ),
         Command(
@@ -341,6 +353,7 @@ def _tokenizing_commands() -> list[Command]:
                 ),
                 OVERWRITE,
                 Arg("--quiet", "-q", action="store_true", help="no progress bar"),
+                JSON,
             ],
         ),
         Command(
@@ -356,7 +369,7 @@ def _tokenizing_commands() -> list[Command]:
             "tokenize built-in sample text into every format, read it back, check it decodes",
             "tokformats quickstart -o /tmp/tokformats-demo",
             run.run_quickstart,
-            [Arg("--output", "-o", help="keep the files in this folder (default: a temporary one)")],
+            [Arg("--output", "-o", help="keep the files in this folder (default: a temporary one)"), JSON],
         ),
     ]
 
@@ -386,7 +399,7 @@ def build_parser(table: Sequence[Command] | None = None) -> argparse.ArgumentPar
 
 
 #: Python option names whose flag is not ``--`` + the name with dashes, per subcommand.
-_RENAMED = {"convert": {"eos": "--to-eos", "bos": "--to-bos", "keep_boundaries": "--drop-boundaries"}}
+_RENAMED = {"convert": {"eos": "--to-eos", "bos": "--to-bos", "keep_boundaries": "not --drop-boundaries"}}
 
 
 def flags(parser: argparse.ArgumentParser, command: str) -> dict[str, str]:

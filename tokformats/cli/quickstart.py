@@ -75,6 +75,7 @@ def run(output: Path | None = None, *, documents: int = 2000, vocab_size: int = 
     texts = sample_texts(documents)
     with tempfile.TemporaryDirectory(prefix="tokformats-quickstart-") as scratch:
         root = Path(output) if output is not None else Path(scratch)
+        root.mkdir(parents=True, exist_ok=True)  # -o DIR, as its --help example, need not exist yet
         rows = []
         started = time.perf_counter()
         tokenizer = train_tokenizer(texts, vocab_size, progress=False)

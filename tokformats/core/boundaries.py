@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ConfigError, FormatError, option
-from .arrays import TokenArray
+from .arrays import TokenArray, iter_chunks
 from .documents import add_delimiter, offsets_from_lengths
 
 __all__ = ["Delimiter", "choose_delimiter", "delimit"]
@@ -25,6 +25,9 @@ class Delimiter:
 
     kind: str
     id: int
+    #: The source's documents carry the id at the other edge (Megatron's EOD after each document, going to llm.c
+    #: where it precedes each): it is moved, not added.
+    moves: bool = False
 
     @property
     def option(self) -> dict[str, int]:
@@ -43,6 +46,19 @@ def _consistent(tokens: TokenArray, offsets: np.ndarray, kind: str) -> int | Non
     return int(edge[0]) if (edge == edge[0]).all() else None
 
 
+def _once_per_document(tokens: TokenArray, offsets: np.ndarray, value: int) -> bool:
+    """Whether ``value`` occurs no more often in the stream than there are non-empty documents (it is then only at
+    their edges, where :func:`_consistent` found it)."""
+    count = sum(int(np.count_nonzero(np.asarray(chunk) == value)) for chunk in iter_chunks(tokens))
+    return count <= int(np.count_nonzero(np.diff(offsets) > 0))
+
+
+def _moves(tokens: TokenArray, offsets: np.ndarray, kind: str, value: int) -> bool:
+    """Whether the documents carry ``value`` at the edge opposite ``kind`` (and not already at ``kind``'s)."""
+    other = "bos" if kind == "eos" else "eos"
+    return _consistent(tokens, offsets, other) == value and _consistent(tokens, offsets, kind) != value
+
+
 def choose_delimiter(
     destination_kind: str,
     tokens: TokenArray,
@@ -57,7 +73,9 @@ def choose_delimiter(
     """The delimiter a conversion into a format with ``destination_kind`` boundaries inserts.
 
     An explicit ``eos``/``bos`` wins (it must be the kind the destination's reader splits at); otherwise the source's
-    own convention when its documents already follow the destination's (all end, or all start, with one id). A
+    own convention when its documents already follow the destination's (all end, or all start, with one id), or
+    follow the opposite one, whose id then moves to the other edge (Megatron's EOD after each document becomes
+    llm.c's delimiter before it, and back; an explicit id the documents carry at the other edge moves too). A
     source of at most one document needs none. Anything else is refused, saying which option keeps the boundaries.
     """
     documents = len(offsets) - 1
@@ -71,13 +89,18 @@ def choose_delimiter(
             f"{format} readers find documents by an id {'after' if destination_kind == 'eos' else 'before'} each "
             f"one: pass {option(destination_kind, 'ID')}, not {option(wrong, 'ID')}."
         )
-    if given[destination_kind] is not None:
-        return Delimiter(destination_kind, int(given[destination_kind]))  # type: ignore[arg-type]
+    explicit = given[destination_kind]
+    if explicit is not None:
+        moves = documents > 0 and _moves(tokens, offsets, destination_kind, int(explicit))
+        return Delimiter(destination_kind, int(explicit), moves)
     if documents <= 1:
         return None
-    found = _consistent(tokens, offsets, destination_kind)
-    if found is not None:
-        return Delimiter(destination_kind, found)
+    # The source's own convention, or the opposite one (an end-of-document id becomes a start-of-document one,
+    # or back): the first whose id occurs once per document, so that it splits them back.
+    for kind, moves in ((destination_kind, False), (wrong, True)):
+        found = _consistent(tokens, offsets, kind)
+        if found is not None and _once_per_document(tokens, offsets, found):
+            return Delimiter(destination_kind, found, moves)
     where = "at the end of" if destination_kind == "eos" else "at the start of"
     raise ConfigError(
         f"{source} has {documents:,} documents, and a {format} file marks them only by an id {where} each one, which "
@@ -91,12 +114,16 @@ def choose_delimiter(
 def delimit(
     flat: np.ndarray, lengths: np.ndarray, delimiter: Delimiter, first_document: int, *, check: bool
 ) -> tuple[np.ndarray, np.ndarray, int]:
-    """Add the delimiter to the documents that lack it; returns the new ids, lengths and how many were added.
+    """Add the delimiter to the documents that lack it (first moving it from the other edge when
+    ``delimiter.moves``); returns the new ids, lengths and how many tokens were added (net of those moved).
 
     With ``check``, also proves the documents will split back unchanged: the delimiter occurs exactly once per
     document (so never inside one); else :class:`FormatError` names the first document that would split.
     """
     lengths = np.asarray(lengths, dtype=np.int64)
+    given = len(flat)
+    if delimiter.moves:
+        flat, lengths = _strip_edge(flat, lengths, delimiter.id, at_end=delimiter.kind == "bos")
     starts = offsets_from_lengths(lengths)[:-1]
     nonempty = lengths > 0
     edge_places = (starts + lengths - 1) if delimiter.kind == "eos" else starts
@@ -111,7 +138,17 @@ def delimit(
             bad = int(np.flatnonzero(per_document != 1)[0])
             raise FormatError(
                 f"document {first_document + bad} contains the delimiter {delimiter.id} inside it; read back, it "
-                f"would split into several documents. Choose a {delimiter.kind} id that occurs in no document, or "
-                "convert to a format that stores boundaries."
+                f"would split into several documents. Pass {option(delimiter.kind, 'ID')} with an id that occurs in "
+                "no document, or convert to a format that stores boundaries."
             )
-    return new_flat, new_lengths, int(np.count_nonzero(~has))
+    return new_flat, new_lengths, len(new_flat) - given
+
+
+def _strip_edge(flat: np.ndarray, lengths: np.ndarray, value: int, *, at_end: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Remove ``value`` from the end (or start) of each document that has it there, in one vectorised pass."""
+    starts = offsets_from_lengths(lengths)[:-1]
+    nonempty = lengths > 0
+    places = (starts + lengths - 1) if at_end else starts
+    has = np.zeros(len(lengths), dtype=bool)
+    has[nonempty] = flat[places[nonempty]] == value
+    return np.delete(flat, places[has]), lengths - has

@@ -319,13 +319,14 @@ class TokenReader(Reader[np.ndarray]):
         :class:`tokformats.checks.Problem` rows. Formats override it; the base has none."""
         return []
 
-    def problems(self, vocab_size: int | None = None) -> list[Any]:
+    def problems(self, vocab_size: int | None = None, *, progress: bool = False) -> list[Any]:
         """Every problem found by reading the whole dataset once: the format's own checks (index consistency,
         recorded sizes and checksums), ids below ``vocab_size`` (negative ids and non-finite values always),
-        and delimiters where the format splits at one. Empty when the dataset is sound."""
+        and delimiters where the format splits at one. Empty when the dataset is sound. ``progress``: a tqdm bar
+        once the scan has run for a second."""
         from .reports import problems
 
-        return problems(self, vocab_size)
+        return problems(self, vocab_size, progress=progress)
 
     def verify(self, vocab_size: int | None = None) -> None:
         """:meth:`problems`, raising :class:`tokformats.checks.VerificationError` (listing them all) if any."""
@@ -335,11 +336,18 @@ class TokenReader(Reader[np.ndarray]):
         if found:
             raise VerificationError(found)
 
-    def stats(self, top: int = 20) -> dict[str, Any]:
-        """Documents, tokens, length percentiles and histogram, most frequent ids, files (``tokformats stats``)."""
+    def stats(self, top: int = 20, decode: Callable[[list[int]], str] | None = None) -> dict[str, Any]:
+        """Documents, tokens, length percentiles and histogram, most frequent ids (their text with ``decode``, e.g.
+        ``tokenizer.decode``), files (``tokformats stats``): a dict that shows as tables in a notebook."""
         from .reports import stats
 
-        return stats(self, top=top)
+        return stats(self, top=top, decode=decode)
+
+    def plot(self, ax: Any = None, path: Any = None) -> Any:
+        """The document-length histogram with matplotlib (``tokformats stats --plot``); returns the axes."""
+        from .reports import plot_lengths
+
+        return plot_lengths(self, ax=ax, path=path)
 
     def decode(self, index: int, tokenizer: Any) -> str:
         """Document ``index`` as text, with a ``tokenizers.Tokenizer`` (or a tokenizer.json path or folder), or
@@ -480,11 +488,16 @@ class TokenWriter(Writer[Any]):
     #: The dtype the format's users expect whatever the source's (``.pt``: int64, what ``nn.Embedding`` takes);
     #: None: ``convert`` keeps the source's dtype when the format stores it.
     conventional_dtype: ClassVar[str | None] = None
+    #: Whether the files record their dtype; ``convert`` otherwise picks the smallest dtype holding every id.
+    stores_dtype: ClassVar[bool] = True
     #: Whether ``tokenize`` ends (or starts) an empty document with the delimiter too; Megatron's
     #: ``preprocess_data.py`` leaves an empty document empty.
     delimit_empty_documents: ClassVar[bool] = True
     #: Writer options ``tokenize`` uses unless the caller gives others.
     tokenize_options: ClassVar[dict[str, Any]] = {}
+    #: The writer option that records the tokenizer's name or path (datatrove's ``.ds.metadata``), which
+    #: ``tokenize`` fills with the tokenizer it was given; None when the format records none.
+    tokenizer_name_option: ClassVar[str | None] = None
 
     @classmethod
     def output_path(cls, output: PathLike, key: str, split: str | None, several_keys: bool) -> Path:
@@ -510,6 +523,32 @@ class TokenWriter(Writer[Any]):
         #: Documents and tokens written so far.
         self.num_documents = 0
         self.num_tokens = 0
+        #: How the documents given to this writer are delimited, when declared (:meth:`declare_delimiter`).
+        self.declared: tuple[str, int | None] | None = None
+
+    def declare_delimiter(self, kind: str, value: int | None) -> None:
+        """Say that the documents this writer will be given already carry a delimiter: ``kind`` ``"eos"`` (each
+        ends with ``value``), ``"bos"`` (each starts with it) or ``"none"`` (no boundaries are kept: the stream is
+        one document). Formats that can record their convention (llm.c's header, a ``.pt`` folder's manifest) write
+        it down, so that their readers split the stream back without being told; call it before writing."""
+        if kind not in ("eos", "bos", "none") or (kind != "none" and value is None):
+            raise ValueError(f"declare 'eos' or 'bos' with an id, or 'none'; got {kind!r}, {value!r}")
+        if self.num_documents:
+            raise ValueError(f"{self.path}: declare the delimiter before writing documents.")
+        self.declared = (kind, None if value is None or kind == "none" else int(value))
+
+    def read_with(self) -> dict[str, Any]:
+        """The reader options that give back the documents written (``{"eos": 0}``), empty when the files record
+        all it takes: ``tokenize`` and ``convert`` report it, and their hints pass it. Formats whose files record
+        neither their dtype nor their delimiter override it."""
+        own = getattr(self, "eos", None)  # the id a writer appends itself (raw, .pt)
+        if self.boundaries == "index":
+            return {}
+        if own is not None:
+            return {"eos": int(own)}
+        if self.declared is None or self.declared[1] is None:
+            return {}
+        return {self.declared[0]: self.declared[1]}
 
     def _validated(self, flat: np.ndarray, lengths: np.ndarray | None) -> np.ndarray:
         return check_tokens(

@@ -319,6 +319,11 @@ def _other_match(probe: Probe) -> str | None:
     return None
 
 
+def _suffixes_of(stem: Path, siblings: list[str]) -> set[str]:
+    """The suffixes of the files among ``siblings`` named ``stem`` plus one suffix."""
+    return {Path(s).suffix for s in siblings if Path(s).with_suffix("") == stem}
+
+
 def _did_you_mean(path: Path) -> str:
     """Datasets beside ``path`` whose names start with its name (``data/owt`` -> ``data/owt_text_document``)."""
     try:
@@ -327,7 +332,10 @@ def _did_you_mean(path: Path) -> str:
         return ""
     names = []
     for sibling in siblings:
-        name = Path(sibling).with_suffix("") if Path(sibling).is_file() else Path(sibling)
+        name = Path(sibling)
+        stem = name.with_suffix("")
+        if name.is_file() and name.suffix in (".bin", ".idx") and {".bin", ".idx"} <= _suffixes_of(stem, siblings):
+            name = stem  # a Megatron prefix opens by its name; any other file by its own
         if name not in names and name != path:
             names.append(name)
     if not names:

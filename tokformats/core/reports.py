@@ -6,17 +6,20 @@ chunk, memory bounded) and report every problem they find rather than stopping a
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from html import escape
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from ..errors import FormatError
 from .arrays import ConcatenatedArray, iter_chunks
+from .progress import progress_bar
 
 if TYPE_CHECKING:
     from .protocol import TokenReader
 
-__all__ = ["Problem", "VerificationError", "problems", "stats"]
+__all__ = ["Problem", "VerificationError", "StatsReport", "problems", "stats", "plot_lengths"]
 
 #: Problems listed per check before the rest are only counted.
 _LIMIT = 20
@@ -48,7 +51,7 @@ def _document_of(reader: TokenReader, position: int) -> int:
     return int(np.searchsorted(reader.offsets, position, side="right")) - 1
 
 
-def problems(reader: TokenReader, vocab_size: int | None = None) -> list[Problem]:
+def problems(reader: TokenReader, vocab_size: int | None = None, *, progress: bool = False) -> list[Problem]:
     """Every problem found in ``reader``: the format's own checks, then ids, values and delimiters."""
     found: list[Problem] = list(reader._problems())
     path = str(reader.path)
@@ -59,17 +62,22 @@ def problems(reader: TokenReader, vocab_size: int | None = None) -> list[Problem
     if len(offsets) and (offsets[0] != 0 or offsets[-1] != reader.num_tokens or (np.diff(offsets) < 0).any()):
         found.append(Problem(path, "offsets", "document boundaries do not tile the token stream"))
         return found
-    found += _value_problems(reader, vocab_size)
+    bar = progress_bar(reader.num_tokens, f"verify {reader.path.name}", enabled=progress)
+    found += _value_problems(reader, vocab_size, bar)
+    if bar is not None:
+        bar.close()
     found += _delimiter_problems(reader)
     return found
 
 
-def _value_problems(reader: TokenReader, vocab_size: int | None) -> list[Problem]:
+def _value_problems(reader: TokenReader, vocab_size: int | None, bar: Any = None) -> list[Problem]:
     path, dtype = str(reader.path), reader.dtype
     found: list[Problem] = []
     position = 0
     for chunk in iter_chunks(reader.tokens):
         values = np.asarray(chunk)
+        if bar is not None:
+            bar.update(len(values))
         if dtype.kind == "f":
             bad = np.flatnonzero(~np.isfinite(values))
             what = "is not finite"
@@ -113,17 +121,65 @@ def _delimiter_problems(reader: TokenReader) -> list[Problem]:
 _PERCENTILES = (0, 1, 5, 25, 50, 75, 95, 99, 100)
 
 
-def stats(reader: TokenReader, *, top: int = 20) -> dict[str, Any]:
-    """Documents, tokens, length percentiles and a log2 length histogram, the most frequent ids, and one row per
-    file; JSON-serialisable."""
+class StatsReport(dict[str, Any]):
+    """What :func:`stats` returns: the JSON-serialisable dict, shown as a short text summary (``repr``) and as
+    tables in a notebook (``_repr_html_``) instead of a 60-line dict."""
+
+    def __repr__(self) -> str:
+        return "\n".join(self._lines())
+
+    def _lines(self) -> list[str]:
+        lines = [f"{self['format']} {self['path']}: {self['documents']:,} documents, {self['tokens']:,} tokens, "
+                 f"{self['dtype']}"]  # fmt: skip
+        if "length" in self:
+            lines.append("document length: " + ", ".join(f"{k} {v:,}" for k, v in self["length"].items()))
+            top = max(row["documents"] for row in self["histogram"])
+            for row in self["histogram"]:
+                bar = "#" * max(1, round(30 * row["documents"] / top))
+                lines.append(f"  {row['from']:>10,} - {row['to']:<10,} {row['documents']:>10,}  {bar}")
+        if self.get("top_ids"):
+            lines.append("most frequent ids: " + ", ".join(_id_text(row) for row in self["top_ids"][:10]))
+        return lines
+
+    def _repr_html_(self) -> str:
+        rows = [f"<b>{escape(self['format'])}</b> {escape(self['path'])}: {self['documents']:,} documents, "
+                f"{self['tokens']:,} tokens, {escape(self['dtype'])}"]  # fmt: skip
+        if "length" in self:
+            cells = "".join(f"<th>{escape(k)}</th>" for k in self["length"])
+            values = "".join(f"<td>{v:,}</td>" for v in self["length"].values())
+            rows.append(f"<table><tr><th>length</th>{cells}</tr><tr><td></td>{values}</tr></table>")
+            top = max(row["documents"] for row in self["histogram"])
+            bars = "".join(
+                f"<tr><td>{row['from']:,} - {row['to']:,}</td><td>{row['documents']:,}</td><td><div style='background:"
+                f"#4c78a8;height:10px;width:{max(1, round(200 * row['documents'] / top))}px'></div></td></tr>"
+                for row in self["histogram"]
+            )
+            rows.append(f"<table><tr><th>tokens per document</th><th>documents</th><th></th></tr>{bars}</table>")
+        if self.get("top_ids"):
+            cells = "".join(
+                f"<tr><td>{row['id']}</td><td>{row['count']:,}</td><td>{escape(repr(row.get('text', '')))}</td></tr>"
+                for row in self["top_ids"]
+            )
+            rows.append(f"<table><tr><th>id</th><th>count</th><th>text</th></tr>{cells}</table>")
+        return "<div>" + "".join(f"<p>{r}</p>" if not r.startswith("<table") else r for r in rows) + "</div>"
+
+
+def _id_text(row: dict[str, Any]) -> str:
+    return f"{row['id']} {row['text']!r} ({row['count']:,})" if "text" in row else f"{row['id']} ({row['count']:,})"
+
+
+def stats(reader: TokenReader, *, top: int = 20, decode: Callable[[list[int]], str] | None = None) -> StatsReport:
+    """Documents, tokens, length percentiles and a log2 length histogram, the most frequent ids (with their text
+    when ``decode`` is given, e.g. a ``tokenizers.Tokenizer``'s ``decode``), and one row per file;
+    JSON-serialisable."""
     lengths = np.asarray(reader.lengths)
-    result: dict[str, Any] = {
-        "format": reader.format,
-        "path": str(reader.path),
-        "documents": len(reader),
-        "tokens": reader.num_tokens,
-        "dtype": reader.dtype.name,
-    }
+    result = StatsReport(
+        format=reader.format,
+        path=str(reader.path),
+        documents=len(reader),
+        tokens=reader.num_tokens,
+        dtype=reader.dtype.name,
+    )
     if len(lengths):
         values = np.percentile(lengths, _PERCENTILES, method="lower")
         result["length"] = {
@@ -139,8 +195,33 @@ def stats(reader: TokenReader, *, top: int = 20) -> dict[str, Any]:
         ]
     if reader.dtype.kind in "iu" and reader.num_tokens:
         result["top_ids"] = _top_ids(reader, top)
+        if decode is not None:
+            for row in result["top_ids"]:
+                row["text"] = decode([row["id"]])
     result["files"] = _file_rows(reader)
     return result
+
+
+def plot_lengths(reader: TokenReader, ax: Any = None, path: Any = None) -> Any:
+    """The document-length histogram (log2 bins, as :func:`stats`) on a matplotlib ``ax`` (a new figure when
+    None), saved to ``path`` when given; returns the axes."""
+    try:
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError("plotting needs matplotlib: pip install 'tokformats[plot]'") from None
+    result = stats(reader, top=0)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 4))
+    rows = result.get("histogram", [])
+    ax.bar([f"{r['from']:,}" for r in rows], [r["documents"] for r in rows])
+    ax.set_xlabel("tokens per document (from)")
+    ax.set_ylabel("documents")
+    ax.set_title(f"{result['path']}: {result['documents']:,} documents")
+    ax.tick_params(axis="x", rotation=45)
+    if path is not None:
+        ax.figure.tight_layout()
+        ax.figure.savefig(path)
+    return ax
 
 
 def _top_ids(reader: TokenReader, top: int) -> list[dict[str, int]]:

@@ -385,6 +385,8 @@ def _storage_array(path: Path, ref: _StorageRef, record: _Record, byteorder: str
             f"{path}: storage {ref.key} declares {ref.numel:,} {unit} ({numel_bytes:,} bytes) "
             f"but its record has {record.size:,} bytes."
         )
+    if element.kind == "b":  # torch's bool storage is one byte per value: mapped as uint8 (0/1), never as bool
+        dtype = np.dtype(np.uint8)
     return map_file(path, dtype, record.offset, record.size // element.itemsize)
 
 

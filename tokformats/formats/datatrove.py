@@ -324,6 +324,7 @@ class Writer(TokenWriter):
     """
 
     format = "datatrove"
+    tokenizer_name_option = "tokenizer_name"  # DocumentTokenizer records its tokenizer_name_or_path
 
     @classmethod
     def output_path(cls, output: PathLike, key: str, split: str | None, several_keys: bool) -> Path:
@@ -361,8 +362,9 @@ class Writer(TokenWriter):
             for ends in self._ends:
                 index.write(ends.astype("<u8").tobytes())
         token_size = self.dtype.itemsize
-        # datatrove writes "Unknown Tokenizer|SIZE" as the name when it has none, then appends "|SIZE" again.
-        name = self.tokenizer_name or f"Unknown Tokenizer|{token_size}"
+        # datatrove writes "Unknown Tokenizer|SIZE|SIZE" when it has no name, which its own DocumentTokenizerMerger
+        # cannot split (one "|" expected): the name alone is written instead.
+        name = self.tokenizer_name or "Unknown Tokenizer"
         text = "\n".join([f"{name}|{token_size}", str(self.num_tokens), metric(self.num_tokens, unit="T")])
         self._files.create(Path(os.fspath(self.path) + METADATA)).write(text.encode("utf-8"))
 

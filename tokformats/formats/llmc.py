@@ -6,21 +6,29 @@ Layout (little-endian; llm.c uses the host's order, which is little-endian every
     offset 0     int32  magic    20240520 (GPT-2 family) or 20240801 (Llama-3 family)
     offset 4     int32  version  1 with 20240520 (tokens uint16), 7 with 20240801 (tokens uint32)
     offset 8     int32  ntok     number of tokens (< 2**31)
-    offset 12    1012 bytes of zeros (the rest of a 256-int32 header), never read
+    offset 12    1012 bytes of zeros (the rest of a 256-int32 header), never read by llm.c
     offset 1024  ntok tokens
+
+tokformats records how documents are delimited in three of the unused ints when the convention is not llm.c's
+own (a delimiter other than the family's before each document, a delimiter after each document, or no
+boundaries): int 3 is ``CONVENTION_MARK`` (the bytes ``tokf``), int 4 the kind (1 ``bos``, 2 ``eos``, 3 none),
+int 5 the delimiter id. llm.c's readers ignore these ints; a shard in llm.c's own convention keeps them zero,
+byte-identical to llm.c's ``write_datafile``.
 
 The file size must be exactly ``1024 + ntok * itemsize``: llm.c's C loader refuses anything else,
 and seeks with an ``int``, so a shard must stay below 2 GiB. There is no dtype field; (magic,
 version) decide it. Each document is *preceded* by a delimiter (GPT-2 ``<|endoftext|>`` 50256,
-Llama-3 ``<|begin_of_text|>`` 128000), which the file does not record, and documents run across
-shard boundaries. Several shards (a glob or a list) read as one corpus in sorted order, the way the
-C loader globs and sorts them.
+Llama-3 ``<|begin_of_text|>`` 128000), which llm.c does not record, and documents run across
+shard boundaries. A reader finds the delimiter only where the file establishes it: the convention
+tokformats recorded, or the family's own id in the stream; otherwise it reads one stream and warns.
+Several shards (a glob or a list) read as one corpus in sorted order, the way the C loader globs and sorts them.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -31,7 +39,7 @@ from ..core.documents import add_delimiter, split_offsets
 from ..core.dtypes import check_id, resolve_dtype
 from ..core.protocol import PathLike, TokenWriter
 from ..core.registry import FormatDescriptor, Probe
-from ..errors import FormatError, HeaderError, NoFilesError, SizeMismatchError
+from ..errors import ConfigError, DataWarning, FormatError, HeaderError, NoFilesError, SizeMismatchError, option
 from ..fs.paths import expand_path_texts
 from ._parts import MappedParts, Part, PartTable
 from ._shards import StreamShards
@@ -50,6 +58,7 @@ __all__ = [
     "HEADER_BYTES",
     "HEADER_INTS",
     "read_header",
+    "read_convention",
     "shard_name",
 ]
 
@@ -91,6 +100,24 @@ OTHER_MAGICS = {
 
 #: Tokens the reader looks at to find the delimiter when none is given.
 DELIMITER_PROBE = 1 << 20
+
+#: Header int 3 of a shard whose document convention tokformats recorded (the bytes ``tokf``, little-endian).
+CONVENTION_MARK = int.from_bytes(b"tokf", "little")
+#: Header int 4: how documents are delimited (int 5 holds the delimiter id).
+CONVENTION_KINDS = {1: "bos", 2: "eos", 3: "none"}
+_CONVENTION_CODES = {kind: code for code, kind in CONVENTION_KINDS.items()}
+
+
+def read_convention(head: bytes) -> tuple[str, int | None] | None:
+    """The document convention a shard's header records (``("bos", id)``, ``("eos", id)`` or ``("none", None)``),
+    or None when it records none (llm.c's own writer, or a shard in llm.c's convention)."""
+    if len(head) < 24:
+        return None
+    mark, code, value = (int(v) for v in np.frombuffer(head, dtype="<i4", count=3, offset=12))
+    kind = CONVENTION_KINDS.get(code)
+    if mark != CONVENTION_MARK or kind is None:
+        return None
+    return kind, (None if kind == "none" else value)
 
 
 def shard_name(prefix: PathLike, split: str | None, index: int) -> Path:
@@ -202,10 +229,12 @@ class Reader(MappedParts):
     Args:
         path: a shard, a glob such as ``"data/fineweb_train_*.bin"``, a list of shards, or a folder holding the
             shards of one split.
-        bos: the delimiter that precedes each document. ``"auto"`` (default): the family's (50256 for GPT-2,
-            128000 for Llama-3) when it occurs near the start of the stream, else the stream's first token, which
-            llm.c's writers always make the delimiter (so shards written with another tokenizer read right);
-            an id; or ``None`` to read the whole stream as one document. ``bos_rule`` says which applied.
+        bos: the delimiter that precedes each document. ``"auto"`` (default): the convention the first shard's
+            header records (tokformats writes it there when it is not llm.c's), else the family's delimiter
+            (50256 for GPT-2, 128000 for Llama-3) when it occurs near the start of the stream; else the
+            convention is unknown and the stream reads as one document, with a warning naming the options to
+            pass. An id; or ``None`` to read the whole stream as one document. ``bos_rule`` says which applied.
+        eos: the delimiter that ends each document instead (a stream written with an end-of-text id appended).
         open_maps: how many shards of a glob stay mapped at once (each map holds a file descriptor); the least
             recently read is unmapped beyond it. Default: a quarter of ``ulimit -n``, between 16 and 1,024.
         remote: set by ``tokformats.open(URL)``: each shard is fetched when a token of it is first read.
@@ -228,10 +257,11 @@ class Reader(MappedParts):
         path: PathLike | list[PathLike],
         *,
         bos: int | str | None = "auto",
+        eos: int | None = None,
         open_maps: int | None = None,
         remote: LazyFiles | None = None,
     ) -> None:
-        super().__init__(path, bos=bos, remote=remote)
+        super().__init__(path, bos=bos, eos=eos, remote=remote)
         self._remote = remote
         if isinstance(path, (str, os.PathLike)) and Path(path).is_dir():
             texts = [os.fspath(p) for p in folder_shards(Path(path), remote)]
@@ -241,25 +271,37 @@ class Reader(MappedParts):
             texts = sorted(texts)
         if open_maps is not None:
             self.open_maps = self._init_kwargs["open_maps"] = int(open_maps)
+        paths = [Path(texts[0])]
         if remote is None and len(texts) > 1:
             self._set_parts(self._local_shards(texts))
+            first_head = self._head(paths[0], HEADER_BYTES)
         else:
             paths = [Path(t) for t in texts]
             if remote is None:
                 headers = [read_header(p) for p in paths]
+                first_head = self._head(paths[0], HEADER_BYTES)
             else:  # each header by one ranged request; the shard itself arrives on first use
-                headers = [read_header(p, self._head(p, HEADER_BYTES), remote.size(p)) for p in paths]
+                heads = [self._head(p, HEADER_BYTES) for p in paths]
+                headers = [read_header(p, head, remote.size(p)) for p, head in zip(paths, heads)]
+                first_head = heads[0]
             self._check_one_family(paths, [family for family, _ in headers])
             self.family = headers[0][0]
             self._set_parts([Part(p, HEADER_BYTES, ntok, self.family.dtype) for p, (_, ntok) in zip(paths, headers)])
         self.shards  # noqa: B018 - map now (several local shards: as each is first read, after its header)
-        if bos == "auto":
-            self.bos, self.bos_rule = self._find_delimiter()
+        self.eos: int | None = None
+        if eos is not None:
+            if bos not in ("auto", None):
+                raise ConfigError(f"{paths[0]}: pass bos= or eos=, not both.")
+            self.bos, self.eos, self.bos_rule = None, int(eos), "given"
+        elif bos == "auto":
+            self._convention(read_convention(first_head))
         elif bos is None or isinstance(bos, (int, np.integer)):
             self.bos, self.bos_rule = (None if bos is None else int(bos)), "given"
         else:
-            raise ValueError(f"bos must be an id, None or 'auto', not {bos!r}")
-        self._init_kwargs["bos"] = self.bos  # pickles re-open with the delimiter found here
+            raise ConfigError(f"{paths[0]}: bos must be an id, None or 'auto', not {bos!r}.")
+        # pickles re-open with the delimiter found here
+        self._init_kwargs["bos"] = self.bos if self.bos_rule != "unknown" else None
+        self._init_kwargs["eos"] = self.eos
 
     def _local_shards(self, texts: list[str]) -> PartTable:
         """Local shards, each costing one ``stat`` (its pin: size, inode, time) and nothing more: its token count
@@ -304,20 +346,52 @@ class Reader(MappedParts):
             raise SizeMismatchError(f"{part.path}: header field 'ntok' disagrees with the size pinned at open.")
         return super()._open_part(index)
 
-    def _find_delimiter(self) -> tuple[int | None, str]:
-        """The delimiter llm.c's writers put before every document, found without a full scan.
+    def _convention(self, recorded: tuple[str, int | None] | None) -> None:
+        """Set the delimiter from what establishes it: the header's record, else the family's own id in the
+        stream; else none, with a warning (never a guess the data does not support)."""
+        if recorded is not None:
+            kind, value = recorded
+            self.bos = value if kind == "bos" else None
+            self.eos = value if kind == "eos" else None
+            self.bos_rule = "recorded"
+            return
+        found = self._family_delimiter()
+        if found is not None:
+            self.bos, self.bos_rule = found, "family"
+            return
+        self.bos, self.bos_rule = None, "unknown"
+        self.warnings.append(self._unknown_convention())
+        warnings.warn(DataWarning(self.warnings[-1]), stacklevel=4)
 
-        The family's own delimiter (50256, 128000) when the stream starts with it or it occurs among the first
-        ``DELIMITER_PROBE`` tokens (a single shard from the middle of a corpus starts mid-document); otherwise the
-        stream's first token, since llm.c's writers start every corpus with the delimiter.
-        """
+    def _family_delimiter(self) -> int | None:
+        """The family's own delimiter (50256, 128000) when the stream starts with it or it occurs among the first
+        ``DELIMITER_PROBE`` tokens (a single shard from the middle of a corpus starts mid-document); else None.
+        An empty corpus takes the family's: there is nothing to mis-split."""
         first_shard = next((k for k, part in enumerate(self._parts) if part.tokens), None)
         if first_shard is None:
-            return self.family.delimiter, "family"
+            return self.family.delimiter
         probe = np.asarray(self.shards[first_shard][:DELIMITER_PROBE])
-        if probe[0] == self.family.delimiter or (probe == self.family.delimiter).any():
-            return self.family.delimiter, "family"
-        return int(probe[0]), "first token"
+        return self.family.delimiter if (probe == self.family.delimiter).any() else None
+
+    def _unknown_convention(self) -> str:
+        """Why the stream reads as one document, and the options that split it, with ids taken from the data."""
+        tokens = self.tokens
+        first, last = int(tokens[0]), int(tokens[len(tokens) - 1])
+        path = self.path if self.num_shards == 1 else f"{self.path.parent}/ ({self.num_shards} shards)"
+        return (
+            f"{path}: the document delimiter is unknown: the header records none and the {self.family.name} "
+            f"delimiter {self.family.delimiter} does not occur, so the stream reads as one document. If each "
+            f"document starts with an id (this stream starts with {first}), pass {option('bos', str(first))}; if "
+            f"each ends with one (it ends with {last}), pass {option('eos', str(last))}."
+        )
+
+    def _problems(self) -> list[Any]:
+        """An unknown document convention is a problem to ``verify``: the documents cannot be checked."""
+        from ..core.reports import Problem
+
+        if self.bos_rule != "unknown":
+            return []
+        return [Problem(str(self.path), "delimiter", self.warnings[0].split(": ", 1)[1])]
 
     @property
     def num_shards(self) -> int:
@@ -325,7 +399,7 @@ class Reader(MappedParts):
         return len(self._parts)
 
     def _offsets(self) -> np.ndarray:
-        return split_offsets(self.tokens, bos=self.bos)
+        return split_offsets(self.tokens, bos=self.bos, eos=self.eos)
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -334,6 +408,7 @@ class Reader(MappedParts):
             "version": self.family.version,
             "family": self.family.name,
             "bos": self.bos,
+            "eos": self.eos,
             "bos_rule": self.bos_rule,
             "shards": [{"path": str(p.path), "ntok": p.tokens} for p in self._parts],
         }
@@ -421,16 +496,35 @@ class Writer(TokenWriter):
             pattern = shard_name(Path(self.path).name, split, 0).name.replace("000000", _INDEX_GLOB)
             self._files.remove_on_commit(lambda: sorted(Path(self.path).parent.glob(pattern)))
 
+    def convention(self) -> tuple[str, int | None] | None:
+        """The document convention the shards' headers record: the delimiter this writer inserts, else the one
+        declared (:meth:`declare_delimiter`); None when it is llm.c's own (the family's delimiter before each
+        document) or unknown, so that such shards stay byte-identical to llm.c's ``write_datafile``."""
+        found = ("bos", self.bos) if self.bos is not None else self.declared
+        return None if found == ("bos", self.family.delimiter) else found
+
+    def read_with(self) -> dict[str, Any]:
+        """Nothing: the header records any convention that is not llm.c's own (:meth:`convention`)."""
+        return {}
+
+    def _header_of(self, tokens: int) -> np.ndarray:
+        header = self._header.copy()
+        header[2] = tokens
+        recorded = self.convention()
+        if recorded is not None:
+            kind, value = recorded
+            header[3:6] = (CONVENTION_MARK, _CONVENTION_CODES[kind], 0 if value is None else value)
+        return header
+
     def _open_shard(self, index: int) -> Any:
         final = shard_name(self.path, self.split, index)
         shard = self._files.create(final)
-        shard.write(self._header.tobytes())  # ntok is patched when the shard is closed
+        shard.write(self._header_of(0).tobytes())  # ntok is patched when the shard is closed
         self.shard_paths.append(final)
         return shard
 
     def _close_shard(self, shard: Any, tokens: int) -> None:
-        header = self._header.copy()
-        header[2] = tokens
+        header = self._header_of(tokens)
         shard.seek(0)
         shard.write(header.tobytes())
         self._files.finish(shard)

@@ -114,6 +114,16 @@ def detect(probe: Probe) -> bool:
     return probe.sibling(str(resolve_prefix(probe.path)) + ".idx").head(len(MAGIC)) == MAGIC
 
 
+def undetected_hint(probe: Probe) -> str | None:
+    """For a ``.bin`` no format recognises: name the Megatron index it lacks, if that is what is missing."""
+    if not probe.is_file or probe.path.suffix != ".bin":
+        return None
+    index = probe.path.with_suffix(".idx")
+    if probe.sibling(str(index)).exists:
+        return None
+    return f"If it is the data of a Megatron dataset, its index {index} is missing."
+
+
 class Sequences(Sequence[np.ndarray]):
     """Megatron's own unit: the sequences of an indexed dataset (``IndexedDataset[i]``)."""
 

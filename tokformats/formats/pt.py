@@ -18,6 +18,8 @@ A shard folder (NeuroShard Genesis layout)::
 The packer concatenates documents and cuts fixed-size shards; the tail that does not fill a shard is
 kept as ``leftover_tokens`` so that a resumed run continues exactly where the last one stopped.
 Nodes pick their shards with :func:`assigned_shards`. Timestamps are ISO-8601 UTC with a ``Z``.
+tokformats adds ``"document_delimiter": {"eos": ID}`` to the manifest when the documents it packed end with
+an id, so that the reader splits them back by default (without it, each shard reads as one document).
 """
 
 from __future__ import annotations
@@ -76,6 +78,9 @@ MANIFEST = "manifest.json"
 #: The Genesis manifest version whose fields the writer records (``shards`` with a SHA-256 per file).
 MANIFEST_VERSION = 3
 CHECKPOINTS = "checkpoints.json"
+#: The manifest key where tokformats records how documents are delimited (``{"eos": 0}``): Genesis readers ignore
+#: it, and the folder reads back by document without ``eos=``.
+DELIMITER_KEY = "document_delimiter"
 TOKENIZER = "tokenizer.json"
 #: dtypes the writers store (torch has tensor types for each).
 WRITABLE = ("int64", "int32", "uint16", "uint32", "int16", "uint8", "uint64", "float32", "float64")
@@ -318,7 +323,8 @@ class FolderReader(Reader):
 
     Args:
         path: the folder.
-        eos / bos: split documents at this id; by default each shard is one document.
+        eos / bos: split documents at this id; by default the id the manifest's ``document_delimiter`` records,
+            else each shard is one document.
         remote: set by ``tokformats.open("https://.../genesis/")``: the folder then holds the manifest, and each
             shard it lists is downloaded (and verified against the manifest's SHA-256) the first time a token of it
             is read; :meth:`prefetch` downloads ahead.
@@ -349,6 +355,9 @@ class FolderReader(Reader):
             self._pin(*(shard for _, shard in self._shards))
         self._arrays  # noqa: B018 - load now: what was validated is what is read
         self.eos, self.bos = eos, bos
+        recorded = (self.manifest or {}).get(DELIMITER_KEY)
+        if eos is None and bos is None and isinstance(recorded, dict):
+            self.eos, self.bos = _recorded_id(recorded, "eos"), _recorded_id(recorded, "bos")
         self.checkpoints = _json_object(self._path / CHECKPOINTS)
 
     @cached_property
@@ -451,6 +460,12 @@ class FolderReader(Reader):
             "eos": self.eos,
             "bos": self.bos,
         }
+
+
+def _recorded_id(recorded: dict[str, Any], kind: str) -> int | None:
+    """The ``eos``/``bos`` id a manifest's ``document_delimiter`` records (an int), or None."""
+    value = recorded.get(kind)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _pt_dtype(dtype: npt.DTypeLike | None, vocab_size: int | None) -> np.dtype:
@@ -652,6 +667,19 @@ class FolderWriter(Writer):
             flat, _ = add_delimiter(flat, lengths, self.eos)
         self._append(flat)
 
+    def read_with(self) -> dict[str, Any]:
+        """Nothing: the manifest records the delimiter (:meth:`_recorded_delimiter`)."""
+        return {}
+
+    def _recorded_delimiter(self) -> dict[str, int]:
+        """What the manifest records under ``document_delimiter``, so that the folder reads back by document:
+        the ``eos`` this writer appends, else the delimiter declared (:meth:`declare_delimiter`)."""
+        if self.eos is not None:
+            return {"eos": int(self.eos)}
+        if self.declared is not None and self.declared[1] is not None:
+            return {self.declared[0]: self.declared[1]}
+        return {}
+
     def _write_json(self, name: str, data: dict[str, Any]) -> None:
         handle = self._files.create(self.path / name)
         handle.write((json.dumps(data, indent=2) + "\n").encode("utf-8"))
@@ -701,5 +729,8 @@ class FolderWriter(Writer):
 
             handle = self._files.create(self.path / TOKENIZER)
             handle.write(load_tokenizer(self.tokenizer).to_str().encode("utf-8"))
+        recorded = self._recorded_delimiter()
+        if recorded:
+            self._manifest[DELIMITER_KEY] = recorded
         self._write_json(CHECKPOINTS, self._checkpoints)
         self._write_json(MANIFEST, self._manifest)  # last: a manifest means the folder is complete

@@ -45,20 +45,26 @@ _SAMPLE_BYTES = 1 << 20
 _PREVIEW = 8
 
 
-def _guess(sample: bytes, size: int) -> str:
-    """A hint (never used to read) about which candidate dtype the bytes look like."""
+def _guess(sample: bytes, size: int) -> tuple[str, str | None]:
+    """A hint (never used to read) about which candidate dtype the bytes look like, and that dtype if one is
+    probable."""
+    if size % 2:
+        return f"no candidate dtype divides the file size ({size:,} bytes is odd): it is truncated or not ids", None
     if size % 4:
-        return "only uint16 divides the file size, so it is probably uint16"
+        return "only uint16 divides the file size, so it is probably uint16", "uint16"
     words = np.frombuffer(sample[: len(sample) // 4 * 4], dtype="<u4")
     if words.size == 0:
-        return "the file is empty"
+        return "the file is empty", None
     too_large = float(np.mean(words >= 1 << 20))
     if too_large > 0.01:
-        return f"as uint32, {too_large:.0%} of values exceed 2**20 (no tokenizer is that large): probably uint16"
+        return (
+            f"as uint32, {too_large:.0%} of values exceed 2**20 (no tokenizer is that large): probably uint16",
+            "uint16",
+        )
     halves = np.frombuffer(sample[: len(sample) // 4 * 4], dtype="<u2")
     if halves[1::2].any():
-        return "the values read as uint32 are all plausible ids; uint32/int32 is likely, but uint16 is possible"
-    return "as uint16, every second value is 0: probably uint32 (or int32, identical for ids below 2**31)"
+        return "the values read as uint32 are plausible ids; uint32/int32 is likely, but uint16 is possible", "uint32"
+    return "as uint16, every second value is 0: probably uint32 (or int32, identical for ids below 2**31)", "uint32"
 
 
 def implausible(sample: bytes, dtype: np.dtype) -> str | None:
@@ -107,7 +113,11 @@ def describe_headerless(path: Path) -> str:
         head = values[:_PREVIEW].tolist()
         top = int(values.max()) if values.size else None
         lines.append(f"  {name}: {size // dt.itemsize:,} tokens, starting {head}, largest in the first MiB {top}")
-    lines.append(f"Hint: {_guess(sample, size)}.")
+    hint, probable = _guess(sample, size)
+    if probable is not None:
+        dtype = option("dtype", repr(probable))
+        hint += f"; open it with {option('format', repr('raw'))}{' ' if dtype.startswith('--') else ', '}{dtype}"
+    lines.append(f"Hint: {hint}.")
     return "\n".join(lines)
 
 
@@ -193,6 +203,7 @@ class Writer(TokenWriter):
 
     format = "raw"
     boundaries = "eos"  # nanoGPT and oxidizr streams end each document with EOS
+    stores_dtype = False  # a headerless stream: its reader must be told
 
     @classmethod
     def output_path(cls, output: PathLike, key: str, split: str | None, several_keys: bool) -> Path:
@@ -211,6 +222,10 @@ class Writer(TokenWriter):
         super().__init__(path, dtype=chosen, vocab_size=vocab_size, overwrite=overwrite)
         self.eos = check_id(eos, chosen, vocab_size, "eos")
         self._file = self._files.create(self.path)
+
+    def read_with(self) -> dict[str, Any]:
+        """``format``, ``dtype`` and the delimiter: a headerless stream records none of them."""
+        return {"format": "raw", "dtype": self.dtype.name, **super().read_with()}
 
     def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
         if self.eos is not None:

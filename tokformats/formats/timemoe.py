@@ -405,7 +405,10 @@ class Reader(TokenReader):
 
     def _offsets(self) -> np.ndarray:
         offsets = offsets_from_lengths(self.scales.lengths)
-        if not np.array_equal(offsets[:-1], self.scales.offsets):
+        # An empty sequence may sit anywhere (the writer puts a trailing one on the last value, where Time-MoE
+        # finds it): only the others must tile the data.
+        stored = self.scales.lengths > 0
+        if not np.array_equal(offsets[:-1][stored], self.scales.offsets[stored]):
             raise FormatError(
                 f"{self._path}: the sequences do not tile the data contiguously, so they have no flat document "
                 "offsets; use r[i] or r.scales."
@@ -487,7 +490,12 @@ class Windows:
             raise ValueError(f"normalization must be 'zero', 'max' or None, not {normalization!r}")
         self.reader = reader
         self.window = context_length + prediction_length
-        self.stride = stride or self.window
+        if stride is not None and (isinstance(stride, bool) or int(stride) != stride or stride <= 0):
+            raise ConfigError(
+                f"stride must be a positive number of values, found {stride!r}; pass stride=None for the window "
+                f"length ({self.window}), which is what Time-MoE makes of 0."
+            )
+        self.stride = int(stride) if stride is not None else self.window
         self.normalization = normalization
         self.transform = transform
         self._transformed: tuple[int, np.ndarray] | None = None
@@ -689,6 +697,8 @@ class Writer(TokenWriter):
         values = as_token_array(series, what="a series")
         if (mean is None) != (std is None):
             raise FormatError(f"{self.path}: pass both mean= and std=, or neither (sequence {self.num_documents}).")
+        if mean is not None and std is not None:
+            self._check_scale(mean, std)
         if mean is not None and std is not None and not normalized:
             values = (np.asarray(values, dtype=np.float64) - mean) / std
         flat = self._validated(values, None)
@@ -701,6 +711,14 @@ class Writer(TokenWriter):
         self._store(flat)
         self.num_documents += 1
         self.num_tokens += len(flat)
+
+    def _check_scale(self, mean: float, std: float) -> None:
+        """A scale the reader can undo: finite, and a std that is not 0 (the stored values would be ``x / 0``)."""
+        if not (np.isfinite(mean) and np.isfinite(std)) or std == 0:
+            raise FormatError(
+                f"{self.path}: sequence {self.num_documents} has mean={mean!r}, std={std!r}; a stored sequence is "
+                "(x - mean) / std, so both must be finite and std non-zero (for a constant series pass std=1.0)."
+            )
 
     def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
         starts = self._offset + offsets_from_lengths(lengths)[:-1]
@@ -743,6 +761,11 @@ class Writer(TokenWriter):
         head = json.dumps({"num_sequences": len(self._offsets), "dtype": self.dtype.name, "files": files})
         yield head[:-1] + ', "scales": ['
         offsets, lengths = self._offsets.view().tolist(), self._lengths.view().tolist()
+        # Time-MoE's BinaryDataset finds a sequence by the file its offset falls in: an empty sequence at the very
+        # end (offset == every value) falls in none and fails ("need at least one array to concatenate"). It is
+        # placed on the last value instead, which Time-MoE reads as empty as well (nothing else changes).
+        end = self._offset
+        offsets = [o if length or o < end or not end else end - 1 for o, length in zip(offsets, lengths)]
         means, stds = self._means.view(), self._stds.view()
         for k in range(len(offsets)):
             entry: dict[str, Any] = {"offset": offsets[k]}

@@ -442,6 +442,8 @@ class FsspecBackend(Backend):
 
 def backend_for(url: str, limits: Limits | None = None, **options: Any) -> Backend:
     """The backend of ``url``'s scheme."""
+    if "://" not in url:  # a local path: it has no scheme to name
+        raise RemoteError(f"{url} is not a URL; pass a store's folder URL ({', '.join(_SCHEMES)}).")
     scheme = url.split("://", 1)[0].lower()
     if scheme in ("http", "https"):
         return HTTPBackend(options.get("headers"), limits)

@@ -269,6 +269,8 @@ class Stats:
 
     records: int = 0
     documents: int = 0
+    #: Characters of text encoded (the uncompressed input, whatever its compression).
+    text: int = 0
     tokens: int = 0
     skipped: int = 0
     errors: list[str] = field(default_factory=list)
@@ -278,14 +280,24 @@ class Stats:
 
 
 class Progress:
-    """One line on stderr, refreshed twice a second: documents, tokens, MB/s, and ETA when sizes are known."""
+    """Progress of a run on stderr: a tqdm bar when tqdm is installed (a widget in a notebook), else one line,
+    refreshed at most twice a second: documents, tokens, the rate in characters of text encoded (uncompressed), and
+    the share of the input bytes (compressed, as on disk) whose documents are encoded, with an ETA."""
 
-    def __init__(self, enabled: bool, total_bytes: int | None, counters: list[Any]) -> None:
+    def __init__(self, enabled: bool, total_bytes: int | None, counters: list[Any], *, style: str = "auto") -> None:
         self.enabled, self.total, self.counters = enabled, total_bytes, counters
         self.started = self.last = time.perf_counter()
         self.done_before = 0
         #: Input bytes whose documents are encoded (set by the encoding loop; None: count what was read).
         self.encoded: int | None = None
+        self._bar: Any = None
+        if enabled and style != "line":
+            try:
+                from tqdm.auto import tqdm
+            except ImportError:  # the plain line below
+                pass
+            else:
+                self._bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="tokenize", mininterval=0.5)
 
     def update(self, stats: Stats, *, final: bool = False) -> None:
         now = time.perf_counter()
@@ -294,16 +306,29 @@ class Progress:
         self.last = now
         read = self.done_before + (self.encoded if self.encoded is not None else sum(c.count for c in self.counters))
         elapsed = max(now - self.started, 1e-9)
-        rate = read / elapsed
-        line = f"tokenize: {stats.documents:,} documents, {stats.tokens:,} tokens, {rate / 1e6:.1f} MB/s"
+        facts = f"{stats.documents:,} documents, {stats.tokens:,} tokens, {stats.text / elapsed / 1e6:.1f} M chars/s"
+        if stats.skipped:
+            facts += f", {stats.skipped:,} bad records skipped"
+        if self._bar is not None:
+            self._bar.n = min(read, self.total) if self.total else read
+            self._bar.set_postfix_str(facts, refresh=False)
+            self._bar.refresh()
+            if final:
+                self._bar.close()
+            return
+        line = f"tokenize: {facts}"
         if self.total:
             share = min(read / self.total, 1.0)
+            rate = read / elapsed
             eta = (self.total - read) / rate if rate > 0 and not final else 0
             line += f", {share:.0%}, ETA {int(eta) // 60}:{int(eta) % 60:02d}"
-        if stats.skipped:
-            line += f", {stats.skipped:,} bad records skipped"
         sys.stderr.write("\r" + line + ("\n" if final else ""))
         sys.stderr.flush()
+
+
+#: Text (characters) per batch at most, whatever the batch size in documents: progress and checkpoints then come
+#: about once a second even when documents are long (a novel by paragraph, whole files).
+MAX_BATCH_TEXT = 1 << 20
 
 
 # -- encoding one partition -----------------------------------------------------------------------------
@@ -316,13 +341,15 @@ def _batches(
     its end (so progress counts what was encoded, not what was read ahead); passes errors on."""
     try:
         batch: list[Record] = []
+        text = 0
         for record in records:
             if stop.is_set():
                 return
             batch.append(record)
-            if len(batch) >= size:
+            text += sum(map(len, record.texts)) if record.texts else 0
+            if len(batch) >= size or text >= MAX_BATCH_TEXT:
                 out.put((batch, sum(c.count for c in counters)))
-                batch = []
+                batch, text = [], 0
         if batch:
             out.put((batch, sum(c.count for c in counters)))
         out.put(None)
@@ -524,6 +551,7 @@ class _PartitionRun:
                 self._spool(key, flat, lengths, split_of)
                 if k == 0:
                     self.stats.documents += len(good)
+                self.stats.text += sum(len(r.texts[k]) for r in good if r.texts)
                 self.stats.tokens += len(flat)
         last = batch[-1]
         self.position = (last.input + self.first_input, last.index)
@@ -686,12 +714,17 @@ def tokenize(
     targets = output_paths(output, format, plan.keys, plan.splits)
     work = Path(f"{output}.tokenize")
     _check_outputs(writer_class, targets, work, overwrite=overwrite, resume=resume)
+    named = writer_class.tokenizer_name_option
+    if named and named not in writer_options and isinstance(tokenizer, (str, os.PathLike)):
+        writer_options = {**writer_options, named: os.fspath(tokenizer)}  # as DocumentTokenizer records it
+    _check_writer_options(plan, writer_class, targets, writer_options)
     total_bytes = sum(i.size or 0 for i in resolved) or None
-    show = sys.stderr.isatty() if progress is None else progress
-    monitor = Progress(show, total_bytes, [])
+    # By default on a terminal, and in a notebook (where tqdm draws a widget); not in logs.
+    show = (sys.stderr.isatty() or "ipykernel" in sys.modules) if progress is None else progress
     encoder = Encoder(loaded, engine, verify_fraction, seed=plan.seed, partition=0)
     if show:
         print(f"tokformats: encoding with {encoder.engine.name}: {encoder.reason}", file=sys.stderr)
+    monitor = Progress(show, total_bytes, [])
     settings = (batch_size, resume, checkpoint_every)
     if executor is None:
         parts = [work / "part-0000"]
@@ -705,6 +738,7 @@ def tokenize(
         records=sum(s.records for s in all_stats),
         documents=sum(s.documents for s in all_stats),
         tokens=sum(s.tokens for s in all_stats),
+        text=sum(s.text for s in all_stats),
         skipped=sum(s.skipped for s in all_stats),
         errors=[e for s in all_stats for e in s.errors][:100],
     )
@@ -715,6 +749,7 @@ def tokenize(
         "documents": total.documents,
         "tokens": total.tokens,
         "bytes": total_bytes,
+        "text_characters": total.text,
         "seconds": round(time.perf_counter() - started, 3),
         "skipped": total.skipped,
         "errors": total.errors,
@@ -763,6 +798,9 @@ def _make_plan(
                 f"{option('eos', repr('none'))}."
             )
         eos_id = int(found)
+    stored_eos = eos_id if eos != "none" else None
+    if stored_eos is not None and stored_eos < 0:
+        raise ConfigError(f"the end-of-text id must not be negative, found {option('eos_id', str(stored_eos))}.")
     return Plan(
         inputs=[i.name for i in resolved],
         format=format,
@@ -772,7 +810,9 @@ def _make_plan(
         split=split_fractions(split),
         seed=int(seed),
         unit=unit,
-        vocab_size=loaded.get_vocab_size(with_added_tokens=True),
+        # Every id stored: the tokenizer's, and an end-of-text id given beyond them (cl100k's 100257 with a
+        # smaller tokenizer), so that the spools and the writer's dtype hold it from the start.
+        vocab_size=max(loaded.get_vocab_size(with_added_tokens=True), 0 if stored_eos is None else stored_eos + 1),
         tokenizer_hash=hashlib.sha256(loaded.to_str().encode("utf-8")).hexdigest(),
         on_error=on_error,
     )
@@ -820,6 +860,40 @@ def _encode_in_parallel(
     return parts, [Stats(**result) for result in executor.map(_partition_job, jobs)]
 
 
+def _output_writer(
+    plan: Plan,
+    writer_class: type[TokenWriter],
+    target: Path,
+    split: str,
+    writer_options: dict[str, Any],
+    *,
+    replace: bool,
+) -> TokenWriter:
+    """The writer of one output, told the delimiter its documents carry (formats that can record it do, so the
+    output reads back without options)."""
+    options = {
+        "vocab_size": plan.vocab_size,
+        **writer_class.tokenize_options,
+        **writer_class.split_options(split or None),
+        **writer_options,
+    }
+    writer = api.create_corpus(target, plan.format, overwrite=replace, **options)
+    if plan.eos_id is not None:
+        writer.declare_delimiter("bos" if plan.eos == "prepend" else "eos", plan.eos_id)
+    else:
+        writer.declare_delimiter("none", None)
+    return writer
+
+
+def _check_writer_options(
+    plan: Plan, writer_class: type[TokenWriter], targets: dict[tuple[str, str], Path], writer_options: dict[str, Any]
+) -> None:
+    """Create (and discard) the first output's writer before encoding, so that a dtype or option the format
+    refuses fails now, not after the whole encode."""
+    (_, split), target = next(iter(targets.items()))
+    _output_writer(plan, writer_class, target, split, writer_options, replace=True).abort()
+
+
 def _write_outputs(
     plan: Plan,
     writer_class: type[TokenWriter],
@@ -834,13 +908,7 @@ def _write_outputs(
     dtype = dtype_for_vocab(plan.vocab_size)
     for (key, split), target in targets.items():
         name = _stream_name(key, split)
-        options = {
-            "vocab_size": plan.vocab_size,
-            **writer_class.tokenize_options,
-            **writer_class.split_options(split or None),
-            **writer_options,
-        }
-        writer = api.create_corpus(target, plan.format, overwrite=replace, **options)
+        writer = _output_writer(plan, writer_class, target, split, writer_options, replace=replace)
         with writer:
             for part in parts:
                 copy_spool(writer, part, name, dtype)
@@ -849,5 +917,6 @@ def _write_outputs(
             "documents": writer.num_documents,
             "tokens": writer.num_tokens,
             "files": [str(p) for p in writer.written],
+            "read_with": writer.read_with(),
         }
     return outputs
