@@ -115,6 +115,7 @@ def test_two_resumes_in_threads_never_publish_a_mix(
             assert str(folder / "o.tokenize") in str(error)
         assert published(folder, "o") == corpus["references"][variant], round_
         assert not (folder / "o.tokenize").exists()
+    print(f"threads {variant}: {round_ + 1} rounds, {refused} refused with FolderBusyError, 0 corrupted publishes")
     assert refused  # the runs did overlap: one was refused at least once
 
 
@@ -160,6 +161,7 @@ def test_two_resumes_in_processes_never_publish_a_mix(
                 refusals += 1
                 assert str(folder / "o.tokenize") in out
         assert published(folder, "o") == corpus["references"][variant], round_
+    print(f"processes {variant}: {round_ + 1} rounds, {refusals} refused with FolderBusyError, 0 corrupted publishes")
     assert refusals
 
 
@@ -230,7 +232,7 @@ def test_killing_the_parent_stops_its_workers_and_resume_is_exact(
         tokformats.tokenize(inputs, tokenizer_path, reference / "o", format="megatron", split="8:1:1", progress=False,
                             batch_size=20, checkpoint_every=0.0, executor=pool)  # fmt: skip
     expected = published(reference, "o")
-    killed = 0
+    killed = orphans_seen = 0
     for round_ in range(rounds(reliability_long, 2, 50)):
         folder = tmp_path / f"r{round_}"
         folder.mkdir()
@@ -264,6 +266,8 @@ def test_killing_the_parent_stops_its_workers_and_resume_is_exact(
                                 progress=False, batch_size=20, checkpoint_every=0.0, executor=pool,
                                 resume=True)  # fmt: skip
         assert published(folder, "o") == expected, round_
+        orphans_seen += len(workers)
+    print(f"parent kills ({launcher}): {killed} kills, {orphans_seen} workers, 0 alive after 10 s, 0 resume diffs")
     assert killed
 
 
