@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .core.boundaries import choose_delimiter, delimit
 from .core.documents import document_runs
 from .core.protocol import PathLike, Reader, TokenReader, TokenWriter, Writer
@@ -123,7 +125,9 @@ def convert(
 
     When neither ``dtype=`` nor ``vocab_size=`` is given, the format's conventional dtype is used (``.pt``:
     int64), else the source's dtype if the destination stores it, else the smallest dtype holding the largest id.
-    Values are copied as stored: Time-MoE sequences stored normalised stay normalised.
+    A conversion never changes a value the source's reader returns: Time-MoE sequences stored normalised keep
+    their ``mean``/``std`` into a Time-MoE destination, and any other destination gets the de-normalised values
+    (in the reader's float dtype; refused, naming the value, where the destination cannot store them).
 
     Returns:
         ``{"documents", "tokens", "dtype", "files", "delimiters_added", "read_with"}``: what the destination reads
@@ -146,8 +150,11 @@ def convert(
             alternatives=_index_formats(),
         )
         options = dict(writer_options)
+        scales = _value_scales(reader)
+        carry_scales = scales is not None and hasattr(writer_class, "write_scaled_batch")
         if "dtype" not in options and "vocab_size" not in options:
-            options["dtype"] = writer_class.conventional_dtype or reader.dtype
+            stored = reader.dtype if scales is None or carry_scales else np.result_type(reader.dtype, 1.0)
+            options["dtype"] = writer_class.conventional_dtype or stored
             try:
                 writer = create_corpus(destination, format, **options)
             except DTypeError:
@@ -165,6 +172,11 @@ def convert(
             for first, stop in document_runs(reader.offsets, batch_tokens):
                 flat = reader.span(reader.offsets.item(first), reader.offsets.item(stop))
                 lengths = reader.lengths[first:stop]
+                if carry_scales and scales is not None:  # stored values and their scales: the same values read back
+                    writer.write_scaled_batch(flat, lengths, scales.means[first:stop], scales.stds[first:stop])
+                    continue
+                if scales is not None:  # a destination without scales gets the values the reader returns
+                    flat = _denormalized_run(flat, lengths, scales, first, stop)
                 if delimiter is not None:
                     flat, lengths, inserted = delimit(flat, lengths, delimiter, first, check=check)
                     added += inserted
@@ -183,6 +195,28 @@ def convert(
             "delimiters_added": added,
             "read_with": read_with,
         }
+
+
+def _value_scales(reader: TokenReader) -> Any:
+    """The reader's per-sequence scales (``means``/``stds``/``normalized`` columns) when it returns some sequences
+    de-normalised (``stored * std + mean``: Time-MoE), else None: then every value is returned as stored."""
+    scales = getattr(reader, "scales", None)
+    normalized = getattr(scales, "normalized", None)
+    if not getattr(reader, "denormalize", False) or normalized is None or not np.any(normalized):
+        return None
+    return scales
+
+
+def _denormalized_run(flat: np.ndarray, lengths: np.ndarray, scales: Any, first: int, stop: int) -> np.ndarray:
+    """Documents ``first..stop`` (stored values ``flat``) as the reader returns them: ``stored * std + mean``
+    for the normalised ones, in the dtype and the rounding of the reader's own ``values * std + mean`` (a Python
+    float scale is cast to the values' float dtype first), the others unchanged."""
+    kind = np.result_type(flat.dtype, 1.0)
+    normalized = np.repeat(scales.normalized[first:stop], lengths)
+    stds = np.repeat(np.nan_to_num(scales.stds[first:stop], nan=1.0).astype(kind), lengths)
+    means = np.repeat(np.nan_to_num(scales.means[first:stop], nan=0.0).astype(kind), lengths)
+    values = np.asarray(flat).astype(kind)
+    return np.where(normalized, values * stds + means, values)
 
 
 def vocabulary_formats() -> list[str]:
