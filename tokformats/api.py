@@ -173,7 +173,9 @@ def convert(
                 flat = reader.span(reader.offsets.item(first), reader.offsets.item(stop))
                 lengths = reader.lengths[first:stop]
                 if carry_scales and scales is not None:  # stored values and their scales: the same values read back
-                    writer.write_scaled_batch(flat, lengths, scales.means[first:stop], scales.stds[first:stop])
+                    writer.write_scaled_batch(  # type: ignore[attr-defined]  # checked: carry_scales
+                        flat, lengths, scales.means[first:stop], scales.stds[first:stop]
+                    )
                     continue
                 if scales is not None:  # a destination without scales gets the values the reader returns
                     flat = _denormalized_run(flat, lengths, scales, first, stop)
