@@ -715,6 +715,7 @@ class Writer(TokenWriter):
         self.write_batch(flat, lengths)
         self._means.view()[first:] = means
         self._stds.view()[first:] = stds
+
     def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
         starts = self._offset + offsets_from_lengths(lengths)[:-1]
         self._offsets.extend(starts)
