@@ -14,7 +14,7 @@ from .core.protocol import PathLike, Reader, TokenReader, TokenWriter, Writer
 from .core.registry import descriptor, detect, formats
 from .errors import DTypeError, FormatError, NoFilesError, UnknownFormatError
 from .fs.journal import recover_near
-from .fs.paths import is_url
+from .fs.paths import is_url, names_checked
 
 __all__ = [
     "open",
@@ -46,10 +46,11 @@ def open(path: Any, format: str | None = None, **options: Any) -> Reader[Any]:
 
         remote: Reader[Any] = open_url(path, open, format=format, **options)
         return remote
-    if format is None:
-        recover_near(path)  # detection reads the files: a killed writer's commit is completed first
-    name = format if format is not None else detect(path)
-    reader: Reader[Any] = descriptor(name).reader(path, **options)
+    with names_checked(path):
+        if format is None:
+            recover_near(path)  # detection reads the files: a killed writer's commit is completed first
+        name = format if format is not None else detect(path)
+        reader: Reader[Any] = descriptor(name).reader(path, **options)
     return reader
 
 
@@ -66,7 +67,8 @@ def create(path: PathLike, format: str, **options: Any) -> Writer[Any]:
     if writer_class is None:
         writable = ", ".join(n for n, d in formats.items() if d.writable)
         raise UnknownFormatError(f"format {format!r} cannot be written; writable formats: {writable}.")
-    writer: Writer[Any] = writer_class(path, **options)
+    with names_checked(path):
+        writer: Writer[Any] = writer_class(path, **options)
     return writer
 
 

@@ -89,11 +89,17 @@ def read_metadata(path: Path) -> tuple[np.ndarray, np.ndarray, list[list[str]]]:
             starts.append(int(row[0]))
             ends.append(int(row[1]))
             rest.append(row[2:])
+    except csv.Error as error:  # a field past csv's size limit, a stray NUL: not rows dolma writes
+        raise FormatError(f"{path}: not CSV rows of start,end,id,src,loc ({error}).") from None
     except (ValueError, UnicodeDecodeError) as error:
         if isinstance(error, FormatError):
             raise
         raise FormatError(f"{path}: the start,end columns must be integers ({error}).") from None
-    return np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64), rest
+    try:
+        return np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64), rest
+    except OverflowError:
+        bad = next(v for v in (*starts, *ends) if not -(2**63) <= v < 2**63)
+        raise FormatError(f"{path}: a start or end is {bad}; token offsets must fit int64.") from None
 
 
 def _is_memmap(path: Path | Probe) -> bool:

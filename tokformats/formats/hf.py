@@ -93,7 +93,9 @@ PUBLISHED_LAST = (STATE, INFO)
 def remote_files(folder: Path) -> list[dict[str, Any]]:
     """``dataset_info.json`` and the ``.arrow`` files ``state.json`` lists."""
     state = read_json_object(folder / STATE)
-    files = [e["filename"] for e in state.get("_data_files", []) if isinstance(e, dict) and "filename" in e]
+    listed = state.get("_data_files")
+    entries = listed if isinstance(listed, list) else []
+    files = [e["filename"] for e in entries if isinstance(e, dict) and isinstance(e.get("filename"), str)]
     return [{"name": INFO, "required": False}] + [{"name": name} for name in files]
 
 
@@ -120,8 +122,12 @@ class Reader(PartsReader):
             raise NoFilesError(f"{self._folder} has no {STATE}: it is not a save_to_disk folder.")
         state = read_json_object(self._folder / STATE)
         entries = state.get("_data_files")
-        if not isinstance(entries, list) or not all(isinstance(e, dict) and "filename" in e for e in entries):
-            raise FormatError(f"{self._folder / STATE}: '_data_files' must be a list of {{'filename': ...}} entries.")
+        if not isinstance(entries, list) or not all(isinstance(e, dict) and isinstance(e.get("filename"), str)
+                                                    for e in entries):  # fmt: skip
+            raise FormatError(
+                f"{self._folder / STATE}: '_data_files' must be a list of {{'filename': NAME}} entries (names as "
+                f"strings), found {entries!r:.200}."
+            )
         self.info = read_json_object(self._folder / INFO) if (self._folder / INFO).is_file() else {}
         parts: list[Part] = []
         self._batch_offsets: list[np.ndarray] = []

@@ -33,6 +33,7 @@ from ..core.protocol import PathLike, TokenWriter
 from ..core.registry import FormatDescriptor, Probe
 from ..errors import FormatError, HeaderError, NoFilesError, SizeMismatchError
 from ..fs.paths import expand_paths
+from ..fs.untrusted import require_regular
 from ._parts import MappedParts, Part
 from ._shards import StreamShards
 
@@ -106,7 +107,7 @@ def read_header(path: Path, head: bytes | None = None, size: int | None = None) 
     """Validate a shard's header and size exactly as llm.c's loader does; return (family, ntok). ``head`` and
     ``size``: the header bytes and the file size when they come from elsewhere (a shard opened by URL)."""
     try:
-        size = path.stat().st_size if size is None else size
+        size = require_regular(path) if size is None else size  # a FIFO would block the read below
         if head is None:
             with open(path, "rb") as handle:
                 head = handle.read(HEADER_BYTES)

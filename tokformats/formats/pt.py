@@ -39,7 +39,7 @@ from ..core.protocol import PathLike, TokenReader, TokenWriter
 from ..core.registry import FormatDescriptor, Probe
 from ..errors import DTypeError, FormatError, NoFilesError, OutputExistsError, option
 from ..fs.atomic import AtomicFiles
-from ..fs.untrusted import read_json_object, require_regular
+from ..fs.untrusted import numbers, read_json_object, require_regular
 from . import _torchfile as torchfile
 from ._shards import StreamShards
 
@@ -592,9 +592,18 @@ class FolderWriter(Writer):
             state = self._checkpoints.get(source)
             if state is None and existing:
                 raise FormatError(f"{self.path / CHECKPOINTS} has no entry for source {source!r}; cannot resume it.")
+            if not isinstance(state, (dict, type(None))):
+                raise FormatError(f"{self.path / CHECKPOINTS}: the entry of {source!r} must be an object.")
             if state is not None:
-                leftover = check_tokens(np.asarray(state.get("leftover_tokens", []), dtype=np.int64), chosen)
-                self._documents_before = int(state.get("documents_processed", 0))
+                where = f"{self.path / CHECKPOINTS}: {source}.leftover_tokens"
+                values = numbers(state.get("leftover_tokens", []), where, "a list of token ids")
+                if values.size and values.dtype.kind not in "iu":
+                    raise FormatError(f"{where} must be a list of token ids, found {values.dtype.name} values.")
+                leftover = check_tokens(values.astype(np.int64), chosen)
+                processed = state.get("documents_processed", 0)
+                if type(processed) is not int:
+                    raise FormatError(f"{self.path / CHECKPOINTS}: {source}.documents_processed is {processed!r:.40}.")
+                self._documents_before = processed
             # Replace (not keep) the files we rewrite.
             self._files = AtomicFiles(overwrite=True)
         elif existing or (self.path / MANIFEST).exists():

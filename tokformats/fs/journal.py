@@ -154,11 +154,15 @@ def write_journal(folder: Path, renames: list[tuple[Path, Path]], remove: list[P
     remove_dead_temporaries(journal)  # the staging file of a journal whose writer was killed writing it
     staging = temporary_name(journal)
     text = json.dumps({"renames": [[str(t), str(f)] for t, f in renames], "remove": [str(p) for p in remove]})
-    with open(staging, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(staging, journal)
+    try:
+        with open(staging, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(staging, journal)
+    except BaseException:  # a full disk (or an interrupt) while staging: no half journal is left behind
+        staging.unlink(missing_ok=True)
+        raise
     fsync_folder(folder)
     return journal
 

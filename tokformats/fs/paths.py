@@ -3,14 +3,17 @@ without blocking on a FIFO."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import glob
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import NoFilesError
+from ..errors import FormatError, NoFilesError
 
-__all__ = ["URL_SCHEMES", "expand_paths", "is_pattern", "is_url", "pattern_matches", "read_head"]
+__all__ = ["URL_SCHEMES", "expand_paths", "is_pattern", "is_url", "pattern_matches", "read_head", "names_checked"]
 
 
 def read_head(path: Path, size: int) -> bytes:
@@ -25,6 +28,22 @@ def read_head(path: Path, size: int) -> bytes:
             return handle.read(size)
     except OSError:
         return b""
+
+
+@contextlib.contextmanager
+def names_checked(path: Any) -> Iterator[None]:
+    """Within the block, a name too long for the file system (over 255 bytes in one part, on most) is a
+    :class:`FormatError` naming ``path``, not a bare ``OSError``."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno != errno.ENAMETOOLONG:
+            raise
+        longest = max(Path(os.fspath(error.filename or path)).parts, key=lambda part: len(os.fsencode(part)))
+        raise FormatError(
+            f"{error.filename or path}: the name {longest[:40]!r}... is {len(os.fsencode(longest)):,} bytes, longer "
+            "than the file system allows (255 on most); choose a shorter name."
+        ) from None
 
 
 _GLOB_CHARS = set("*?[")

@@ -44,8 +44,9 @@ from ..core.dtypes import dtype_for_vocab
 from ..core.protocol import TokenWriter
 from ..core.registry import default_corpus_format
 from ..errors import ConfigError, FormatError, OutputExistsError, option
-from ..fs.atomic import AtomicFiles
+from ..fs.atomic import AtomicFiles, naming_output
 from ..fs.owner import LOCK_NAME, owned_folder
+from ..fs.untrusted import read_json_object
 from .engines import EngineMismatchError, TokenizersEngine, differing_text, select_engine
 from .sources import Input, Record, SourceError, iter_records, resolve_inputs
 from .tokenizer import END_OF_TEXT, load_tokenizer
@@ -271,7 +272,7 @@ def copy_spool(writer: TokenWriter, folder: Path, name: str, dtype: np.dtype) ->
     """
     import hashlib
 
-    sizes = json.loads((folder / CHECKPOINT).read_text(encoding="utf-8"))["spools"][name]
+    sizes = read_json_object(folder / CHECKPOINT)["spools"][name]
     recorded = sizes.get("hashes") or {}
     lengths = np.fromfile(folder / f"{name}.lengths", dtype="<i8", count=sizes["documents"])
     offsets = offsets_from_lengths(lengths) if len(lengths) == sizes["documents"] else None
@@ -463,7 +464,7 @@ def _load_checkpoint(folder: Path, plan: Plan, resume: bool) -> dict[str, Any]:
     if not checkpoint.exists():
         folder.mkdir(parents=True, exist_ok=True)
         return {}
-    state: dict[str, Any] = json.loads(checkpoint.read_text(encoding="utf-8"))
+    state = read_json_object(checkpoint)  # bounded, and a damaged one is a FormatError naming it
     if not resume:
         raise OutputExistsError(
             f"{folder} holds an unfinished run; pass {option('resume')} to continue it, or "
@@ -748,7 +749,7 @@ def tokenize(
     plan = _make_plan(resolved, loaded, format, text_key, eos, eos_id, split, seed, unit, on_error)
     targets = output_paths(output, format, plan.keys, plan.splits)
     work = Path(f"{output}.tokenize")
-    with _owned_work_folder(work):  # one run at a time: a second one is refused, naming the folder
+    with _owned_work_folder(work), _naming_output(output):  # one run at a time: a second one is refused
         _check_outputs(writer_class, targets, work, overwrite=overwrite, resume=resume)
         total_bytes = sum(i.size or 0 for i in resolved) or None
         show = sys.stderr.isatty() if progress is None else progress
@@ -855,6 +856,20 @@ def _owned_work_folder(work: Path) -> Iterator[None]:
                 with contextlib.suppress(OSError):
                     (work / LOCK_NAME).unlink()
                     work.rmdir()
+
+
+@contextlib.contextmanager
+def _naming_output(output: Any) -> Iterator[None]:
+    """An ``OSError`` of the run's own files (a full disk while spooling or writing) names the output asked for,
+    not a spool or temporary file inside the work folder (or nothing, as a failed ``write`` does)."""
+    try:
+        yield
+    except OSError as error:
+        if isinstance(error, FormatError) or error.errno is None:
+            raise
+        if error.filename is not None and ".tokenize" not in str(error.filename):
+            raise
+        raise naming_output(error, output)  # noqa: B904 - the original is kept as the cause
 
 
 def _unfinished(work: Path) -> bool:
