@@ -345,9 +345,9 @@ def detect(path: Any) -> str:
     for candidate in _candidates(first):
         if candidate.detect(probe):
             return candidate.name
+    _raise_unreadable(probe)  # a file a format looked for but could not read (chmod 000) says so
     if not probe.exists:
         raise NoFilesError(f"{first} does not exist.{_did_you_mean(first)}")
-    _raise_unreadable(probe)
     hints = []
     for entry in _table().values():
         hint = getattr(entry.load(), "undetected_hint", None)
