@@ -98,7 +98,9 @@ except tokformats.FormatError as error:
 
 @pytest.mark.parametrize("suffix", [".json", ".jsonl"])
 @pytest.mark.parametrize(
-    "series", [[1.0] * 2000 + ["A" * 10**6], ["A" * 10**7], [1, {"x": 2}], [2**70, 1], [[1, 2], [3]]]
+    "series",
+    [[1.0] * 2000 + ["A" * 10**6], ["A" * 10**7], [1, {"x": 2}], [2**70, 1], [[1, 2], [3]]],
+    ids=["numbers-then-a-1MB-string", "a-10MB-string", "an-object", "an-integer-past-64-bits", "ragged-rows"],
 )
 def test_a_series_of_non_numbers_is_refused_without_a_large_allocation(
     tmp_path: Path, suffix: str, series: list[Any]
@@ -152,6 +154,7 @@ def dolma_with_rows(tmp_path: Path, rows: str) -> Path:
 @pytest.mark.parametrize(
     "rows, message",
     [(f"0,{2**63},x,y,z\n", "must fit int64"), ('0,10,"' + "x" * 200_000 + '",y,z\n', "not CSV rows")],
+    ids=["offset-past-int64", "field-past-csv-limit"],
 )
 def test_odd_dolma_rows_are_a_format_error(tmp_path: Path, rows: str, message: str) -> None:
     path = dolma_with_rows(tmp_path, rows)
