@@ -884,8 +884,14 @@ def _check_outputs(
     ``resume`` starts a failed run's work folder over (keeping the lock this run holds)."""
     if overwrite and not resume and _unfinished(work):
         for entry in work.iterdir():
-            if entry.name != LOCK_NAME:
-                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+            if entry.name == LOCK_NAME:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                # a killed run's orphaned worker may still be writing there: wait for it to be gone first
+                with owned_folder(entry, wait=PARTITION_WAIT, what="worker encoding this partition"):
+                    shutil.rmtree(entry)
+            else:
+                entry.unlink()
     if overwrite or (resume and _unfinished(work)):
         return
     for target in targets.values():
