@@ -105,6 +105,9 @@ def read_json(path: Path, error: type[FormatError] = FormatError) -> Any:
         raise error(f"{path} is not valid JSON ({type(exc).__name__}: {str(exc)[:200]}).") from None
 
 
+_NUMBER_TYPES = (int, float, np.integer, np.floating, np.bool_)  # bool is an int
+
+
 def numbers(values: Any, where: str, what: str = "a list of numbers") -> np.ndarray:
     """A list parsed from JSON (or a nested list of rows) as a NumPy array, after checking that every element is a
     number: NumPy given a string among numbers would make an array of strings as wide as the longest one (a 1 MB
@@ -114,7 +117,7 @@ def numbers(values: Any, where: str, what: str = "a list of numbers") -> np.ndar
     rows = values if values and all(isinstance(v, (list, tuple)) for v in values) else [values]
     for row in rows:
         for k, value in enumerate(row):
-            if type(value) not in (int, float, bool):
+            if not isinstance(value, _NUMBER_TYPES):
                 shown = f"{value!r:.60}" if isinstance(value, (str, bytes)) else type(value).__name__
                 raise FormatError(f"{where} must be {what}; element {k} is {shown}.")
     if len(rows) > 1 and len({len(row) for row in rows}) > 1:
