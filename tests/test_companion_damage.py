@@ -174,3 +174,20 @@ def test_racing_pt_folder_writers_never_publish_a_mix(tmp_path: Path, reliabilit
             assert reader.problems() == []
         seen.add(len(documents))
     print(f"racing pt writers: {rounds} rounds, 0 mixed")
+
+
+@pytest.mark.parametrize(
+    "flip, message",
+    [(("data-00001-of-00002", "data-00000-of-00002"), "more than once"), (("-of-00002", "-of-00003"), "should name")],
+)
+def test_an_hf_state_whose_file_list_was_damaged_is_refused(
+    tmp_path: Path, flip: tuple[str, str], message: str
+) -> None:
+    pytest.importorskip("pyarrow")
+    with tokformats.create(tmp_path / "h", "hf", vocab_size=1000, max_shard_bytes=800) as writer:
+        writer.write_batch(np.arange(1, 401) % 999 + 1, [10] * 40)
+    state = tmp_path / "h" / "state.json"
+    assert '"data-00001-of-00002.arrow"' in state.read_text()
+    state.write_text(state.read_text().replace(*flip))  # one bit of one digit: a file read twice, another never
+    with pytest.raises(FormatError, match=message):
+        tokformats.open(tmp_path / "h")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -90,6 +91,26 @@ REMOTE_INDEX = (STATE,)
 PUBLISHED_LAST = (STATE, INFO)
 
 
+_SHARD = re.compile(r"^data-(\d+)-of-(\d+)\.arrow$")
+
+
+def _check_shard_names(state: Path, names: list[str]) -> None:
+    """The redundancy ``state.json``'s file list holds: no file twice, and ``data-K-of-N.arrow`` names (what
+    ``save_to_disk`` writes) numbering 0..N-1 with N the number listed; a list that breaks it was damaged, and
+    reading it would drop or repeat a file's rows."""
+    if len(set(names)) != len(names):
+        twice = next(n for n in names if names.count(n) > 1)
+        raise FormatError(f"{state}: '_data_files' lists {twice!r} more than once.")
+    numbered = [_SHARD.match(n) for n in names]
+    if names and all(numbered):
+        found = sorted((int(m.group(1)), int(m.group(2))) for m in numbered if m)
+        if found != [(k, len(names)) for k in range(len(names))]:
+            raise FormatError(
+                f"{state}: '_data_files' should name data-00000-of-{len(names):05d}.arrow ... "
+                f"data-{len(names) - 1:05d}-of-{len(names):05d}.arrow, found {names!r:.300}."
+            )
+
+
 def remote_files(folder: Path) -> list[dict[str, Any]]:
     """``dataset_info.json`` and the ``.arrow`` files ``state.json`` lists."""
     state = read_json_object(folder / STATE)
@@ -128,6 +149,7 @@ class Reader(PartsReader):
                 f"{self._folder / STATE}: '_data_files' must be a list of {{'filename': NAME}} entries (names as "
                 f"strings), found {entries!r:.200}."
             )
+        _check_shard_names(self._folder / STATE, [e["filename"] for e in entries])
         self.info = read_json_object(self._folder / INFO) if (self._folder / INFO).is_file() else {}
         parts: list[Part] = []
         self._batch_offsets: list[np.ndarray] = []
