@@ -9,6 +9,9 @@ format's writer, whose files appear atomically; then the work folder is removed.
 
 A run killed at any point resumes with ``resume=True``: spools are cut back to the checkpoint and reading
 restarts after the last checkpointed record, so the final files are byte-identical to an uninterrupted run.
+The work folder has one owner at a time (an OS lock that dies with its holder): a second run on the same output
+is refused at once with :class:`~tokformats.errors.FolderBusyError` naming the folder, rather than made to wait,
+and a killed run's pool workers stop with it (:mod:`tokformats.tokenization.workers`).
 Documents are assigned to splits by a hash of (seed, input, record position), so the assignment depends on
 nothing else: not on batching, resuming or partitioning. With ``executor=`` the inputs are split into
 partitions encoded in parallel (each into its own spools) and joined in input order: the output equals a
