@@ -44,8 +44,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.fixture(scope="session")
 def reliability_long(request: pytest.FixtureRequest) -> bool:
-    """Whether the reliability suite runs at full size (``--reliability-long``) or CI size."""
-    return bool(request.config.getoption("--reliability-long"))
+    """Whether the reliability suite runs at full size (``--reliability-long`` or ``TOKFORMATS_RELIABILITY_LONG=1``)
+    or CI size."""
+    import os
+
+    return bool(request.config.getoption("--reliability-long")) or os.environ.get("TOKFORMATS_RELIABILITY_LONG") == "1"
 
 
 @pytest.fixture(scope="session")

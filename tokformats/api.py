@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .core.boundaries import choose_delimiter, delimit
 from .core.documents import document_runs
 from .core.format_module import ExportsTokenizer, Merges
@@ -14,7 +16,7 @@ from .core.protocol import PathLike, Reader, TokenReader, TokenWriter, Writer
 from .core.registry import descriptor, detect, formats
 from .errors import ConfigError, DTypeError, FormatError, NoFilesError, UnknownFormatError, option
 from .fs.journal import one_recovery, recover_near
-from .fs.paths import is_url, one_expansion
+from .fs.paths import is_url, names_checked, one_expansion
 
 __all__ = [
     "open",
@@ -53,9 +55,9 @@ def open(path: Any, format: str | None = None, **options: Any) -> Reader[Any]:
 
         remote: Reader[Any] = open_url(path, open_cached, format=format, **options)
         return remote
-    # A glob is listed once for detection, the journal check and the reader; detection and the reader each complete
-    # a killed writer's commit first, once per folder.
-    with one_expansion(), one_recovery():
+    # Names are checked where they become paths; a glob is listed once for detection, the journal check and the
+    # reader; detection and the reader each complete a killed writer's commit first, once per folder.
+    with names_checked(path), one_expansion(), one_recovery():
         if format is None:
             recover_near(path)
         name = format if format is not None else detect(path)
@@ -129,7 +131,8 @@ def create(path: PathLike, format: str, **options: Any) -> Writer[Any]:
         writable = ", ".join(n for n, d in formats.items() if d.writable)
         raise UnknownFormatError(f"format {format!r} cannot be written; writable formats: {writable}.")
     _check_options(path, format, "writer", options)
-    writer: Writer[Any] = writer_class(path, **options)
+    with names_checked(path):
+        writer: Writer[Any] = writer_class(path, **options)
     return writer
 
 
@@ -195,7 +198,9 @@ def convert(
     int64), else the source's dtype if the destination stores it, else the smallest dtype holding the largest id
     (a raw stream's reader is then told it through ``read_with``). A source whose documents end with an id
     becomes a destination whose documents start with it (llm.c) by moving it, and back.
-    Values are copied as stored: Time-MoE sequences stored normalised stay normalised.
+    A conversion never changes a value the source's reader returns: Time-MoE sequences stored normalised keep
+    their ``mean``/``std`` into a Time-MoE destination, and any other destination gets the de-normalised values
+    (in the reader's float dtype; refused, naming the value, where the destination cannot store them).
 
     Returns:
         ``{"documents", "tokens", "dtype", "files", "delimiters_added", "delimiter_moved", "read_with"}``: what the
@@ -217,7 +222,10 @@ def convert(
             source=reader.path,
             alternatives=_index_formats(),
         )
-        writer = _destination_writer(reader, destination, format, delimiter, writer_options)
+        scales = _value_scales(reader)
+        carry_scales = scales is not None and hasattr(writer_class, "write_scaled_batch")
+        stored = reader.dtype if scales is None or carry_scales else np.result_type(reader.dtype, 1.0)
+        writer = _destination_writer(reader, destination, format, delimiter, writer_options, stored)
         added = 0
         check = writer_class.boundaries != "index"
         # Formats that can record their convention (llm.c's header, a .pt manifest) do. A source of one document
@@ -235,6 +243,13 @@ def convert(
                 lengths = reader.lengths[first:stop]
                 if bar is not None:
                     bar.update(len(flat))
+                if carry_scales and scales is not None:  # stored values and their scales: the same values read back
+                    writer.write_scaled_batch(  # type: ignore[attr-defined]  # checked: carry_scales
+                        flat, lengths, scales.means[first:stop], scales.stds[first:stop]
+                    )
+                    continue
+                if scales is not None:  # a destination without scales gets the values the reader returns
+                    flat = _denormalized_run(flat, lengths, scales, first, stop)
                 if delimiter is not None:
                     flat, lengths, inserted = delimit(flat, lengths, delimiter, first, check=check)
                     added += inserted
@@ -258,16 +273,22 @@ def convert(
 
 
 def _destination_writer(
-    reader: TokenReader, destination: PathLike, format: str, delimiter: Any, writer_options: dict[str, Any]
+    reader: TokenReader,
+    destination: PathLike,
+    format: str,
+    delimiter: Any,
+    writer_options: dict[str, Any],
+    stored: np.dtype,
 ) -> TokenWriter:
-    """The writer ``convert`` fills: the options given, else the format's conventional dtype, else the source's
-    when the destination stores its dtype, else the smallest dtype holding the largest id (and the delimiter)."""
+    """The writer ``convert`` fills: the options given, else the format's conventional dtype, else the dtype of the
+    values written (``stored``: the source's, or the float dtype of de-normalised values) when the destination
+    stores its dtype, else the smallest dtype holding the largest id (and the delimiter)."""
     options = dict(writer_options)
     writer_class = corpus_writer(format)
     if "dtype" in options or "vocab_size" in options:
         return create_corpus(destination, format, **options)
     if writer_class.conventional_dtype or writer_class.stores_dtype:
-        options["dtype"] = writer_class.conventional_dtype or reader.dtype
+        options["dtype"] = writer_class.conventional_dtype or stored
         try:
             return create_corpus(destination, format, **options)
         except DTypeError:
@@ -275,6 +296,28 @@ def _destination_writer(
     top = reader.tokens.max() if reader.num_tokens else 0
     options["vocab_size"] = max(int(top), delimiter.id if delimiter else 0) + 1
     return create_corpus(destination, format, **options)
+
+
+def _value_scales(reader: TokenReader) -> Any:
+    """The reader's per-sequence scales (``means``/``stds``/``normalized`` columns) when it returns some sequences
+    de-normalised (``stored * std + mean``: Time-MoE), else None: then every value is returned as stored."""
+    scales = getattr(reader, "scales", None)
+    normalized = getattr(scales, "normalized", None)
+    if not getattr(reader, "denormalize", False) or normalized is None or not np.any(normalized):
+        return None
+    return scales
+
+
+def _denormalized_run(flat: np.ndarray, lengths: np.ndarray, scales: Any, first: int, stop: int) -> np.ndarray:
+    """Documents ``first..stop`` (stored values ``flat``) as the reader returns them: ``stored * std + mean``
+    for the normalised ones, in the dtype and the rounding of the reader's own ``values * std + mean`` (a Python
+    float scale is cast to the values' float dtype first), the others unchanged."""
+    kind = np.result_type(flat.dtype, 1.0)
+    normalized = np.repeat(scales.normalized[first:stop], lengths)
+    stds = np.repeat(np.nan_to_num(scales.stds[first:stop], nan=1.0).astype(kind), lengths)
+    means = np.repeat(np.nan_to_num(scales.means[first:stop], nan=0.0).astype(kind), lengths)
+    values = np.asarray(flat).astype(kind)
+    return np.where(normalized, values * stds + means, values)
 
 
 def vocabulary_formats() -> list[str]:

@@ -19,6 +19,7 @@ __all__ = [
     "DTypeError",
     "TokenRangeError",
     "OutputExistsError",
+    "FolderBusyError",
     "NoFilesError",
     "UnsafePickleError",
     "ConfigError",
@@ -82,6 +83,10 @@ class TokenRangeError(FormatError):
 
 class OutputExistsError(FormatError, FileExistsError):
     """The destination already holds a dataset and ``overwrite=True`` was not given."""
+
+
+class FolderBusyError(FormatError):
+    """A work folder is owned by another live run (process or thread); two runs writing it would mix their data."""
 
 
 class NoFilesError(FormatError, FileNotFoundError):

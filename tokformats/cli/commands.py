@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import random
 import shlex
 import sys
@@ -435,7 +436,10 @@ def run_tokenize(args: argparse.Namespace) -> int:
     if args.workers and args.workers > 1:
         from concurrent.futures import ProcessPoolExecutor
 
-        executor = ProcessPoolExecutor(args.workers)
+        from ..tokenization.workers import die_with_parent
+
+        # Workers die with this process (kill -9, the OOM killer) instead of writing on as orphans.
+        executor = ProcessPoolExecutor(args.workers, initializer=die_with_parent, initargs=(os.getpid(),))
     try:
         summary = tokenize(
             args.inputs,

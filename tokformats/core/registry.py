@@ -9,10 +9,12 @@ view of the table.
 
 from __future__ import annotations
 
+import builtins
 import glob
 import importlib
 import os
 import pkgutil
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
@@ -134,6 +136,14 @@ class _Formats(Mapping[str, FormatDescriptor]):
 
     def __repr__(self) -> str:
         return f"tokformats.formats({', '.join(_table())})"
+
+    def __getattr__(self, name: str) -> Any:
+        """A format module already imported, as ``tokformats.formats.NAME``: the table stands where the package
+        was bound, so ``import tokformats.formats.pt as pt`` finds the module here."""
+        module = sys.modules.get(f"tokformats.formats.{name}")
+        if module is None or name.startswith("__"):
+            raise AttributeError(name)
+        return module
 
 
 #: Read-only mapping of format name to :class:`FormatDescriptor`, in detection order.
@@ -344,6 +354,15 @@ def _did_you_mean(path: Path) -> str:
     return f" Did you mean {shown}?"
 
 
+def _raise_unreadable(probe: Probe) -> None:
+    """Raise the ``PermissionError`` (naming the file) of a file detection looked at but could not read: a
+    ``chmod 000`` file is unreadable, not of an unknown format."""
+    for looked in list(probe._siblings.values()):
+        if looked.is_file:
+            with builtins.open(looked.path, "rb"):  # raises PermissionError for an unreadable file
+                pass
+
+
 def detect(path: Any) -> str:
     """The name of the format of ``path`` (a file, a prefix, a folder, a glob or a list), by content.
 
@@ -361,6 +380,7 @@ def detect(path: Any) -> str:
     found = _builtin_match(probe) or _other_match(probe)
     if found is not None:
         return found
+    _raise_unreadable(probe)  # a file a format looked for but could not read (chmod 000) says so
     if not probe.exists:
         raise NoFilesError(f"{first} does not exist.{_did_you_mean(first)}")
     hints = []

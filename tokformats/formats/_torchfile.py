@@ -486,17 +486,16 @@ def _load_legacy(path: Path) -> Any:
     size = path.stat().st_size
     refs: dict[str, _StorageRef] = {}
 
-    def collect(value: Any) -> None:
+    # Walk the object without recursion and visiting each container once: a pickle can nest deeply or refer to
+    # itself (a list holding itself), which a recursive walk would turn into a RecursionError.
+    pending, seen = [obj], set()
+    while pending:
+        value = pending.pop()
         if isinstance(value, TensorRef):
             refs[value.storage.key] = value.storage
-        elif isinstance(value, dict):
-            for v in value.values():
-                collect(v)
-        elif isinstance(value, (list, tuple)):
-            for v in value:
-                collect(v)
-
-    collect(obj)
+        elif isinstance(value, (dict, list, tuple)) and id(value) not in seen:
+            seen.add(id(value))
+            pending.extend(value.values() if isinstance(value, dict) else value)
     records: dict[str, _Record] = {}
     element_sizes = {
         k: (r.storage_type.dtype.itemsize if r.storage_type.dtype is not None else 1) for k, r in refs.items()

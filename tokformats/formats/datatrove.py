@@ -31,7 +31,7 @@ from ..core.registry import FormatDescriptor, Probe
 from ..core.reports import Problem
 from ..errors import DTypeError, FormatError, NoFilesError, SizeMismatchError, option
 from ..fs.paths import expand_paths
-from ..fs.untrusted import read_file
+from ..fs.untrusted import read_file, require_regular
 from ._parts import Part, PartsReader, checked_offsets
 
 if TYPE_CHECKING:
@@ -87,8 +87,24 @@ def _data_path(path: Path) -> Path:
 
 
 def _folder_files(folder: Path) -> list[Path]:
-    """Every ``*.ds`` below ``folder``, sorted by path (as ``DatatroveFolderDataset`` lists them)."""
-    return sorted(p for p in folder.rglob("*.ds") if p.is_file() and not p.name.startswith("."))
+    """Every ``*.ds`` below ``folder``, sorted by path (as ``DatatroveFolderDataset`` lists them). A ``.ds`` that is
+    not a readable file (a FIFO, a folder, a broken link), or missing while its index or metadata is there, is an
+    error: leaving it out would make the dataset silently smaller."""
+    found = []
+    for entry in sorted(folder.rglob("*.ds")):
+        if entry.name.startswith("."):
+            continue
+        try:
+            require_regular(entry)
+        except FileNotFoundError:
+            raise NoFilesError(f"{entry} is a broken link; it is one of {folder}'s token files.") from None
+        found.append(entry)
+    listed = set(found)
+    for companion in sorted(folder.rglob("*.ds.*")):
+        data = _data_path(companion)
+        if not companion.name.startswith(".") and data != companion and data not in listed:
+            raise NoFilesError(f"{data} is missing, but {companion.name} beside it belongs to it.")
+    return found
 
 
 def _metadata_token_size(path: Path) -> int | None:
@@ -131,6 +147,32 @@ def _index_token_size(path: Path, data_size: int | None = None) -> int | None:
         return None
     fits = [size for size in _TOKEN_DTYPES if last * size == data_size]
     return fits[0] if fits else None
+
+
+def _checked_indexes(files: list[Path]) -> list[bool]:
+    """Whether each file has its ``.ds.index``. An index that is there but unreadable (a FIFO, a folder, a broken
+    link) is an error, and so is a file without one among files that have theirs: either would otherwise read as
+    one document (datatrove's ``save_index=False``), silently merging that file's documents."""
+    indexed = []
+    for file in files:
+        index = Path(os.fspath(file) + INDEX)
+        if not os.path.lexists(index):
+            indexed.append(False)
+            continue
+        try:
+            require_regular(index)
+        except FileNotFoundError:
+            raise NoFilesError(f"{index} is a broken link; {file.name}'s document ends are recorded there.") from None
+        indexed.append(True)
+    for file, has_index in zip(files, indexed):
+        # Outputs are written with an index or all without (save_index): one missing among indexed ones was lost.
+        if not has_index and (any(indexed) or next(file.parent.glob("*.ds" + INDEX), None) is not None):
+            missing = Path(os.fspath(file) + INDEX)
+            raise NoFilesError(
+                f"{missing} is missing, but the other files of this dataset have their index: without it "
+                f"{file.name} would read as one document."
+            )
+    return indexed
 
 
 def _is_output(path: Path) -> bool:
@@ -199,13 +241,12 @@ class Reader(PartsReader):
                 raise NoFilesError(f"{path} holds no datatrove .ds files.")
         else:
             files = [_data_path(p) for p in expand_paths(path)]
-        parts = []
         for file in files:
             if not (file.is_file() or (remote is not None and remote.has(file))):
                 raise NoFilesError(f"{file} does not exist.")
-            parts.append(self._part(file, dtype))
         #: Which files had a ``.ds.index`` at open: one that disappears later is an error, not one document.
-        self._indexed = [Path(os.fspath(p.path) + INDEX).is_file() for p in parts]
+        self._indexed = _checked_indexes(files)  # before any index is read: a FIFO would block the read
+        parts = [self._part(file, dtype) for file in files]
         self._set_parts(parts)
         self.shards  # noqa: B018 - map now: what was validated is what is read
 

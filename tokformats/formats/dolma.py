@@ -32,7 +32,7 @@ from ..core.protocol import PathLike, TokenWriter
 from ..core.registry import FormatDescriptor, Probe
 from ..errors import DTypeError, FormatError, NoFilesError, SizeMismatchError, option
 from ..fs.paths import expand_paths
-from ..fs.untrusted import MAX_DEFLATE_RATIO, require_regular
+from ..fs.untrusted import MAX_DEFLATE_RATIO, is_regular, require_regular
 from ._parts import Part, PartsReader, checked_offsets
 from ._shards import DocumentShards
 
@@ -63,7 +63,14 @@ def metadata_path(path: Path) -> Path:
 def read_metadata(path: Path) -> tuple[np.ndarray, np.ndarray, list[list[str]]]:
     """The rows of a ``.csv.gz``: ``(starts, ends, rest)`` where ``rest`` holds each row's other fields
     (id, src, loc) as text. Decompression is bounded by the file's size (a zip bomb is refused)."""
-    size = require_regular(path)
+    try:
+        size = require_regular(path)
+    except FileNotFoundError:  # listed (a broken link), or gone since
+        raise NoFilesError(f"{path} does not exist (a broken link?); its .npy's documents are recorded there.") from (
+            None
+        )
+    if size == 0:
+        raise FormatError(f"{path} is empty: not a gzip file of start,end rows; its .npy cannot be split.")
     budget = max(size * MAX_DEFLATE_RATIO, 1 << 20)
     try:
         with gzip.open(path, "rb") as handle:
@@ -82,11 +89,17 @@ def read_metadata(path: Path) -> tuple[np.ndarray, np.ndarray, list[list[str]]]:
             starts.append(int(row[0]))
             ends.append(int(row[1]))
             rest.append(row[2:])
+    except csv.Error as error:  # a field past csv's size limit, a stray NUL: not rows dolma writes
+        raise FormatError(f"{path}: not CSV rows of start,end,id,src,loc ({error}).") from None
     except (ValueError, UnicodeDecodeError) as error:
         if isinstance(error, FormatError):
             raise
         raise FormatError(f"{path}: the start,end columns must be integers ({error}).") from None
-    return np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64), rest
+    try:
+        return np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64), rest
+    except OverflowError:
+        bad = next(v for v in (*starts, *ends) if not -(2**63) <= v < 2**63)
+        raise FormatError(f"{path}: a start or end is {bad}; token offsets must fit int64.") from None
 
 
 def _is_memmap(path: Path | Probe) -> bool:
@@ -99,7 +112,30 @@ def _is_memmap(path: Path | Probe) -> bool:
 
 
 def _folder_files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*.npy") if not p.name.startswith(".") and _is_memmap(p))
+    """The memmaps of a folder: every headerless ``.npy`` below it beside a ``.csv.gz`` entry of any kind (a
+    damaged, unreadable or dangling one included: reading it then fails loudly, never drops the file). A ``.csv.gz``
+    whose ``.npy`` is missing, or a headerless ``.npy`` without its ``.csv.gz`` among ones that have theirs, is an
+    error: dropping either would make the dataset silently smaller."""
+    rows = {p for p in folder.rglob("*" + METADATA_SUFFIX) if not p.name.startswith(".")}
+    memmaps = [
+        p
+        for p in folder.rglob("*.npy")
+        if not p.name.startswith(".") and is_regular(p) and Probe(p).head(len(_NUMPY_MAGIC)) != _NUMPY_MAGIC
+    ]
+    for metadata in sorted(rows):
+        data = metadata.with_name(metadata.name[: -len(METADATA_SUFFIX)] + ".npy")
+        if not is_regular(data):
+            state = "does not exist" if not os.path.lexists(data) else "is not a regular file"
+            raise NoFilesError(f"{data} {state}, but {metadata.name} beside it records its documents.")
+    paired = [p for p in memmaps if metadata_path(p) in rows]
+    if paired:
+        for p in memmaps:
+            if metadata_path(p) not in rows:
+                raise NoFilesError(
+                    f"{metadata_path(p)} is missing: {p.name}'s documents are recorded there (the other .npy files "
+                    f"of {folder} have theirs)."
+                )
+    return sorted(paired)
 
 
 def _remote_files(remote: LazyFiles, folder: Path) -> list[Path]:
@@ -165,13 +201,15 @@ class Reader(PartsReader):
             files = expand_paths(path)
         self.eos = eos
         self._rows: dict[int, tuple[np.ndarray, np.ndarray, list[list[str]]]] = {}
+        # When some files have their rows, every file must: one without would be split another way, or not at all.
+        self._rows_expected = remote is None and any(os.path.lexists(metadata_path(f)) for f in files)
         self._set_parts([self._part(k, file, dtype) for k, file in enumerate(files)])
         self.shards  # noqa: B018 - map now: what was validated is what is read
 
     def _part(self, k: int, file: Path, dtype: npt.DTypeLike | None) -> Part:
         metadata = metadata_path(file)
-        if metadata.is_file():
-            self._rows[k] = read_metadata(metadata)
+        if os.path.lexists(metadata) or self._rows_expected:
+            self._rows[k] = read_metadata(metadata)  # an unreadable one is an error, not a file without rows
         size = self._data_size(k, file, dtype)
         inferred = None
         if k in self._rows:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -82,10 +83,32 @@ REMOTE_INDEX = (STATE,)
 PUBLISHED_LAST = (STATE, INFO)
 
 
+_SHARD = re.compile(r"^data-(\d+)-of-(\d+)\.arrow$")
+
+
+def _check_shard_names(state: Path, names: list[str]) -> None:
+    """The redundancy ``state.json``'s file list holds: no file twice, and ``data-K-of-N.arrow`` names (what
+    ``save_to_disk`` writes) numbering 0..N-1 with N the number listed; a list that breaks it was damaged, and
+    reading it would drop or repeat a file's rows."""
+    if len(set(names)) != len(names):
+        twice = next(n for n in names if names.count(n) > 1)
+        raise FormatError(f"{state}: '_data_files' lists {twice!r} more than once.")
+    numbered = [_SHARD.match(n) for n in names]
+    if names and all(numbered):
+        found = sorted((int(m.group(1)), int(m.group(2))) for m in numbered if m)
+        if found != [(k, len(names)) for k in range(len(names))]:
+            raise FormatError(
+                f"{state}: '_data_files' should name data-00000-of-{len(names):05d}.arrow ... "
+                f"data-{len(names) - 1:05d}-of-{len(names):05d}.arrow, found {names!r:.300}."
+            )
+
+
 def remote_files(folder: Path) -> list[dict[str, Any]]:
     """``dataset_info.json`` and the ``.arrow`` files ``state.json`` lists."""
     state = read_json_object(folder / STATE)
-    files = [e["filename"] for e in state.get("_data_files", []) if isinstance(e, dict) and "filename" in e]
+    listed = state.get("_data_files")
+    entries = listed if isinstance(listed, list) else []
+    files = [e["filename"] for e in entries if isinstance(e, dict) and isinstance(e.get("filename"), str)]
     return [{"name": INFO, "required": False}] + [{"name": name} for name in files]
 
 
@@ -112,8 +135,13 @@ class Reader(PartsReader):
             raise NoFilesError(f"{self._folder} has no {STATE}: it is not a save_to_disk folder.")
         state = read_json_object(self._folder / STATE)
         entries = state.get("_data_files")
-        if not isinstance(entries, list) or not all(isinstance(e, dict) and "filename" in e for e in entries):
-            raise FormatError(f"{self._folder / STATE}: '_data_files' must be a list of {{'filename': ...}} entries.")
+        if not isinstance(entries, list) or not all(isinstance(e, dict) and isinstance(e.get("filename"), str)
+                                                    for e in entries):  # fmt: skip
+            raise FormatError(
+                f"{self._folder / STATE}: '_data_files' must be a list of {{'filename': NAME}} entries (names as "
+                f"strings), found {entries!r:.200}."
+            )
+        _check_shard_names(self._folder / STATE, [e["filename"] for e in entries])
         self.info = read_json_object(self._folder / INFO) if (self._folder / INFO).is_file() else {}
         parts: list[Part] = []
         self._batch_offsets: list[np.ndarray] = []

@@ -158,10 +158,16 @@ class Reader(PartsReader):
                 raise FormatError(f"{where}: chunks[{k}] needs integer 'chunk_size' and 'dim', found {chunk}.")
             header = (items + 2) * _HEADER.itemsize
             size = file.stat().st_size if remote is None else remote.size(file)
-            if size < header + dim * dtype.itemsize:
+            expected = header + dim * dtype.itemsize
+            recorded = chunk.get("chunk_bytes")
+            if size != expected or (isinstance(recorded, int) and recorded != size):
+                # The chunk is exactly its header and tokens, and index.json records its size: a chunk that is
+                # longer was replaced or appended to, and its header would point into bytes the index never named.
+                said = f" and chunk_bytes {recorded:,}" if isinstance(recorded, int) else ""
                 raise SizeMismatchError(
                     f"{file}: {INDEX} says {items:,} documents and {dim:,} {dtype.name} tokens "
-                    f"({header + dim * dtype.itemsize:,} bytes), but the file has {size:,} bytes: truncated."
+                    f"({expected:,} bytes{said}), but the file has {size:,} bytes: "
+                    f"{'truncated' if size < expected else 'changed or from another dataset'}."
                 )
             parts.append(Part(file, header, dim, dtype))
         if not parts:

@@ -41,6 +41,7 @@ from ..core.protocol import PathLike, TokenWriter
 from ..core.registry import FormatDescriptor, Probe
 from ..errors import ConfigError, DataWarning, FormatError, HeaderError, NoFilesError, SizeMismatchError, option
 from ..fs.paths import expand_path_texts
+from ..fs.untrusted import require_regular
 from ._parts import MappedParts, Part, PartTable
 from ._shards import StreamShards
 
@@ -133,7 +134,7 @@ def read_header(path: Path, head: bytes | None = None, size: int | None = None) 
     """Validate a shard's header and size exactly as llm.c's loader does; return (family, ntok). ``head`` and
     ``size``: the header bytes and the file size when they come from elsewhere (a shard opened by URL)."""
     try:
-        size = path.stat().st_size if size is None else size
+        size = require_regular(path) if size is None else size  # a FIFO would block the read below
         if head is None:
             with open(path, "rb") as handle:
                 head = handle.read(HEADER_BYTES)

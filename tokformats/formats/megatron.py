@@ -38,7 +38,7 @@ from ..core.dtypes import as_token_array, little_endian, resolve_dtype
 from ..core.protocol import PathLike, TokenReader, TokenWriter, checked_position
 from ..core.registry import FormatDescriptor, Probe
 from ..errors import DTypeError, FormatError, HeaderError, NoFilesError, SizeMismatchError
-from ..fs.atomic import AtomicFiles
+from ..fs.atomic import AtomicFiles, naming_output
 from ..fs.filecopy import append_file
 
 if TYPE_CHECKING:
@@ -733,6 +733,8 @@ def merge(prefixes: Sequence[PathLike], output: PathLike, *, overwrite: bool = F
             modes = np.concatenate([r.sequence_modes for r in readers]) if first.multimodal else None
             index = files.create(Path(f"{prefix}.idx"))  # created last, so renamed last
             _write_index(index, little_endian(first.dtype), lengths, document_indices, modes)
+    except OSError as error:  # a full disk names the merged dataset, not a hidden temporary (or nothing)
+        raise naming_output(error, prefix)  # noqa: B904 - the original is kept as the cause
     finally:
         for reader in readers:
             reader.close()

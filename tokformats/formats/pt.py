@@ -41,7 +41,7 @@ from ..core.protocol import PathLike, TokenReader, TokenWriter
 from ..core.registry import FormatDescriptor, Probe
 from ..errors import DTypeError, FormatError, NoFilesError, OutputExistsError, option
 from ..fs.atomic import AtomicFiles
-from ..fs.untrusted import read_json_object
+from ..fs.untrusted import numbers, read_json_object, require_regular
 from . import _torchfile as torchfile
 from ._shards import StreamShards
 
@@ -128,6 +128,38 @@ def shard_files(folder: Path) -> list[tuple[int, Path]]:
         if match:
             found.append((int(match.group(1)), path))
     return sorted(found)
+
+
+def _named_shards(folder: Path, manifest: dict[str, Any] | None) -> list[tuple[int, Path]]:
+    """The shards a folder's dataset consists of: those its manifest names (``shards``, else ``total_shards``), each
+    required, in numeric order; only a folder without a manifest is listed. Files the manifest does not name (a
+    racing or killed writer's) are not read, and a named one that is missing or unreadable is an error, never a
+    smaller dataset."""
+    if manifest is None:
+        return shard_files(folder)
+    total = manifest.get("total_shards")
+    if manifest.get("shards") is None and total is None:
+        return shard_files(folder)  # a manifest that names no shards at all (not one tokformats or Genesis writes)
+    if total is not None and (not isinstance(total, int) or isinstance(total, bool) or total < 0):
+        raise FormatError(f"{folder / MANIFEST}: total_shards is {total!r}; it must be a whole number.")
+    held = sum(1 for _ in folder.iterdir())
+    if total is not None and total > held:  # checked before naming them: a lying count allocates nothing
+        raise NoFilesError(f"{folder / MANIFEST} names {total:,} shards, but the folder holds {held:,} files.")
+    # shard_0 ... shard_{total_shards - 1}, and any the v3 list names (a resumed older folder lists only new ones)
+    names = {f"shard_{k}.pt" for k in range(total or 0)}
+    names.update(entry["name"] for entry in _listed_files({"shards": manifest.get("shards")}))
+    shards = set()
+    for name in names:
+        match = SHARD_PATTERN.match(name)
+        if match is None:
+            continue
+        path = folder / name
+        try:
+            require_regular(path)
+        except FileNotFoundError:
+            raise NoFilesError(f"{path} is named by {folder / MANIFEST} but does not exist.") from None
+        shards.add((int(match.group(1)), path))
+    return sorted(shards)
 
 
 def detect(probe: Probe) -> bool:
@@ -349,7 +381,7 @@ class FolderReader(Reader):
             self._listed = {e["name"]: e for e in _listed_files(self.manifest or {}) if SHARD_PATTERN.match(e["name"])}
             self._shards = sorted((int(n[len("shard_") : -len(".pt")]), self._path / n) for n in self._listed)
         else:
-            self._shards = shard_files(self._path)
+            self._shards = _named_shards(self._path, self.manifest)
             if not self._shards and self.manifest is None:
                 raise NoFilesError(f"{self._path} holds no shard_N.pt files and no {MANIFEST}.")
             self._pin(*(shard for _, shard in self._shards))
@@ -600,9 +632,18 @@ class FolderWriter(Writer):
             state = self._checkpoints.get(source)
             if state is None and existing:
                 raise FormatError(f"{self.path / CHECKPOINTS} has no entry for source {source!r}; cannot resume it.")
+            if not isinstance(state, (dict, type(None))):
+                raise FormatError(f"{self.path / CHECKPOINTS}: the entry of {source!r} must be an object.")
             if state is not None:
-                leftover = check_tokens(np.asarray(state.get("leftover_tokens", []), dtype=np.int64), chosen)
-                self._documents_before = int(state.get("documents_processed", 0))
+                where = f"{self.path / CHECKPOINTS}: {source}.leftover_tokens"
+                values = numbers(state.get("leftover_tokens", []), where, "a list of token ids")
+                if values.size and values.dtype.kind not in "iu":
+                    raise FormatError(f"{where} must be a list of token ids, found {values.dtype.name} values.")
+                leftover = check_tokens(values.astype(np.int64), chosen)
+                processed = state.get("documents_processed", 0)
+                if type(processed) is not int:
+                    raise FormatError(f"{self.path / CHECKPOINTS}: {source}.documents_processed is {processed!r:.40}.")
+                self._documents_before = processed
             # Replace (not keep) the files we rewrite.
             self._files = AtomicFiles(overwrite=True)
         elif existing or (self.path / MANIFEST).exists():

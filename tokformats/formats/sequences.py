@@ -23,7 +23,7 @@ from ..core.dtypes import parse_dtype
 from ..core.protocol import PathLike, TokenReader
 from ..core.registry import FormatDescriptor, Probe
 from ..errors import FormatError, NoFilesError, UnsafePickleError
-from ..fs.untrusted import MAX_DEFLATE_RATIO, read_npy, require_regular
+from ..fs.untrusted import MAX_DEFLATE_RATIO, max_json_bytes, numbers, read_json, read_npy, require_regular
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -108,10 +108,10 @@ def _sequence(path: Path, index: int, item: Any) -> np.ndarray:
         if "sequence" not in item:
             raise FormatError(f"{path}: item {index} is a dict without a 'sequence' key (keys: {sorted(item)[:8]}).")
         item = item["sequence"]
-    try:
-        array = np.asarray(item)
-    except ValueError as exc:
-        raise FormatError(f"{path}: item {index} is not a list of numbers ({exc}).") from None
+    if isinstance(item, np.ndarray):
+        array = item
+    else:  # parsed JSON or YAML: numbers only, checked before NumPy sees them (a string would widen the array)
+        array = numbers(item, f"{path}: item {index}")
     if array.ndim == 0 or array.dtype.kind not in "iufb":
         raise FormatError(f"{path}: item {index} must be a list of numbers, found {type(item).__name__} {array.dtype}.")
     return array.reshape(-1) if array.ndim > 1 else array
@@ -119,6 +119,11 @@ def _sequence(path: Path, index: int, item: Any) -> np.ndarray:
 
 def _load_items(path: Path, allow_pickle: bool) -> list[Any]:
     name = path.name.lower()
+    if name.endswith((".json", ".jsonl")) and require_regular(path) > max_json_bytes():
+        raise FormatError(
+            f"{path} is {path.stat().st_size:,} bytes, more than the {max_json_bytes():,} bytes tokformats parses as "
+            "JSON (set TOKFORMATS_MAX_JSON_BYTES to allow more)."
+        )
     if name.endswith(".jsonl"):
         items = []
         with open(path, encoding="utf-8") as handle:
@@ -130,10 +135,7 @@ def _load_items(path: Path, allow_pickle: bool) -> list[Any]:
                         raise FormatError(f"{path}, line {number}: invalid JSON ({exc}).") from None
         return items
     if name.endswith(".json"):
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise FormatError(f"{path}: invalid JSON ({exc}).") from None
+        data = read_json(path)
         if not isinstance(data, list):
             raise FormatError(f"{path} must hold a JSON list of sequences, found {type(data).__name__}.")
         return data

@@ -720,6 +720,25 @@ class Writer(TokenWriter):
                 "(x - mean) / std, so both must be finite and std non-zero (for a constant series pass std=1.0)."
             )
 
+    def write_scaled_batch(
+        self, flat: npt.ArrayLike, lengths: npt.ArrayLike, means: npt.ArrayLike, stds: npt.ArrayLike
+    ) -> None:
+        """Append sequences stored as they are (already normalised) with their ``means`` and ``stds`` (NaN: a
+        sequence without scales; both or neither): what ``convert`` uses to carry a Time-MoE folder's scales."""
+        self._check_open()
+        means, stds = np.asarray(means, dtype=np.float64), np.asarray(stds, dtype=np.float64)
+        count = len(np.asarray(lengths))
+        if means.shape != (count,) or stds.shape != (count,) or (np.isnan(means) != np.isnan(stds)).any():
+            raise FormatError(
+                f"{self.path}: write_scaled_batch needs one mean and one std per sequence (both NaN or neither), "
+                f"found {means.shape[0] if means.ndim else 0} means and {stds.shape[0] if stds.ndim else 0} stds "
+                f"for {count} sequences."
+            )
+        first = len(self._means)
+        self.write_batch(flat, lengths)
+        self._means.view()[first:] = means
+        self._stds.view()[first:] = stds
+
     def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
         starts = self._offset + offsets_from_lengths(lengths)[:-1]
         self._offsets.extend(starts)

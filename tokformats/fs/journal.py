@@ -182,11 +182,15 @@ def write_journal(folder: Path, renames: list[tuple[Path, Path]], remove: list[P
         "renames": [[_relative(folder, t), _relative(folder, f)] for t, f in renames],
         "remove": [_relative(folder, p) for p in remove],
     })  # fmt: skip
-    with open(staging, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(staging, journal)
+    try:
+        with open(staging, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(staging, journal)
+    except BaseException:  # a full disk (or an interrupt) while staging: no half journal is left behind
+        staging.unlink(missing_ok=True)
+        raise
     fsync_folder(folder)
     return journal
 

@@ -9,6 +9,7 @@ strings: a ``Path`` costs microseconds to build, which 600,000 shards would pay 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fnmatch
 import glob
 import os
@@ -18,7 +19,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from ..errors import NoFilesError
+from ..errors import FormatError, NoFilesError
 
 __all__ = [
     "URL_SCHEMES",
@@ -28,6 +29,7 @@ __all__ = [
     "forget_listings",
     "is_pattern",
     "is_url",
+    "names_checked",
     "one_expansion",
     "pattern_matches",
     "public_url",
@@ -48,6 +50,22 @@ def read_head(path: Path, size: int) -> bytes:
             return handle.read(size)
     except OSError:
         return b""
+
+
+@contextlib.contextmanager
+def names_checked(path: Any) -> Iterator[None]:
+    """Within the block, a name too long for the file system (over 255 bytes in one part, on most) is a
+    :class:`FormatError` naming ``path``, not a bare ``OSError``."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno != errno.ENAMETOOLONG:
+            raise
+        longest = max(Path(os.fspath(error.filename or path)).parts, key=lambda part: len(os.fsencode(part)))
+        raise FormatError(
+            f"{error.filename or path}: the name {longest[:40]!r}... is {len(os.fsencode(longest)):,} bytes, longer "
+            "than the file system allows (255 on most); choose a shorter name."
+        ) from None
 
 
 _GLOB_CHARS = set("*?[")

@@ -21,7 +21,11 @@ __all__ = [
     "is_regular",
     "read_file",
     "read_exactly",
+    "read_json",
     "read_json_object",
+    "numbers",
+    "MAX_JSON_BYTES",
+    "max_json_bytes",
     "MAX_DEFLATE_RATIO",
     "read_npy",
 ]
@@ -34,6 +38,9 @@ class Readable(Protocol):
     def readline(self, size: int = ..., /) -> bytes: ...
 
 
+#: The largest JSON file tokformats parses (index files, manifests, sequence lists): 1 GiB; parsing allocates
+#: several times the file's size in Python objects, so the cap bounds memory.
+MAX_JSON_BYTES = 1 << 30
 #: DEFLATE (gzip, zip) cannot expand data more than about 1,032 times: a header promising more is a lie or a bomb.
 MAX_DEFLATE_RATIO = 1032
 _BLOCK = 1 << 20
@@ -75,13 +82,60 @@ def read_file(path: Path) -> bytes:
         return handle.read(size)
 
 
-def read_json_object(path: Path, error: type[FormatError] = FormatError) -> dict[str, Any]:
-    """The JSON object in regular file ``path`` (a manifest, ``meta.json``, a checkpoint): anything else, or bytes
-    that are not UTF-8 JSON, raises ``error`` (a :class:`FormatError`) naming the file."""
+def max_json_bytes() -> int:
+    """The largest JSON file read whole: :data:`MAX_JSON_BYTES`, or ``TOKFORMATS_MAX_JSON_BYTES`` when set."""
+    setting = os.environ.get("TOKFORMATS_MAX_JSON_BYTES", "")
+    return int(setting) if setting.isdigit() else MAX_JSON_BYTES
+
+
+def read_json(path: Path, error: type[FormatError] = FormatError) -> Any:
+    """The JSON value in regular file ``path``, parsed only when the file is at most :func:`max_json_bytes` (what
+    a parse allocates grows with the file, so the file's size bounds it); anything else, or bytes that are not
+    UTF-8 JSON, raises ``error`` naming the file (and the cap, when it is the size)."""
+    size = require_regular(path)
+    limit = max_json_bytes()
+    if size > limit:
+        raise error(
+            f"{path} is {size:,} bytes, more than the {limit:,} bytes tokformats parses as JSON "
+            "(set TOKFORMATS_MAX_JSON_BYTES to allow more)."
+        )
     try:
-        data = json.loads(read_file(path).decode("utf-8"))
+        return json.loads(read_file(path).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise error(f"{path} is not valid JSON ({type(exc).__name__}: {exc}).") from None
+        raise error(f"{path} is not valid JSON ({type(exc).__name__}: {str(exc)[:200]}).") from None
+
+
+_NUMBER_TYPES = (int, float, np.integer, np.floating, np.bool_)  # bool is an int
+
+
+def numbers(values: Any, where: str, what: str = "a list of numbers") -> np.ndarray:
+    """A list parsed from JSON (or a nested list of rows) as a NumPy array, after checking that every element is a
+    number: NumPy given a string among numbers would make an array of strings as wide as the longest one (a 1 MB
+    file asking for gigabytes). Raises :class:`FormatError` naming ``where`` and the first element that is not."""
+    if not isinstance(values, (list, tuple)):
+        raise FormatError(f"{where} must be {what}, found {type(values).__name__}.")
+    rows = values if values and all(isinstance(v, (list, tuple)) for v in values) else [values]
+    for row in rows:
+        for k, value in enumerate(row):
+            if not isinstance(value, _NUMBER_TYPES):
+                shown = f"{value!r:.60}" if isinstance(value, (str, bytes)) else type(value).__name__
+                raise FormatError(f"{where} must be {what}; element {k} is {shown}.")
+    if len(rows) > 1 and len({len(row) for row in rows}) > 1:
+        raise FormatError(f"{where} must be {what}; its rows have different lengths.")
+    try:
+        array = np.asarray(values)
+    except (ValueError, OverflowError) as exc:
+        raise FormatError(f"{where} must be {what} ({exc}).") from None
+    if array.dtype.kind not in "iufb":  # an integer past 64 bits makes an array of Python objects
+        raise FormatError(f"{where} must be {what} that fit 64 bits.")
+    return array
+
+
+def read_json_object(path: Path, error: type[FormatError] = FormatError) -> dict[str, Any]:
+    """The JSON object in regular file ``path`` (a manifest, ``meta.json``, a checkpoint), read under the size cap
+    of :func:`read_json`: anything else, or bytes that are not UTF-8 JSON, raises ``error`` (a
+    :class:`FormatError`) naming the file."""
+    data = read_json(path, error)
     if not isinstance(data, dict):
         raise error(f"{path} must hold a JSON object, found {type(data).__name__}.")
     return data

@@ -14,6 +14,7 @@ least recently used files no reader holds. ``offline=True`` (or ``TOKFORMATS_OFF
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -63,6 +64,7 @@ __all__ = ["Cache", "Lease", "ChecksumError", "NotCachedError", "UnsafeCacheErro
 SUMS = "SHA256SUMS"
 #: The longest ``SHA256SUMS`` line read (a digest, two spaces, a name of at most 4096 bytes).
 _SUMS_LINE = 64 + 3 + 4096 + 2
+_READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
 _HASH_BLOCK = 1 << 22
 #: Bytes a download writes between asking the kernel to start writing them back.
 _WRITEBACK_BYTES = 8 << 20
@@ -109,7 +111,8 @@ def _touch(path: Path) -> None:
     """Mark ``path`` used now for least-recently-used eviction: its access time only (its modification time is part
     of what open readers pinned, so it never changes once the file is in place)."""
     info = path.stat()
-    os.utime(path, ns=(time.time_ns(), info.st_mtime_ns))
+    with contextlib.suppress(OSError):  # a read-only cache is used as it is: the access time is only a hint
+        os.utime(path, ns=(time.time_ns(), info.st_mtime_ns))
 
 
 def _folder_name(url: str) -> str:
@@ -189,9 +192,14 @@ class Lease:
             self.add(lock)
 
     def add(self, lock: Path) -> None:
-        """Hold ``lock`` too."""
-        lock.parent.mkdir(parents=True, exist_ok=True)
-        descriptor = open_no_follow(lock, os.O_RDWR | os.O_CREAT)
+        """Hold ``lock`` too (nothing to hold in a read-only cache: nobody can evict from it)."""
+        try:
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            descriptor = open_no_follow(lock, os.O_RDWR | os.O_CREAT)
+        except OSError as error:
+            if error.errno in _READ_ONLY:
+                return
+            raise
         fcntl.flock(descriptor, fcntl.LOCK_SH)
         with self._guard:
             self._descriptors.append(descriptor)
@@ -320,6 +328,13 @@ class Cache:
         path = self.path(name)
         return path if self._verified(name, path, size, sha256) else None
 
+    def _writable(self) -> bool:
+        """Whether files can be added to the cache (False on a read-only mount or folder)."""
+        probe = self.folder
+        while not probe.exists() and probe != probe.parent:  # the nearest folder that exists decides
+            probe = probe.parent
+        return os.access(probe, os.W_OK) and not os.statvfs(probe).f_flag & os.ST_RDONLY
+
     def not_cached(self, name: str) -> NotCachedError:
         """The error for file ``name`` when offline mode is on and it is not cached."""
         return NotCachedError(
@@ -353,6 +368,8 @@ class Cache:
             return self._place_copy(adopt, target)
         if self.offline:
             raise self.not_cached(name)
+        if not self._writable():  # a read-only cache serves what it holds, as offline mode does
+            raise NotCachedError(f"{_safe(self.url_of(name))} is not in the cache ({self.folder}), which is read-only.")
         with _locked(self.download_lock_path(name), fcntl.LOCK_EX):  # one process downloads; the others wait here
             if self._current(name, target, size, sha256):
                 _touch(target)

@@ -9,6 +9,9 @@ format's writer, whose files appear atomically; then the work folder is removed.
 
 A run killed at any point resumes with ``resume=True``: spools are cut back to the checkpoint and reading
 restarts after the last checkpointed record, so the final files are byte-identical to an uninterrupted run.
+The work folder has one owner at a time (an OS lock that dies with its holder): a second run on the same output
+is refused at once with :class:`~tokformats.errors.FolderBusyError` naming the folder, rather than made to wait,
+and a killed run's pool workers stop with it (:mod:`tokformats.tokenization.workers`).
 Documents are assigned to splits by a hash of (seed, input, record position), so the assignment depends on
 nothing else: not on batching, resuming or partitioning. With ``executor=`` the inputs are split into
 partitions encoded in parallel (each into its own spools) and joined in input order: the output equals a
@@ -20,6 +23,7 @@ without sequences and without an end-of-document id; llm.c, nanoGPT and the othe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -33,7 +37,7 @@ from concurrent.futures import Executor
 from dataclasses import asdict, dataclass, field
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -44,15 +48,19 @@ from ..core.protocol import TokenWriter
 from ..core.registry import default_corpus_format
 from ..core.vocab import END_OF_TEXT
 from ..errors import ConfigError, FormatError, OutputExistsError, option
-from ..fs.atomic import AtomicFiles
+from ..fs.atomic import AtomicFiles, naming_output
+from ..fs.owner import LOCK_NAME, owned_folder
+from ..fs.untrusted import read_json_object
 from .engines import EngineMismatchError, TokenizersEngine, differing_text, select_engine
 from .sources import Input, Record, SourceError, iter_records, resolve_inputs
 from .tokenizer import load_tokenizer
+from .workers import parent_watch, submitter
 
 __all__ = ["tokenize", "split_fractions", "output_paths"]
 
 EOS_MODES = ("append", "prepend", "none")
 CHECKPOINT = "checkpoint.json"
+PARTITION_WAIT = 60.0  # seconds a partition waits for a killed run's orphaned worker to stop writing it
 _SPOOL_CHUNK = 1 << 24  # tokens per write_batch call when writing the outputs
 
 
@@ -163,19 +171,30 @@ def assign_splits(seed: int, inputs: np.ndarray, positions: np.ndarray, fraction
 # -- spools and checkpoints ---------------------------------------------------------------------------
 
 
-_TAIL = 4096  # bytes before a spool's checkpointed end whose hash the checkpoint records
+_HASH_PIECE = 1 << 22  # bytes read at a time when a spool is hashed
 
 
-def _tail_hash(path: Path, size: int) -> str:
+def _spool_hash(path: Path, size: int) -> Any:
+    """A running SHA-256 of the first ``size`` bytes of ``path`` (to be continued as the spool grows), or None when
+    the file holds fewer bytes."""
     import hashlib
 
+    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        handle.seek(max(size - _TAIL, 0))
-        return hashlib.sha256(handle.read(min(size, _TAIL))).hexdigest()[:32]
+        left = size
+        while left:
+            piece = handle.read(min(left, _HASH_PIECE))
+            if not piece:
+                return None
+            digest.update(piece)
+            left -= len(piece)
+    return digest
 
 
 class Spool:
-    """An append-only pair of files: ids (in ``dtype``) and document lengths (int64)."""
+    """An append-only pair of files: ids (in ``dtype``) and document lengths (int64), each with a running SHA-256
+    of everything written (recorded in checkpoints: a resume checks every byte up to the checkpoint, so writes the
+    checkpoint does not know about, e.g. by a killed run's orphaned worker, are found, not published)."""
 
     def __init__(
         self,
@@ -184,29 +203,59 @@ class Spool:
         dtype: np.dtype,
         tokens: int = 0,
         documents: int = 0,
-        tails: dict[str, str] | None = None,
+        hashes: dict[str, str] | None = None,
+        **older: Any,
     ) -> None:
         self.tokens_path = folder / f"{name}.tokens"
         self.lengths_path = folder / f"{name}.lengths"
         self.dtype = dtype
+        self._hashes: dict[str, Any] = {}
         for path, size in ((self.tokens_path, tokens * dtype.itemsize), (self.lengths_path, documents * 8)):
-            found = path.stat().st_size if path.exists() else None
-            if size and (found is None or found < size or (tails and _tail_hash(path, size) != tails.get(path.suffix))):
-                # Never extend a lost or damaged spool with zeros: that would publish zeros as documents.
-                state = "is missing" if found is None else f"has {found:,} bytes" if found < size else "differs"
-                raise FormatError(
-                    f"{path} {state}, but the checkpoint records {size:,} bytes of it; the unfinished run cannot "
-                    f"be resumed. Pass {option('overwrite')} to start over."
-                )
+            digest = self._verified(path, size, (hashes or {}).get(path.suffix), bool(older))
             with open(path, "ab") as handle:
                 handle.truncate(size)  # drop whatever was written after the last checkpoint
+            self._hashes[path.suffix] = digest
+        if documents and _lengths_total(self.lengths_path, documents) != tokens:
+            raise FormatError(
+                f"{self.lengths_path}'s document lengths do not add up to the {tokens:,} tokens the checkpoint "
+                f"records; the unfinished run cannot be resumed. Pass {option('overwrite')} to start over."
+            )
         self._tokens = open(self.tokens_path, "ab")  # noqa: SIM115 - closed by close()
         self._lengths = open(self.lengths_path, "ab")  # noqa: SIM115 - closed by close()
         self.num_tokens, self.num_documents = tokens, documents
 
+    @staticmethod
+    def _verified(path: Path, size: int, recorded: str | None, old_checkpoint: bool) -> Any:
+        """The running hash of ``path``'s first ``size`` bytes, after checking them against the checkpoint's."""
+        import hashlib
+
+        if not size:
+            return hashlib.sha256()
+        found = path.stat().st_size if path.exists() else None
+        digest = _spool_hash(path, size) if found is not None and found >= size else None
+        if digest is not None and recorded is not None and digest.hexdigest() == recorded:
+            return digest
+        # Never extend a lost or damaged spool: that would publish zeros, or another run's writes, as documents.
+        if found is None:
+            state = "is missing"
+        elif found < size:
+            state = f"has {found:,} bytes"
+        elif old_checkpoint or recorded is None:
+            state = "has no full hash in the checkpoint (written by an older tokformats)"
+        else:
+            state = "differs from what the checkpoint recorded"
+        raise FormatError(
+            f"{path} {state}, but the checkpoint records {size:,} bytes of it; the unfinished run cannot "
+            f"be resumed. Pass {option('overwrite')} to start over."
+        )
+
     def append(self, flat: np.ndarray, lengths: np.ndarray) -> None:
-        self._tokens.write(np.ascontiguousarray(flat, dtype=self.dtype).data)
-        self._lengths.write(np.ascontiguousarray(lengths, dtype="<i8").data)
+        tokens = np.ascontiguousarray(flat, dtype=self.dtype).data
+        counts = np.ascontiguousarray(lengths, dtype="<i8").data
+        self._tokens.write(tokens)
+        self._lengths.write(counts)
+        self._hashes[".tokens"].update(tokens)
+        self._hashes[".lengths"].update(counts)
         self.num_tokens += len(flat)
         self.num_documents += len(lengths)
 
@@ -215,31 +264,56 @@ class Spool:
             handle.flush()
             os.fsync(handle.fileno())
 
-    def tails(self) -> dict[str, str]:
-        """Hashes of each file's last bytes up to the counts (recorded in checkpoints, checked on resume)."""
-        return {
-            ".tokens": _tail_hash(self.tokens_path, self.num_tokens * self.dtype.itemsize),
-            ".lengths": _tail_hash(self.lengths_path, self.num_documents * 8),
-        }
+    def hashes(self) -> dict[str, str]:
+        """SHA-256 of each file up to the counts (recorded in checkpoints, checked on resume and on publishing)."""
+        return {suffix: digest.hexdigest() for suffix, digest in self._hashes.items()}
 
     def close(self) -> None:
         self._tokens.close()
         self._lengths.close()
 
 
+def _lengths_total(path: Path, documents: int) -> int:
+    """The sum of the first ``documents`` lengths in a spool's ``.lengths`` file (-1 when one is negative)."""
+    lengths = np.fromfile(path, dtype="<i8", count=documents)
+    return -1 if len(lengths) != documents or (lengths < 0).any() else int(lengths.sum())
+
+
 def copy_spool(writer: TokenWriter, folder: Path, name: str, dtype: np.dtype) -> None:
-    """Feed a finished partition's spool to ``writer`` in pieces of about ``_SPOOL_CHUNK`` tokens.
+    """Feed a finished partition's spool to ``writer`` in pieces of about ``_SPOOL_CHUNK`` tokens, hashing what it
+    feeds: a spool that differs from its checkpoint's hash raises (inside the writer's block, so nothing is
+    published).
 
     Plain file reads, not a memory map: a map would keep every page it has read resident, so memory would
     grow with the corpus; this way it stays at one piece.
     """
-    sizes = json.loads((folder / CHECKPOINT).read_text(encoding="utf-8"))["spools"][name]
+    import hashlib
+
+    sizes = read_json_object(folder / CHECKPOINT)["spools"][name]
+    recorded = sizes.get("hashes") or {}
     lengths = np.fromfile(folder / f"{name}.lengths", dtype="<i8", count=sizes["documents"])
-    offsets = offsets_from_lengths(lengths)
+    offsets = offsets_from_lengths(lengths) if len(lengths) == sizes["documents"] else None
+    lengths_hash = hashlib.sha256(np.ascontiguousarray(lengths, dtype="<i8").data).hexdigest()
+    if offsets is None or lengths_hash != recorded.get(".lengths") or offsets.item(-1) != sizes["tokens"]:
+        _refuse_spool(folder / f"{name}.lengths")
+    tokens_hash = hashlib.sha256()
     with open(folder / f"{name}.tokens", "rb") as handle:
         for first, stop in document_runs(offsets, _SPOOL_CHUNK):
-            flat = np.fromfile(handle, dtype=dtype, count=offsets.item(stop) - offsets.item(first))
+            count = offsets.item(stop) - offsets.item(first)
+            flat = np.fromfile(handle, dtype=dtype, count=count)
+            if len(flat) != count:
+                _refuse_spool(folder / f"{name}.tokens")
+            tokens_hash.update(flat.data)
             writer.write_batch(flat, lengths[first:stop])
+    if tokens_hash.hexdigest() != recorded.get(".tokens"):
+        _refuse_spool(folder / f"{name}.tokens")
+
+
+def _refuse_spool(path: Path) -> NoReturn:
+    raise FormatError(
+        f"{path} differs from what its checkpoint recorded (written to after the checkpoint, or damaged); nothing "
+        f"was published. Pass {option('overwrite')} to start over."
+    )
 
 
 def _discard(work: Path) -> None:
@@ -431,7 +505,7 @@ def _load_checkpoint(folder: Path, plan: Plan, resume: bool) -> dict[str, Any]:
     if not checkpoint.exists():
         folder.mkdir(parents=True, exist_ok=True)
         return {}
-    state: dict[str, Any] = json.loads(checkpoint.read_text(encoding="utf-8"))
+    state = read_json_object(checkpoint)  # bounded, and a damaged one is a FormatError naming it
     if not resume:
         raise OutputExistsError(
             f"{folder} holds an unfinished run; pass {option('resume')} to continue it, or "
@@ -484,7 +558,7 @@ class _PartitionRun:
                 "plan": asdict(self.plan),
                 "position": list(self.position),
                 "spools": {
-                    _stream_name(*s): {"tokens": sp.num_tokens, "documents": sp.num_documents, "tails": sp.tails()}
+                    _stream_name(*s): {"tokens": sp.num_tokens, "documents": sp.num_documents, "hashes": sp.hashes()}
                     for s, sp in self.spools.items()
                 },
                 "stats": {
@@ -603,12 +677,15 @@ def _encode_partition(
 ) -> Stats:
     """Encode ``inputs`` (global numbers ``first_input...``) into spools in ``folder`` with ``encoder``;
     resumable (a partition a checkpoint says is done is not read again)."""
-    run = _PartitionRun(plan, encoder, inputs, first_input, folder, resume=resume)
-    try:
-        if not run.done:
-            run.run(batch_size=batch_size, progress=progress, checkpoint_every=checkpoint_every)
-    finally:
-        run.close()
+    # A partition has one writer at a time. Waiting, not refusing: the only other owner there can be is an orphaned
+    # worker of a killed run (the run's own work folder lock refuses live runs), and its watchdog ends it at once.
+    with owned_folder(folder, wait=PARTITION_WAIT, what="worker encoding this partition"):
+        run = _PartitionRun(plan, encoder, inputs, first_input, folder, resume=resume)
+        try:
+            if not run.done:
+                run.run(batch_size=batch_size, progress=progress, checkpoint_every=checkpoint_every)
+        finally:
+            run.close()
     return run.stats
 
 
@@ -625,23 +702,24 @@ def _partition(inputs: list[Input], parts: int) -> list[tuple[int, list[Input]]]
 
 def _partition_job(args: tuple[Any, ...]) -> dict[str, Any]:
     """Run in an executor worker: encode one partition. Module-level, so that it pickles by reference."""
-    plan_dict, tokenizer_json, paths, first_input, folder, batch_size, resume, checkpoint_every, engine = args
+    plan_dict, tokenizer_json, paths, first_input, folder, batch_size, resume, checkpoint_every, engine, origin = args
     from tokenizers import Tokenizer
 
     plan = Plan(**plan_dict)
     name, fraction = engine
-    encoder = Encoder(Tokenizer.from_str(tokenizer_json), name, fraction, seed=plan.seed, partition=first_input)
-    stats = _encode_partition(
-        plan,
-        encoder,
-        [Input(Path(p)) for p in paths],
-        first_input,
-        Path(folder),
-        batch_size=batch_size,
-        resume=resume,
-        progress=None,
-        checkpoint_every=checkpoint_every,
-    )
+    with parent_watch(origin):  # an orphan of a killed run stops at once instead of writing on into its spools
+        encoder = Encoder(Tokenizer.from_str(tokenizer_json), name, fraction, seed=plan.seed, partition=first_input)
+        stats = _encode_partition(
+            plan,
+            encoder,
+            [Input(Path(p)) for p in paths],
+            first_input,
+            Path(folder),
+            batch_size=batch_size,
+            resume=resume,
+            progress=None,
+            checkpoint_every=checkpoint_every,
+        )
     return asdict(stats)
 
 
@@ -713,50 +791,51 @@ def tokenize(
     plan = _make_plan(resolved, loaded, format, text_key, eos, eos_id, split, seed, unit, on_error)
     targets = output_paths(output, format, plan.keys, plan.splits)
     work = Path(f"{output}.tokenize")
-    _check_outputs(writer_class, targets, work, overwrite=overwrite, resume=resume)
-    named = writer_class.tokenizer_name_option
-    if named and named not in writer_options and isinstance(tokenizer, (str, os.PathLike)):
-        writer_options = {**writer_options, named: os.fspath(tokenizer)}  # as DocumentTokenizer records it
-    _check_writer_options(plan, writer_class, targets, writer_options)
-    total_bytes = sum(i.size or 0 for i in resolved) or None
-    # By default on a terminal, and in a notebook (where tqdm draws a widget); not in logs.
-    show = (sys.stderr.isatty() or "ipykernel" in sys.modules) if progress is None else progress
-    encoder = Encoder(loaded, engine, verify_fraction, seed=plan.seed, partition=0)
-    if show:
-        print(f"tokformats: encoding with {encoder.engine.name}: {encoder.reason}", file=sys.stderr)
-    monitor = Progress(show, total_bytes, [])
-    settings = (batch_size, resume, checkpoint_every)
-    if executor is None:
-        parts = [work / "part-0000"]
-        all_stats = [_encode_partition(plan, encoder, resolved, 0, parts[0], batch_size=batch_size, resume=resume,
-                                       progress=monitor, checkpoint_every=checkpoint_every)]  # fmt: skip
-    else:
-        chosen_engine = (encoder.engine.name if engine == "auto" else engine, verify_fraction)
-        parts, all_stats = _encode_in_parallel(plan, loaded, resolved, work, executor, partitions, settings,
-                                               chosen_engine)  # fmt: skip
-    total = Stats(
-        records=sum(s.records for s in all_stats),
-        documents=sum(s.documents for s in all_stats),
-        tokens=sum(s.tokens for s in all_stats),
-        text=sum(s.text for s in all_stats),
-        skipped=sum(s.skipped for s in all_stats),
-        errors=[e for s in all_stats for e in s.errors][:100],
-    )
-    monitor.update(total, final=True)
-    outputs = _write_outputs(plan, writer_class, targets, parts, writer_options, replace=bool(resume or overwrite))
-    _discard(work)
-    return {
-        "documents": total.documents,
-        "tokens": total.tokens,
-        "bytes": total_bytes,
-        "text_characters": total.text,
-        "seconds": round(time.perf_counter() - started, 3),
-        "skipped": total.skipped,
-        "errors": total.errors,
-        "engine": encoder.engine.name,
-        "engine_reason": encoder.reason,
-        "outputs": outputs,
-    }
+    with _owned_work_folder(work), _naming_output(output):  # one run at a time: a second one is refused
+        _check_outputs(writer_class, targets, work, overwrite=overwrite, resume=resume)
+        named = writer_class.tokenizer_name_option
+        if named and named not in writer_options and isinstance(tokenizer, (str, os.PathLike)):
+            writer_options = {**writer_options, named: os.fspath(tokenizer)}  # as DocumentTokenizer records it
+        _check_writer_options(plan, writer_class, targets, writer_options)
+        total_bytes = sum(i.size or 0 for i in resolved) or None
+        # By default on a terminal, and in a notebook (where tqdm draws a widget); not in logs.
+        show = (sys.stderr.isatty() or "ipykernel" in sys.modules) if progress is None else progress
+        encoder = Encoder(loaded, engine, verify_fraction, seed=plan.seed, partition=0)
+        if show:
+            print(f"tokformats: encoding with {encoder.engine.name}: {encoder.reason}", file=sys.stderr)
+        monitor = Progress(show, total_bytes, [])
+        settings = (batch_size, resume, checkpoint_every)
+        if executor is None:
+            parts = [work / "part-0000"]
+            all_stats = [_encode_partition(plan, encoder, resolved, 0, parts[0], batch_size=batch_size, resume=resume,
+                                           progress=monitor, checkpoint_every=checkpoint_every)]  # fmt: skip
+        else:
+            chosen_engine = (encoder.engine.name if engine == "auto" else engine, verify_fraction)
+            parts, all_stats = _encode_in_parallel(plan, loaded, resolved, work, executor, partitions, settings,
+                                                   chosen_engine)  # fmt: skip
+        total = Stats(
+            records=sum(s.records for s in all_stats),
+            documents=sum(s.documents for s in all_stats),
+            tokens=sum(s.tokens for s in all_stats),
+            text=sum(s.text for s in all_stats),
+            skipped=sum(s.skipped for s in all_stats),
+            errors=[e for s in all_stats for e in s.errors][:100],
+        )
+        monitor.update(total, final=True)
+        outputs = _write_outputs(plan, writer_class, targets, parts, writer_options, replace=bool(resume or overwrite))
+        _discard(work)
+        return {
+            "documents": total.documents,
+            "tokens": total.tokens,
+            "bytes": total_bytes,
+            "text_characters": total.text,
+            "seconds": round(time.perf_counter() - started, 3),
+            "skipped": total.skipped,
+            "errors": total.errors,
+            "engine": encoder.engine.name,
+            "engine_reason": encoder.reason,
+            "outputs": outputs,
+        }
 
 
 # -- the steps of a run -------------------------------------------------------------------------------------
@@ -818,14 +897,56 @@ def _make_plan(
     )
 
 
+@contextlib.contextmanager
+def _owned_work_folder(work: Path) -> Iterator[None]:
+    """Own the run's work folder for the block: a second run on the same output is refused at once (naming the
+    folder) rather than made to wait, since its work would be the first's to redo; a folder left holding nothing
+    but the lock (a run refused before any work) is removed."""
+    with owned_folder(work, what="tokenize run"):
+        try:
+            yield
+        finally:
+            if work.is_dir() and not _unfinished(work):
+                with contextlib.suppress(OSError):
+                    (work / LOCK_NAME).unlink()
+                    work.rmdir()
+
+
+@contextlib.contextmanager
+def _naming_output(output: Any) -> Iterator[None]:
+    """An ``OSError`` of the run's own files (a full disk while spooling or writing) names the output asked for,
+    not a spool or temporary file inside the work folder (or nothing, as a failed ``write`` does)."""
+    try:
+        yield
+    except OSError as error:
+        if isinstance(error, FormatError) or error.errno is None:
+            raise
+        if error.filename is not None and ".tokenize" not in str(error.filename):
+            raise
+        raise naming_output(error, output)  # noqa: B904 - the original is kept as the cause
+
+
+def _unfinished(work: Path) -> bool:
+    """Whether the work folder holds anything of a run (more than its lock)."""
+    return work.is_dir() and any(entry.name != LOCK_NAME for entry in work.iterdir())
+
+
 def _check_outputs(
     writer_class: type[TokenWriter], targets: dict[tuple[str, str], Path], work: Path, *, overwrite: bool, resume: bool
 ) -> None:
     """Refuse outputs that exist (before any work is done), unless replacing or resuming; ``overwrite`` without
-    ``resume`` starts a failed run's work folder over."""
-    if overwrite and not resume and work.exists():
-        shutil.rmtree(work)
-    if overwrite or (resume and work.exists()):
+    ``resume`` starts a failed run's work folder over (keeping the lock this run holds)."""
+    if overwrite and not resume and _unfinished(work):
+        for entry in work.iterdir():
+            if entry.name == LOCK_NAME:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                # a killed run's orphaned worker may still be writing there: wait for it to be gone first
+                with owned_folder(entry, wait=PARTITION_WAIT, what="worker encoding this partition"):
+                    shutil.rmtree(entry)
+            else:
+                entry.unlink()
+    if overwrite or (resume and _unfinished(work)):
         return
     for target in targets.values():
         for path in writer_class.existing_outputs(target):
@@ -852,9 +973,10 @@ def _encode_in_parallel(
     parts = [work / f"part-{n:04d}" for n in range(len(groups))]
     batch_size, resume, checkpoint_every = settings
     tokenizer_json = loaded.to_str()
+    origin = submitter()
     jobs = [
         (asdict(plan), tokenizer_json, [str(i.path) for i in group], first, str(part), batch_size, resume,
-         checkpoint_every, engine)
+         checkpoint_every, engine, origin)
         for (first, group), part in zip(groups, parts)
     ]  # fmt: skip
     return parts, [Stats(**result) for result in executor.map(_partition_job, jobs)]
