@@ -352,6 +352,8 @@ def _storage_array(path: Path, ref: _StorageRef, record: _Record, byteorder: str
             f"{path}: storage {ref.key} declares {ref.numel:,} {unit} ({numel_bytes:,} bytes) "
             f"but its record has {record.size:,} bytes."
         )
+    if dtype == np.bool_:  # a mask: mapped as bytes, viewed as bool (a byte other than 0/1 is the caller's check)
+        return map_file(path, np.dtype("u1"), record.offset, record.size).view(np.bool_)
     return map_file(path, dtype, record.offset, record.size // element.itemsize)
 
 

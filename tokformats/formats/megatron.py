@@ -16,6 +16,10 @@
 a *document* is a run of sequences (several with ``--split-sentences``). tokformats documents are
 Megatron documents; ``Reader.sequences`` gives Megatron's view.
 
+Loss masks live in a sibling indexed dataset, ``PREFIX_loss_mask.bin`` + ``PREFIX_loss_mask.idx`` (LOSS_MASK_SUFFIX):
+dtype code 1 (uint8), one byte (0 or 1) per token, with the same sequence lengths and document indices, so that
+megatron-core opens it as an ``IndexedDataset`` and ``mask_dataset[i]`` lines up with ``dataset[i]``.
+
 Writers match megatron-core's ``IndexedDatasetBuilder`` byte for byte, with three differences that are
 fixes: ids that do not fit the dtype are refused instead of wrapped, the index is kept in NumPy arrays
 (not Python lists) with pointers summed in int64, and both files appear atomically (``.idx`` last).
@@ -58,6 +62,8 @@ __all__ = [
     "VERSION",
     "DTYPE_CODES",
     "HEADER",
+    "LOSS_MASK_SUFFIX",
+    "loss_mask_prefix",
 ]
 
 #: This format's entry in :data:`tokformats.formats` (the registry finds it here).
@@ -89,6 +95,13 @@ _CODE_OF = {dtype: code for code, dtype in DTYPE_CODES.items()}
 #: Codes fairseq used that Megatron rejects.
 _FAIRSEQ_CODES = {9: "uint32", 10: "uint64"}
 _MAX_SEQUENCE = np.iinfo(np.int32).max
+#: Appended to a dataset's prefix to name the sibling indexed dataset holding its loss masks.
+LOSS_MASK_SUFFIX = "_loss_mask"
+
+
+def loss_mask_prefix(prefix: PathLike) -> Path:
+    """The prefix of the sibling dataset holding ``prefix``'s loss masks (``PREFIX_loss_mask``)."""
+    return Path(f"{resolve_prefix(prefix)}{LOSS_MASK_SUFFIX}")
 
 
 def optimal_dtype(vocab_size: int) -> np.dtype:
@@ -269,7 +282,7 @@ class Reader(TokenReader):
         return self._index[3]
 
     def _cached_maps(self) -> tuple[str, ...]:
-        return ("tokens", "_view", "_index")
+        return ("tokens", "_view", "_index", "_loss_reader")
 
     def _validate(self, count: int) -> None:
         """What opening checks, in O(1): the ends of document_indices, the first and last pointers against the
@@ -409,6 +422,35 @@ class Reader(TokenReader):
         """Megatron's GPTDataset samples from *sequences* (``IndexedDataset[i]``), not documents."""
         return self.sequence_lengths, self.sequence_offsets
 
+    @cached_property
+    def _loss_reader(self) -> Reader | None:
+        """The sibling ``PREFIX_loss_mask`` dataset, checked to line up with this one, or None without it."""
+        prefix = loss_mask_prefix(self.prefix)
+        if not Path(f"{prefix}.idx").is_file():
+            return None
+        masks = Reader(prefix)
+        if masks.dtype != np.dtype("u1") or not np.array_equal(masks.sequence_lengths, self.sequence_lengths):
+            raise SizeMismatchError(
+                f"{prefix}.idx: a loss-mask dataset must be uint8 with the same sequence lengths as {self.idx_path}; "
+                f"found {masks.dtype.name} with {len(masks.sequence_lengths):,} sequences ({masks.num_tokens:,} "
+                f"tokens) for {len(self.sequence_lengths):,} ({self.num_tokens:,} tokens)."
+            )
+        if not np.array_equal(masks.document_indices, self.document_indices):
+            raise SizeMismatchError(f"{prefix}.idx: its document_indices differ from {self.idx_path}'s.")
+        return masks
+
+    @property
+    def loss_masks(self) -> np.ndarray | None:
+        """The ``PREFIX_loss_mask.bin`` bytes of every token (see :attr:`tokformats.TokenReader.loss_masks`)."""
+        masks = self._loss_reader
+        return None if masks is None else masks.tokens
+
+    def close(self) -> None:
+        masks = self.__dict__.get("_loss_reader")
+        if masks is not None:
+            masks.close()
+        super().close()
+
     @property
     def sequences(self) -> Sequences:
         """Megatron's unit: ``len(r.sequences)``, ``r.sequences[j]``, ``r.sequences.get(j, offset, length)``."""
@@ -500,6 +542,7 @@ class Writer(TokenWriter):
     """
 
     format = "megatron"
+    stores_loss_mask = True
     #: preprocess_data.py writes an empty document as a document without sequences.
     tokenize_options = {"empty_documents": "none"}  # noqa: RUF012
     delimit_empty_documents = False
@@ -512,7 +555,9 @@ class Writer(TokenWriter):
     @classmethod
     def existing_outputs(cls, path: PathLike) -> list[Path]:
         prefix = resolve_prefix(path)
-        return [p for p in (Path(f"{prefix}.idx"), Path(f"{prefix}.bin")) if p.exists()]
+        masks = loss_mask_prefix(prefix)
+        candidates = (f"{prefix}.idx", f"{prefix}.bin", f"{masks}.idx", f"{masks}.bin")
+        return [Path(p) for p in candidates if Path(p).exists()]
 
     def __init__(
         self,
@@ -539,6 +584,7 @@ class Writer(TokenWriter):
         self._document_indices.append(0)
         self._modes = GrowableArray(np.int8) if multimodal else None
         self._open_sequences = 0  # sequences added by add_item since the last end_document
+        self._mask_bin: BinaryIO | None = None  # PREFIX_loss_mask.bin, once a write carries a mask
 
     # -- Megatron's builder API ----------------------------------------------------------------
     def add_item(self, sequence: npt.ArrayLike, mode: int = 0) -> None:
@@ -546,6 +592,7 @@ class Writer(TokenWriter):
         self._check_open()
         flat = self._validated(as_token_array(sequence, what="a sequence"), None)
         self._add_sequences(flat, np.array([len(flat)], dtype=np.int64), None if mode is None else [mode])
+        self._mask_all(len(flat))
         self._open_sequences += 1
 
     def end_document(self) -> None:
@@ -563,7 +610,14 @@ class Writer(TokenWriter):
         flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=self.dtype)
         flat = self._validated(flat, None)
         self._add_sequences(flat, lengths, modes)
+        self._mask_all(len(flat))
         self.end_document()
+
+    def _mask_all(self, count: int) -> None:
+        """Builder-API sequences are trained on: ones in the loss-mask dataset, when this one has masks."""
+        self.loss_masked = bool(self.loss_masked)
+        if self._mask_bin is not None:
+            self._mask_bin.write(np.ones(count, dtype=np.uint8).data)
 
     # -- the common protocol --------------------------------------------------------------------
     def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
@@ -576,6 +630,13 @@ class Writer(TokenWriter):
             self._add_sequences(flat, lengths, None)
             ends = len(self._lengths) - len(lengths) + np.arange(1, len(lengths) + 1, dtype=np.int64)
         self._document_indices.extend(ends)
+
+    def _write_masked(self, flat: np.ndarray, lengths: np.ndarray, mask: np.ndarray) -> None:
+        if self._mask_bin is None:  # the first write carries a mask: every write will
+            self._files.check_destination(Path(f"{loss_mask_prefix(self.path)}.idx"))
+            self._mask_bin = self._files.create(Path(f"{loss_mask_prefix(self.path)}.bin"))
+        self._write_tokens(flat, lengths)
+        self._mask_bin.write(np.ascontiguousarray(mask, dtype=np.uint8).data)
 
     def _add_sequences(self, flat: np.ndarray, lengths: np.ndarray, modes: Sequence[int] | None) -> None:
         if len(lengths) and lengths.max() > _MAX_SEQUENCE:
@@ -594,6 +655,9 @@ class Writer(TokenWriter):
     def _finish(self) -> None:
         if self._open_sequences:
             self.end_document()  # Megatron would drop them from document_indices; we keep the document
+        if self._mask_bin is not None:  # the masks' index before the tokens' .idx, which is renamed last
+            masks = self._files.create(Path(f"{loss_mask_prefix(self.path)}.idx"))
+            _write_index(masks, np.dtype("u1"), self._lengths.view(), self._document_indices.view(), None)
         handle = self._files.create(self.idx_path)  # created last, so renamed last: .idx means complete
         _write_index(
             handle,
