@@ -6,11 +6,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .core.boundaries import choose_delimiter, delimit
+import numpy as np
+
+from .core.boundaries import choose_delimiter, delimit, delimited_mask
 from .core.documents import document_runs
-from .core.protocol import PathLike, Reader, TokenReader, TokenWriter, Writer
+from .core.protocol import PathLike, Reader, TokenReader, TokenWriter, Writer, loss_mask_formats
 from .core.registry import descriptor, detect, formats
-from .errors import DTypeError, FormatError, NoFilesError, UnknownFormatError
+from .errors import DTypeError, FormatError, NoFilesError, UnknownFormatError, option
 from .fs.journal import recover_near
 from .fs.paths import is_url
 
@@ -108,10 +110,14 @@ def convert(
     eos: int | None = None,
     bos: int | None = None,
     keep_boundaries: bool = True,
+    drop_masks: bool = False,
     batch_tokens: int = 1 << 24,
     **writer_options: Any,
 ) -> dict[str, Any]:
     """Copy a corpus into another format, in batches of about ``batch_tokens``, losing no token and no boundary.
+
+    A source that stores loss masks (:attr:`TokenReader.loss_masks`) gives them to the destination, delimiters
+    inserted for it trained on; a destination format that stores none is refused unless ``drop_masks=True``.
 
     Every token is copied as stored. Document boundaries are kept: a destination that stores them gets them; a
     destination whose reader splits the stream at a delimiter (llm.c before each document, raw and ``.pt`` after
@@ -157,18 +163,22 @@ def convert(
                 writer = create_corpus(destination, format, **options)
         else:
             writer = create_corpus(destination, format, **options)
+        masks = _masks_to_copy(reader, writer_class, format, drop_masks)
         added = 0
         check = writer_class.boundaries != "index"
         # What the destination reads back: the bare stream of a delimiter format is one document.
         documents = len(reader) if keep_boundaries or not check else min(len(reader), 1)
         with writer:
             for first, stop in document_runs(reader.offsets, batch_tokens):
-                flat = reader.span(reader.offsets.item(first), reader.offsets.item(stop))
-                lengths = reader.lengths[first:stop]
+                start, end = reader.offsets.item(first), reader.offsets.item(stop)
+                flat, lengths = reader.span(start, end), reader.lengths[first:stop]
+                mask = None if masks is None else np.asarray(masks[start:end], dtype=np.uint8)
                 if delimiter is not None:
+                    if mask is not None:
+                        mask = delimited_mask(flat, lengths, mask, delimiter)
                     flat, lengths, inserted = delimit(flat, lengths, delimiter, first, check=check)
                     added += inserted
-                writer.write_batch(flat, lengths)
+                writer.write_batch(flat, lengths, mask)
             if (writer.num_documents, writer.num_tokens) != (len(reader), reader.num_tokens + added):
                 raise FormatError(  # a bug, not bad input: refuse to commit rather than publish it
                     f"converting {reader.path} wrote {writer.num_documents:,} documents and {writer.num_tokens:,} "
@@ -182,7 +192,22 @@ def convert(
             "files": writer.written,
             "delimiters_added": added,
             "read_with": read_with,
+            "loss_masks": masks is not None,
         }
+
+
+def _masks_to_copy(reader: TokenReader, writer_class: type[TokenWriter], format: str, drop: bool) -> Any:
+    """The source's loss masks when the destination takes them; None when there are none or ``drop`` is asked;
+    :class:`FormatError` when the destination would lose them silently."""
+    masks = reader.loss_masks
+    if masks is None or drop:
+        return None
+    if not writer_class.stores_loss_mask:
+        raise FormatError(
+            f"{reader.path} stores loss masks, and the {format} format cannot: they would be lost. Convert to one of "
+            f"{loss_mask_formats()}, or pass {option('drop_masks')} to copy the tokens without them."
+        )
+    return masks
 
 
 def vocabulary_formats() -> list[str]:
@@ -226,9 +251,13 @@ def merge(sources: Sequence[Any], destination: PathLike, *, overwrite: bool = Fa
         if len(tokens) != len(readers):
             raise UnknownFormatError(f"{name} datasets are not token corpora; only corpora merge.")
         options = {"dtype": tokens[0].dtype, **writer_options}
+        masked = any(corpus.loss_masks is not None for corpus in tokens)
         with create_corpus(destination, name, overwrite=overwrite, **options) as writer:
             for corpus in tokens:
-                writer.write_all(corpus.tokens, corpus.lengths)
+                masks = corpus.loss_masks
+                if masked and masks is None:  # a dataset without masks is trained on everywhere: ones, not copied
+                    masks = np.broadcast_to(np.uint8(1), (corpus.num_tokens,))
+                writer.write_all(corpus.tokens, corpus.lengths, loss_masks=masks)
     finally:
         for reader in readers:
             reader.close()

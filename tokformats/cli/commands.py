@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .. import api
 from ..core.protocol import TokenReader
 from ..core.registry import formats
@@ -161,6 +163,8 @@ def run_stats(args: argparse.Namespace) -> int:
         print("document length: " + ", ".join(f"{k} {v:,}" for k, v in length.items()))
         print("length histogram (tokens per document, documents):")
         print("\n".join(_histogram_lines(result["histogram"])))
+    if "trained_tokens" in result:
+        print(f"loss mask: {result['trained_tokens']:,} tokens trained on ({result['trained_fraction']:.1%})")
     if result.get("top_ids"):
         print(f"most frequent ids (top {len(result['top_ids'])}):")
         for row in result["top_ids"]:
@@ -198,17 +202,43 @@ def _plot(result: dict[str, Any], path: str) -> None:
 def _print_documents(args: argparse.Namespace, pick: Callable[[int], list[int]]) -> int:
     decode = _decoder(args)
     with _open_corpus(args) as reader:
+        masked = getattr(args, "mask", False)
+        if masked and reader.loss_masks is None:
+            print(f"tokformats: {reader.path} stores no loss mask: every token is trained on.", file=sys.stderr)
         for k in pick(len(reader)):
             document = reader[k]
-            print(f"--- document {k:,} ({len(document):,} tokens) ---")
-            # Without a decoder, the ids; no more of them than characters will be shown.
-            shown = (
-                decode(document)
-                if decode is not None
-                else " ".join(map(str, document[: max(args.max_chars, 0) or None].tolist()))
-            )
+            mask = reader.loss_mask(k) if masked else None
+            trained = f", {int(mask.sum()):,} trained on" if mask is not None else ""
+            print(f"--- document {k:,} ({len(document):,} tokens{trained}) ---")
+            if mask is not None:
+                shown = _masked_text(document, mask, decode, args.max_chars)
+            elif decode is not None:
+                shown = decode(document)
+            else:  # the ids; no more of them than characters will be shown
+                shown = " ".join(map(str, document[: max(args.max_chars, 0) or None].tolist()))
             print(_truncate(shown, args.max_chars))
     return 0
+
+
+def _masked_text(
+    document: np.ndarray, mask: np.ndarray, decode: Callable[[Any], str] | None, max_chars: int
+) -> str:
+    """A document with its runs of tokens not trained on shown between ``[[`` and ``]]`` (decoded run by run, so a
+    boundary is exactly where the mask changes), or as ids with ``~`` before each masked one."""
+    if decode is None:
+        limit = max(max_chars, 0) or None
+        return " ".join(f"{t}" if m else f"~{t}" for t, m in zip(document[:limit].tolist(), mask[:limit].tolist()))
+    changes = np.flatnonzero(np.diff(mask.astype(np.int8))) + 1
+    edges = [0, *changes.tolist(), len(document)]
+    pieces = []
+    for start, stop in zip(edges[:-1], edges[1:]):
+        if start == stop:
+            continue
+        text = decode(document[start:stop])
+        pieces.append(text if mask[start] else f"[[{text}]]")
+        if max_chars > 0 and sum(len(p) for p in pieces) > max_chars:
+            break
+    return "".join(pieces)
 
 
 def run_head(args: argparse.Namespace) -> int:
@@ -239,6 +269,7 @@ def run_convert(args: argparse.Namespace) -> int:
         eos=args.to_eos,
         bos=args.to_bos,
         keep_boundaries=not args.drop_boundaries,
+        drop_masks=args.drop_masks,
         **writer_options,
     )
     files = [str(f) for f in summary["files"] or []]

@@ -113,6 +113,11 @@ def _documents_command(name: str, what: str, example: str, runner: Callable[[arg
             Arg("-n", type=int, default=3, help="how many documents (default 3)"),
             *(seed if name == "sample" else []),
             Arg("--max-chars", type=int, default=2000, help="cut each document after this many characters (0: all)"),
+            Arg(
+                "--mask",
+                action="store_true",
+                help="show the stored loss mask: tokens not trained on between [[ and ]] (ids: prefixed with ~)",
+            ),
             *decoder_args(),
             *reader_args(),
         ],
@@ -192,6 +197,11 @@ def _convert_args() -> list[Row]:
                     help="copy the bare token stream (documents read back merged)",
                 ),
             ]
+        ),
+        Arg(
+            "--drop-masks",
+            action="store_true",
+            help="copy the tokens without the source's loss masks (needed when the destination cannot store them)",
         ),
         Arg("--overwrite", action="store_true", help="replace an existing destination"),
         JSON,

@@ -16,7 +16,7 @@ from ..errors import ConfigError, FormatError, option
 from .arrays import TokenArray
 from .documents import add_delimiter, offsets_from_lengths
 
-__all__ = ["Delimiter", "choose_delimiter", "delimit"]
+__all__ = ["Delimiter", "choose_delimiter", "delimit", "delimited_mask"]
 
 
 @dataclass(frozen=True)
@@ -115,3 +115,16 @@ def delimit(
                 "convert to a format that stores boundaries."
             )
     return new_flat, new_lengths, int(np.count_nonzero(~has))
+
+
+def delimited_mask(flat: np.ndarray, lengths: np.ndarray, mask: np.ndarray, delimiter: Delimiter) -> np.ndarray:
+    """``mask`` (parallel to ``flat``) with a 1 (trained on) where :func:`delimit` inserts the delimiter, so that the
+    mask stays parallel to the delimited ids."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    starts = offsets_from_lengths(lengths)[:-1]
+    nonempty = lengths > 0
+    edge_places = (starts + lengths - 1) if delimiter.kind == "eos" else starts
+    has = np.zeros(len(lengths), dtype=bool)
+    has[nonempty] = flat[edge_places[nonempty]] == delimiter.id
+    new_mask, _ = add_delimiter(mask, lengths, 1, before=delimiter.kind == "bos", only=~has)
+    return new_mask

@@ -692,6 +692,13 @@ def merge(prefixes: Sequence[PathLike], output: PathLike, *, overwrite: bool = F
                 f"cannot merge {other.prefix} (multimodal={other.multimodal}) with {first.prefix} "
                 f"(multimodal={first.multimodal})."
             )
+    masked = [r._loss_reader is not None for r in readers]
+    if any(masked) and not all(masked):
+        without = readers[masked.index(False)].prefix
+        raise FormatError(
+            f"cannot merge {without} (no {without}{LOSS_MASK_SUFFIX} loss masks) with datasets that have them: "
+            "convert it with masks first, or merge through tokformats.convert."
+        )
     prefix = resolve_prefix(output)
     try:
         with AtomicFiles(overwrite=overwrite) as files:
@@ -705,6 +712,13 @@ def merge(prefixes: Sequence[PathLike], output: PathLike, *, overwrite: bool = F
                 [np.zeros(1, np.int64)] + [r.document_indices[1:] + shift for r, shift in zip(readers, shifts)]
             )
             modes = np.concatenate([r.sequence_modes for r in readers]) if first.multimodal else None
+            if any(masked):  # the masks' files the same way, their index before the tokens' .idx
+                mask_prefix = loss_mask_prefix(prefix)
+                mask_bin = files.create(Path(f"{mask_prefix}.bin"))
+                for reader in readers:
+                    append_file(reader._loss_reader.bin_path, mask_bin)  # type: ignore[union-attr]
+                mask_index = files.create(Path(f"{mask_prefix}.idx"))
+                _write_index(mask_index, np.dtype("u1"), lengths, document_indices, None)
             index = files.create(Path(f"{prefix}.idx"))  # created last, so renamed last
             _write_index(index, little_endian(first.dtype), lengths, document_indices, modes)
     finally:
