@@ -382,6 +382,10 @@ def run_tokenize(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             engine=args.engine,
             verify_fraction=args.verify_fraction,
+            chat=args.chat,
+            template=args.template,
+            train_on=args.train_on,
+            thought=args.thought,
             **{k: _number(v) for k, v in writer_options.items()},
         )
     except KeyboardInterrupt:
@@ -404,7 +408,8 @@ def run_tokenize(args: argparse.Namespace) -> int:
     if summary["skipped"]:
         print(f"skipped {summary['skipped']:,} bad records, e.g. {summary['errors'][0]}")
     for name, output in summary["outputs"].items():
-        print(f"  {name}: {output['documents']:,} documents, {output['tokens']:,} tokens -> {output['path']}")
+        trained = f" ({output['trained_tokens']:,} trained on)" if "trained_tokens" in output else ""
+        print(f"  {name}: {output['documents']:,} documents, {output['tokens']:,} tokens{trained} -> {output['path']}")
     return 0
 
 

@@ -133,6 +133,24 @@ def _tokenize_args() -> list[Row]:
         Arg("--format", "-f", default=default, choices=sorted(api.corpus_writers()), help=f"output format ({default})"),
         Arg("--text-key", action="append", help="JSON/Parquet key(s) holding the text (default: text)"),
         Arg(
+            "--chat",
+            choices=["messages", "sharegpt", "alpaca"],
+            help="read each record as a conversation of this schema; stores each token's loss mask",
+        ),
+        Arg(
+            "--template",
+            default="chatml",
+            help="chat template: chatml (built in), tokenizer (its tokenizer_config.json chat_template), or a "
+            "tokenizer_config.json / .jinja path (default: chatml)",
+        ),
+        Arg(
+            "--train-on",
+            choices=["assistant", "all", "last"],
+            default="assistant",
+            help="which chat tokens are trained on: the assistant's turns, all, or the last assistant turn",
+        ),
+        Arg("--thought", choices=["train", "mask"], default="train", help="train on assistants' thoughts, or mask them"),
+        Arg(
             "--eos",
             choices=["append", "prepend", "none"],
             help="add the end-of-text id after each document, before it, or not (default: the format's convention: "
