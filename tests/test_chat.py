@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ def _trained_runs(tokenizer: Any, ids: np.ndarray, mask: np.ndarray) -> list[str
     edges = [0, *(np.flatnonzero(np.diff(mask.astype(np.int8))) + 1).tolist(), len(ids)]
     return [
         tokenizer.decode(ids[a:b].tolist(), skip_special_tokens=False)
-        for a, b in zip(edges[:-1], edges[1:])
+        for a, b in pairwise(edges)
         if b > a and mask[a]
     ]
 
@@ -71,7 +72,7 @@ def test_the_three_schemas_and_a_callable_give_messages() -> None:
     openai = {
         "messages": [
             {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
-            {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": '{"x": 1}'}}]},
+            {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": '{"x":1}'}}]},
             {"role": "tool", "content": "2"},
             {"role": "assistant", "content": "two", "reasoning_content": "think"},
         ]
@@ -83,11 +84,15 @@ def test_the_three_schemas_and_a_callable_give_messages() -> None:
         Message("assistant", "two", "think"),
     ]
     sharegpt = {"system": "s", "conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}
-    assert messages_of(sharegpt, "sharegpt", "w") == [Message("system", "s"), Message("user", "q"), Message("assistant", "a")]
+    want = [Message("system", "s"), Message("user", "q"), Message("assistant", "a")]
+    assert messages_of(sharegpt, "sharegpt", "w") == want
     alpaca = {"instruction": "Sum.", "input": "1 2", "output": "3"}
     assert messages_of(alpaca, "alpaca", "w") == [Message("user", "Sum.\n\n1 2"), Message("assistant", "3")]
     pairs = {"q": "x", "a": "y"}
-    call = messages_of(pairs, lambda r: [{"role": "user", "content": r["q"]}, {"role": "assistant", "content": r["a"]}], "w")
+    def pair(r: dict) -> list[dict]:
+        return [{"role": "user", "content": r["q"]}, {"role": "assistant", "content": r["a"]}]
+
+    call = messages_of(pairs, pair, "w")
     assert call == [Message("user", "x"), Message("assistant", "y")]
 
 
@@ -105,7 +110,7 @@ def test_the_three_schemas_and_a_callable_give_messages() -> None:
 def test_a_bad_record_names_where_and_the_field(record: dict, schema: str, field: str) -> None:
     with pytest.raises(ChatError) as caught:
         messages_of(record, schema, "chats.jsonl, line 7")
-    assert str(caught.value).startswith("chats.jsonl, line 7: field " if "no field" not in field else "chats.jsonl, line 7:")
+    assert str(caught.value).startswith("chats.jsonl, line 7: ")
     assert field in str(caught.value)
 
 
@@ -138,7 +143,7 @@ def test_masks_cover_exactly_the_trained_spans(tokenizer: Any, options: dict, ru
 
 
 def test_train_on_all_trains_every_token_but_masked_thoughts(tokenizer: Any) -> None:
-    _, (ids, _, mask, _) = _encode(tokenizer, [CONVERSATION], train_on="all")
+    _, (_, _, mask, _) = _encode(tokenizer, [CONVERSATION], train_on="all")
     assert mask.all()
     _, (ids, _, mask, _) = _encode(tokenizer, [CONVERSATION], train_on="all", thought="mask")
     untrained = ids[mask == 0]
@@ -156,7 +161,7 @@ def test_ids_equal_the_tokenizers_encoding_of_the_rendered_conversation(tokenize
             turns.append(Message("user", texts[(7 * k + 2 * j) % len(texts)]))
             turns.append(Message("assistant", texts[(5 * k + 2 * j + 1) % len(texts)], thought="so" if j % 2 else None))
         conversations.append(turns)
-    encoder, (ids, lengths, mask, _) = _encode(tokenizer, conversations)
+    encoder, (ids, lengths, _, _) = _encode(tokenizer, conversations)
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     for k, conversation in enumerate(conversations):
         whole = tokenizer.encode(render(encoder.segments(conversation)), add_special_tokens=False).ids
@@ -182,7 +187,7 @@ def test_chatml_needs_the_seed_specials() -> None:
     from tokenizers import Tokenizer, models
 
     bare = Tokenizer(models.BPE())
-    with pytest.raises(ConfigError, match="<|im_start|>"):
+    with pytest.raises(ConfigError, match=r"<\|im_start\|>"):
         load_template("chatml", None, bare)
 
 
@@ -195,7 +200,8 @@ def test_a_jinja_template_gives_the_built_in_ids_and_masks(tokenizer: Any, tmp_p
         [Message("system", "Be brief."), Message("user", "Hi"), Message("assistant", "Hello."), Message("tool", "7")],
         [Message("user", "x <|im_end|> y"), Message("assistant", "")],
     ]
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML_JINJA, "eos_token": "<|im_end|>"}))
+    config = {"chat_template": CHATML_JINJA, "eos_token": "<|im_end|>"}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
     jinja = load_template("tokenizer", tmp_path / "tokenizer.json", tokenizer)
     assert isinstance(jinja, JinjaTemplate)
     _, (ids, lengths, mask, ends) = _encode(tokenizer, conversations)
@@ -241,10 +247,11 @@ def _adversarial_records() -> list[dict[str, Any]]:
                       {"role": "assistant", "content": ""}]},
         {"messages": [{"role": "user", "content": "weather?"},
                       {"role": "assistant", "content": None,
-                       "tool_calls": [{"type": "function", "function": {"name": "get", "arguments": "{\"city\": \"Oslo\"}"}}]},
+                       "tool_calls": [{"type": "function",
+                                       "function": {"name": "get", "arguments": "{\"city\": \"Oslo\"}"}}]},
                       {"role": "tool", "content": "{\"temp\": -3}"}, {"role": "assistant", "content": "It is -3."}]},
         {"messages": [{"role": "user", "content": "思考してください"},
-                      {"role": "assistant", "content": "答え：四。", "reasoning_content": "二足す二は四 🤔"}]},
+                      {"role": "assistant", "content": "答え\uff1a四。", "reasoning_content": "二足す二は四 🤔"}]},
         {"messages": [{"role": "user", "content": "Привет, как дела? مرحبا שלום नमस्ते"},
                       {"role": "assistant", "content": "Ça va 👍🏽 ñ"}]},
         {"messages": [{"role": "user", "content": long_turn}, {"role": "assistant", "content": long_turn[::-1]}]},
@@ -355,7 +362,7 @@ def test_chat_into_a_format_without_masks_is_refused(tmp_path: Path, tokenizer_p
     with pytest.raises(ConfigError, match="stores none; use one of"):
         tokformats.tokenize([{"messages": []}], tokenizer_path, tmp_path / "out", "raw", chat="messages")
     with pytest.raises(ConfigError, match="train_on must be one of"):
-        tokformats.tokenize([{"messages": []}], tokenizer_path, tmp_path / "out", "megatron", chat="messages", train_on="x")
+        tokformats.tokenize([{"messages": []}], tokenizer_path, tmp_path / "o", "hf", chat="messages", train_on="x")
 
 
 def test_cli_tokenize_chat_then_head_mask(tmp_path: Path, tokenizer_path: Path) -> None:

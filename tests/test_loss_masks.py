@@ -133,7 +133,9 @@ def test_datatrove_loss_file_is_byte_identical_to_datatrove(tmp_path: Path, toke
 
     texts = ["Question: what is two and two?\nAnswer: four.", "Tell me a story.\nOnce upon a time...", "plain"]
     ranges = [[(0, 31)], [(0, 16)], []]  # the prompts: never reaching the end (datatrove drops such a tail)
-    documents = [Document(text=t, id=str(k), metadata={"no_loss_ranges": r}) for k, (t, r) in enumerate(zip(texts, ranges))]
+    documents = [
+        Document(text=t, id=str(k), metadata={"no_loss_ranges": r}) for k, (t, r) in enumerate(zip(texts, ranges))
+    ]
     DocumentTokenizer(
         str(tmp_path / "dt"), str(tokenizer_path), eos_token="<|endoftext|>", save_loss_metadata=True,
         shuffle_documents=False,
@@ -208,7 +210,7 @@ def test_torch_loads_the_mask_tensors(tmp_path: Path) -> None:
     want = np.concatenate([np.append(m, 1) for m in masks]).astype(bool).tolist()
     single = torch.load(tmp_path / "out.loss_mask.pt", weights_only=True)
     assert single.dtype == torch.bool and single.tolist() == want
-    shards = sorted((tmp_path / "shards").glob("shard_*.loss_mask.pt"), key=lambda p: int(p.name.split("_")[1].split(".")[0]))
+    shards = sorted((tmp_path / "shards").glob("shard_*.loss_mask.pt"), key=lambda p: int(p.name.split("_")[1][:-13]))
     joined = torch.cat([torch.load(p, weights_only=True) for p in shards])
     assert joined.dtype == torch.bool and joined.tolist() == want
     assert [len(torch.load(p, weights_only=True)) for p in shards][:-1] == [16] * (len(shards) - 1)

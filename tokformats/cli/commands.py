@@ -10,6 +10,7 @@ import random
 import sys
 import time
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -231,7 +232,7 @@ def _masked_text(
     changes = np.flatnonzero(np.diff(mask.astype(np.int8))) + 1
     edges = [0, *changes.tolist(), len(document)]
     pieces = []
-    for start, stop in zip(edges[:-1], edges[1:]):
+    for start, stop in pairwise(edges):
         if start == stop:
             continue
         text = decode(document[start:stop])

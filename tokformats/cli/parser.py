@@ -149,7 +149,7 @@ def _tokenize_args() -> list[Row]:
             default="assistant",
             help="which chat tokens are trained on: the assistant's turns, all, or the last assistant turn",
         ),
-        Arg("--thought", choices=["train", "mask"], default="train", help="train on assistants' thoughts, or mask them"),
+        Arg("--thought", choices=["train", "mask"], default="train", help="train on assistants' thoughts or mask them"),
         Arg(
             "--eos",
             choices=["append", "prepend", "none"],

@@ -503,7 +503,7 @@ def loss_mask_formats() -> str:
     for name, entry in formats.items():
         try:
             writer = entry.writer
-        except Exception:  # noqa: BLE001 - a broken plugin must not hide the others in an error message
+        except Exception:  # a broken plugin must not hide the others in an error message
             continue
         if writer is not None and getattr(writer, "stores_loss_mask", False):
             names.append(name)
@@ -636,18 +636,24 @@ class TokenWriter(Writer[Any]):
                 f"{self.path}: the loss mask of documents {self.num_documents:,}.. has shape {mask.shape}; expected "
                 f"one value per token ({len(flat):,})."
             )
-        if mask.dtype != np.bool_:
-            if mask.dtype.kind not in "iub" or (len(mask) and (mask.min() < 0 or mask.max() > 1)):
-                bad = mask if mask.dtype.kind not in "iub" else mask[(mask < 0) | (mask > 1)]
-                document = self.num_documents
-                if mask.dtype.kind in "iub":
-                    position = int(np.flatnonzero((mask < 0) | (mask > 1))[0])
-                    document += int(np.searchsorted(np.cumsum(sizes), position, side="right"))
-                raise FormatError(
-                    f"{self.path}: a loss mask holds 0 (not trained on) or 1 (trained on); document {document:,} "
-                    f"has {bad.ravel()[:1].tolist()} ({mask.dtype.name})."
-                )
+        if mask.dtype != np.bool_ and (
+            mask.dtype.kind not in "iu" or (len(mask) and (mask.min() < 0 or mask.max() > 1))
+        ):
+            self._refuse_mask_values(mask, sizes)
         return mask.astype(np.uint8, copy=False)
+
+    def _refuse_mask_values(self, mask: np.ndarray, sizes: np.ndarray) -> None:
+        """Raise naming the first document whose mask holds something other than 0 and 1."""
+        document, bad = self.num_documents, mask
+        if mask.dtype.kind in "iu":
+            outside = (mask < 0) | (mask > 1)
+            bad = mask[outside]
+            position = int(np.flatnonzero(outside)[0])
+            document += int(np.searchsorted(np.cumsum(sizes), position, side="right"))
+        raise FormatError(
+            f"{self.path}: a loss mask holds 0 (not trained on) or 1 (trained on); document {document:,} has "
+            f"{bad.ravel()[:1].tolist()} ({mask.dtype.name})."
+        )
 
     def write_all(
         self,

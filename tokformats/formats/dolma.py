@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..core.arrays import TokenArray
 from ..core.documents import add_delimiter, offsets_from_lengths, split_offsets
 from ..core.dtypes import check_id, parse_dtype, resolve_dtype
 from ..core.protocol import PathLike, TokenWriter
-from ..core.arrays import TokenArray
 from ..core.registry import FormatDescriptor, Probe
 from ..errors import DTypeError, FormatError, NoFilesError, SizeMismatchError, option
 from ..fs.paths import expand_paths

@@ -378,7 +378,8 @@ class Writer(TokenWriter):
         for first in range(0, whole, BATCH_ROWS):
             stop = min(first + BATCH_ROWS, whole)
             span = slice(offsets[first], offsets[stop])
-            self._write_batch(flat[span], offsets[first : stop + 1] - offsets[first], None if mask is None else mask[span])
+            starts = offsets[first : stop + 1] - offsets[first]
+            self._write_batch(flat[span], starts, None if mask is None else mask[span])
         rest = slice(offsets[whole], None)
         left = (flat[rest], lengths[whole:], None if mask is None else mask[rest])
         self._pending = [left] if whole < len(lengths) else []

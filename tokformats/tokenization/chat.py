@@ -18,6 +18,7 @@ A record that does not fit raises :class:`ChatError` naming where (file and line
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -83,7 +84,7 @@ def messages_of(record: Any, chat: str | Callable[[Any], Any], where: str) -> li
     if callable(chat):
         try:
             produced = chat(record)
-        except Exception as error:  # noqa: BLE001 - the user's function: its failure is this record's error
+        except Exception as error:  # the user's function: its failure is this record's error
             raise ChatError(f"{where}: the chat callable raised {type(error).__name__}: {error}") from None
         return _openai_messages(produced, where, "messages")
     if not isinstance(record, dict):
@@ -127,10 +128,8 @@ def _tool_calls(calls: Any, where: str, field: str) -> str:
             raise ChatError(f"{where}: field '{field}[{k}]' should hold a function name, found {call!r:.80}.")
         arguments = function.get("arguments", {})
         if isinstance(arguments, str):  # OpenAI sends arguments as a JSON string: kept as the model wrote it
-            try:
+            with contextlib.suppress(ValueError):
                 arguments = json.loads(arguments)
-            except ValueError:
-                pass
         lines.append(json.dumps({"name": function["name"], "arguments": arguments}, ensure_ascii=False))
     return "\n".join(lines)
 

@@ -74,7 +74,8 @@ class ChatEncoder:
         message is). ``encode_content(texts)`` encodes message texts (``(flat ids, lengths)``, specials as text)."""
         rendered = [self.segments(messages) for messages in conversations]
         texts = [s.text for segments in rendered for s in segments if s.content]
-        content_flat, content_lengths = encode_content(texts) if texts else (np.zeros(0, np.uint32), np.zeros(0, np.int64))
+        nothing = (np.zeros(0, np.uint32), np.zeros(0, np.int64))
+        content_flat, content_lengths = encode_content(texts) if texts else nothing
         content_offsets = np.concatenate([[0], np.cumsum(content_lengths)])
         pieces: list[np.ndarray] = []
         sizes: list[int] = []

@@ -564,7 +564,8 @@ class _PartitionRun:
             if chosen.size:
                 spans = [slice(offsets[i], offsets[i + 1]) for i in chosen.tolist()]
                 picked = None if mask is None else np.concatenate([mask[span] for span in spans])
-                self.spools[(key, split)].append(np.concatenate([flat[span] for span in spans]), lengths[chosen], picked)
+                tokens = np.concatenate([flat[span] for span in spans])
+                self.spools[(key, split)].append(tokens, lengths[chosen], picked)
 
     def _where(self, record: Record) -> str:
         """A record's place for messages: its file and line (an iterable's item)."""
@@ -581,7 +582,8 @@ class _PartitionRun:
                 conversations.append(messages_of(record.value, self.chat.schema, self._where(record)))
             except ChatError as error:
                 if self.plan.on_error != "skip":
-                    raise ChatError(f"{error} Pass {option('on_error', repr('skip'))} to count and skip bad records.") from None
+                    hint = f"Pass {option('on_error', repr('skip'))} to count and skip bad records."
+                    raise ChatError(f"{error} {hint}") from None
                 self.stats.skipped += 1
                 self.stats.errors.append(str(error))
                 continue

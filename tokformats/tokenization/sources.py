@@ -258,7 +258,8 @@ def _file_records(
                     yield record
             return
         if keys is None:
-            raise SourceError(f"{path}: chat data is read from JSON Lines, JSON or Parquet files, not {suffix or 'text'}.")
+            kind = suffix or "text"
+            raise SourceError(f"{path}: chat data is read from JSON Lines, JSON or Parquet files, not {kind}.")
         yield from _text_records(input_index, path, stream, unit, skip)
 
 
