@@ -387,3 +387,21 @@ def test_cli_tokenize_chat_then_head_mask(tmp_path: Path, tokenizer_path: Path) 
         "]]Blue.<|im_end|>[[",
         "]]<|endoftext|>",
     ]
+
+
+def test_readme_chat_example_runs(tmp_path: Path) -> None:
+    """The README's "Chat and SFT" example runs as written and prints what it says."""
+    import re
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Chat and SFT", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code, "the README's Chat and SFT section has no Python example"
+    (tmp_path / "example.py").write_text(code.group(1), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = done.stdout.splitlines()
+    promised = re.search(r"# ('<\|thought\|>.*)\n", code.group(1))
+    assert promised and printed[0] == promised.group(1)
+    assert re.fullmatch(r"\d+ of \d+ tokens are trained on", printed[1])

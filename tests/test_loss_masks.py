@@ -210,7 +210,7 @@ def test_torch_loads_the_mask_tensors(tmp_path: Path) -> None:
     want = np.concatenate([np.append(m, 1) for m in masks]).astype(bool).tolist()
     single = torch.load(tmp_path / "out.loss_mask.pt", weights_only=True)
     assert single.dtype == torch.bool and single.tolist() == want
-    shards = sorted((tmp_path / "shards").glob("shard_*.loss_mask.pt"), key=lambda p: int(p.name.split("_")[1][:-13]))
+    shards = sorted((tmp_path / "shards").glob("shard_*.loss_mask.pt"), key=lambda p: int(p.name.split(".")[0][6:]))
     joined = torch.cat([torch.load(p, weights_only=True) for p in shards])
     assert joined.dtype == torch.bool and joined.tolist() == want
     assert [len(torch.load(p, weights_only=True)) for p in shards][:-1] == [16] * (len(shards) - 1)

@@ -669,8 +669,10 @@ class TokenWriter(Writer[Any]):
         offsets = offsets_from_lengths(sizes)
         for first, stop in document_runs(offsets, batch_tokens):
             start, end = offsets.item(first), offsets.item(stop)
-            mask = None if loss_masks is None else loss_masks[start:end]
-            self.write_batch(tokens[start:end], sizes[first:stop], mask)
+            if loss_masks is None:
+                self.write_batch(tokens[start:end], sizes[first:stop])
+            else:
+                self.write_batch(tokens[start:end], sizes[first:stop], loss_masks[start:end])
 
     def _write_masked(self, flat: np.ndarray, lengths: np.ndarray, mask: np.ndarray) -> None:
         """Write documents and their loss mask (uint8 0/1, parallel to ``flat``); formats that store masks

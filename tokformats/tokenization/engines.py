@@ -36,6 +36,7 @@ __all__ = [
     "first_difference",
     "differing_text",
     "select_engine",
+    "encoded",
 ]
 
 #: The values of ``tokenize(engine=...)``.
@@ -155,7 +156,13 @@ def first_difference(
     reference: Engine, candidate: Engine, texts: list[str], split_special: bool = False
 ) -> int | None:
     """The index of the first text ``candidate`` encodes differently from ``reference``, or None."""
-    return differing_text(*reference.encode(texts, split_special), *candidate.encode(texts, split_special))
+    return differing_text(*encoded(reference, texts, split_special), *encoded(candidate, texts, split_special))
+
+
+def encoded(engine: Engine, texts: list[str], split_special: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``engine.encode(texts)``, asking for ``split_special`` only when set (an engine written before chat encoding
+    takes the texts alone)."""
+    return engine.encode(texts, True) if split_special else engine.encode(texts)
 
 
 def _describe(text: str) -> str:

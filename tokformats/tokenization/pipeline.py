@@ -47,7 +47,7 @@ from ..errors import ConfigError, FormatError, OutputExistsError, option
 from ..fs.atomic import AtomicFiles
 from .chat import ChatError, messages_of, schema_name
 from .chat_encoding import ChatSpec
-from .engines import EngineMismatchError, TokenizersEngine, differing_text, select_engine
+from .engines import EngineMismatchError, TokenizersEngine, differing_text, encoded, select_engine
 from .sources import Input, Record, SourceError, iter_records, resolve_inputs
 from .templates import THOUGHT, TRAIN_ON, load_template
 from .tokenizer import END_OF_TEXT, load_tokenizer
@@ -373,7 +373,7 @@ class Encoder:
     ) -> tuple[np.ndarray, np.ndarray]:
         """``texts`` as ``(ids in dtype, lengths)``; ``where(k)`` names text k's record for an error. With
         ``split_special`` (chat message text), special tokens spelled in a text are encoded as text."""
-        flat, lengths = self.engine.encode(texts, split_special)
+        flat, lengths = encoded(self.engine, texts, split_special)
         if self.engine is not self.reference and texts:
             chosen = self._sample(texts)
             if len(chosen):
