@@ -334,7 +334,9 @@ def commands() -> list[Command]:
         ),
         Command(
             "train-tokenizer",
-            "train a byte-level BPE tokenizer on any input tokenize reads",
+            "train a byte-level BPE tokenizer on any input tokenize reads; ids 0-8 are <|endoftext|>, <|padding|> and "
+            "the chat tokens of tokenize --chat (<|im_start|>, <|im_end|>, <|system|>, <|user|>, <|assistant|>, "
+            "<|thought|>, <|/thought|>)",
             "tokformats train-tokenizer corpus.jsonl.gz --vocab-size 32000 -o tokenizer.json "
             "--export llmc-vocab=tok.bin",
             run.run_train_tokenizer,
