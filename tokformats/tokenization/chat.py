@@ -21,8 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .sources import SourceError
 
@@ -58,8 +57,7 @@ class ChatError(SourceError):
     """A record is not a conversation of the chosen schema; names the file, line and field."""
 
 
-@dataclass(frozen=True)
-class Message:
+class Message(NamedTuple):
     """One turn: its role, its text, and (assistant turns) the thought before the answer."""
 
     role: str
@@ -139,6 +137,9 @@ def _openai_messages(value: Any, where: str, field: str) -> list[Message]:
         raise ChatError(f"{where}: field {field!r} should be a list of messages, found {type(value).__name__}.")
     messages = []
     for k, item in enumerate(value):
+        if type(item) is dict and len(item) == 2 and item.get("role") in ROLES and type(item.get("content")) is str:
+            messages.append(Message(item["role"], item["content"]))  # the common case: a role and a text
+            continue
         at = f"{field}[{k}]"
         if isinstance(item, Message):
             messages.append(item)

@@ -28,9 +28,8 @@ import re
 import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import ConfigError, FormatError
 from .chat import Message
@@ -56,8 +55,7 @@ IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 THOUGHT_START, THOUGHT_END = "<|thought|>", "<|/thought|>"
 
 
-@dataclass(frozen=True)
-class Segment:
+class Segment(NamedTuple):
     """A piece of a rendered conversation: ``text``, whether it is message text (``content``: encoded with special
     tokens spelled out as text) or template text (special tokens recognised), and whether it is ``trained`` on."""
 
@@ -93,13 +91,15 @@ class ChatML(ChatTemplate):
     """The built-in ChatML template on the seed tokenizer's specials (see the module docstring)."""
 
     name = "chatml"
+    #: Each role's header (``<|im_start|>ROLE\n``), made once.
+    _HEADERS = {role: f"{IM_START}{token}\n" for role, token in ROLE_TOKENS.items()}
 
     def segments(self, messages: Sequence[Message], train_on: str, thought: str) -> list[Segment]:
         everything = train_on == "all"
         out: list[Segment] = []
         for message, trained in zip(messages, trained_messages(messages, train_on)):
-            role = ROLE_TOKENS.get(message.role, message.role)
-            out.append(Segment(f"{IM_START}{role}\n", False, everything))
+            header = self._HEADERS.get(message.role) or f"{IM_START}{message.role}\n"
+            out.append(Segment(header, False, everything))
             if message.thought is not None:
                 thinks = trained and thought == "train"
                 out += [
