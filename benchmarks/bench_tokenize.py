@@ -234,7 +234,7 @@ def chat_main(args: argparse.Namespace) -> None:
     label = f"(r) hand-written route, first {sampled:,} conversations"
     rows.append({"run": label, "seconds min/med/max": f"{seconds:.2f}",
                  "MB/s": f"{sampled_bytes / seconds / 1e6:.2f}", "conversations/s": f"{sampled / seconds:,.0f}",
-                 "x (p)": f"(q)/(r) = {(count / statistics.median(times['q'])) / (sampled / seconds):.1f}x"})  # fmt: skip
+                 "x (p)": f"(q)/(r) = {count / statistics.median(times['q']) / (sampled / seconds):.1f}x"})  # fmt: skip
     print(f"machine: {machine()}; {count:,} conversations, {size / 1e6:.1f} MB of message text; "
           f"{args.repeat} alternating repeats\n")  # fmt: skip
     print(table(rows))

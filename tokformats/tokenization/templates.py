@@ -29,7 +29,7 @@ import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from ..errors import ConfigError, FormatError
 from .chat import Message
@@ -92,7 +92,7 @@ class ChatML(ChatTemplate):
 
     name = "chatml"
     #: Each role's header (``<|im_start|>ROLE\n``), made once.
-    _HEADERS = {role: f"{IM_START}{token}\n" for role, token in ROLE_TOKENS.items()}
+    _HEADERS: ClassVar[dict[str, str]] = {role: f"{IM_START}{token}\n" for role, token in ROLE_TOKENS.items()}
 
     def segments(self, messages: Sequence[Message], train_on: str, thought: str) -> list[Segment]:
         everything = train_on == "all"
