@@ -405,3 +405,35 @@ def test_readme_chat_example_runs(tmp_path: Path) -> None:
     promised = re.search(r"# ('<\|thought\|>.*)\n", code.group(1))
     assert promised and printed[0] == promised.group(1)
     assert re.fullmatch(r"\d+ of \d+ tokens are trained on", printed[1])
+
+
+_INTERRUPT_AT: list[int] = []
+
+
+def _interrupting(record: dict) -> list[dict]:
+    """A chat callable that stops the run (as Ctrl-C would) at the record numbered in ``_INTERRUPT_AT``."""
+    if _INTERRUPT_AT and record["n"] == _INTERRUPT_AT[0]:
+        raise KeyboardInterrupt
+    return [{"role": "user", "content": record["q"]}, {"role": "assistant", "content": record["a"]}]
+
+
+def test_an_interrupted_chat_run_resumes_to_identical_files_and_masks(tmp_path: Path, tokenizer_path: Path) -> None:
+    texts = [t for t in sample_texts(400, seed=3) if t.strip()]
+    records = [{"n": k, "q": texts[k], "a": texts[k + 1]} for k in range(300)]
+    source = tmp_path / "chats.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in records))
+    common = {"chat": _interrupting, "split": "8:2", "batch_size": 10, "checkpoint_every": 0, "progress": False}
+    tokformats.tokenize([source], tokenizer_path, tmp_path / "ref", "datatrove", **common)
+    _INTERRUPT_AT.append(205)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            tokformats.tokenize([source], tokenizer_path, tmp_path / "run", "datatrove", **common)
+    finally:
+        _INTERRUPT_AT.clear()
+    spools = sorted(p.name for p in (tmp_path / "run.tokenize" / "part-0000").iterdir())
+    assert "text-train.mask" in spools and "text-val.mask" in spools
+    resumed = tokformats.tokenize([source], tokenizer_path, tmp_path / "run", "datatrove", resume=True, **common)
+    assert resumed["documents"] == 300
+    for split in ("train", "val"):
+        for suffix in (".ds", ".ds.index", ".ds.loss"):
+            assert (tmp_path / f"run_{split}{suffix}").read_bytes() == (tmp_path / f"ref_{split}{suffix}").read_bytes()
