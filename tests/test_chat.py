@@ -437,3 +437,24 @@ def test_an_interrupted_chat_run_resumes_to_identical_files_and_masks(tmp_path: 
     for split in ("train", "val"):
         for suffix in (".ds", ".ds.index", ".ds.loss"):
             assert (tmp_path / f"run_{split}{suffix}").read_bytes() == (tmp_path / f"ref_{split}{suffix}").read_bytes()
+
+
+@pytest.mark.parametrize("train_on", ["assistant", "all", "last"])
+@pytest.mark.parametrize("thought", ["train", "mask"])
+def test_the_built_in_batch_layout_equals_its_segments(train_on: str, thought: str) -> None:
+    """ChatML builds a batch's layout with NumPy; it must be exactly what its segments say."""
+    from tokformats.tokenization.templates import ChatTemplate
+
+    conversations = [messages_of(r, "messages", "test") for r in _adversarial_records()]
+    conversations.append([Message("tool", "t"), Message("ipython", "i"), Message("assistant", "a", "why")])
+    fast = ChatML().layout(conversations, train_on, thought)
+    generic = ChatTemplate.layout(ChatML(), conversations, train_on, thought)
+
+    def resolved(layout: Any) -> list[tuple[str, bool, bool]]:
+        return [
+            (layout.texts[s], True, bool(t)) if s >= 0 else (layout.templates[-1 - s], False, bool(t))
+            for s, t in zip(layout.sources.tolist(), layout.trained.tolist())
+        ]
+
+    assert resolved(fast) == resolved(generic)
+    assert fast.bounds.tolist() == generic.bounds.tolist()

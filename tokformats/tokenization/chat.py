@@ -77,8 +77,9 @@ def schema_name(chat: str | Callable[[Any], Any]) -> str:
     return chat
 
 
-def messages_of(record: Any, chat: str | Callable[[Any], Any], where: str) -> list[Message]:
-    """The conversation in ``record`` by schema ``chat``; :class:`ChatError` naming ``where`` and the field."""
+def messages_of(record: Any, chat: str | Callable[[Any], Any], where: Any) -> list[Message]:
+    """The conversation in ``record`` by schema ``chat``; :class:`ChatError` naming ``where`` (its ``str``: the file
+    and line) and the field."""
     if callable(chat):
         try:
             produced = chat(record)
@@ -94,13 +95,13 @@ def messages_of(record: Any, chat: str | Callable[[Any], Any], where: str) -> li
     return _alpaca_messages(record, where)
 
 
-def _field(record: dict[str, Any], name: str, where: str) -> Any:
+def _field(record: dict[str, Any], name: str, where: Any) -> Any:
     if name not in record:
         raise ChatError(f"{where}: the record has no field {name!r} (fields: {sorted(record)[:8]}).")
     return record[name]
 
 
-def _text(value: Any, where: str, field: str, *, empty: bool = False) -> str:
+def _text(value: Any, where: Any, field: str, *, empty: bool = False) -> str:
     """A message's text: a string, or a list of text parts joined; null only where ``empty`` allows it."""
     if isinstance(value, str):
         return value
@@ -115,7 +116,7 @@ def _text(value: Any, where: str, field: str, *, empty: bool = False) -> str:
     )
 
 
-def _tool_calls(calls: Any, where: str, field: str) -> str:
+def _tool_calls(calls: Any, where: Any, field: str) -> str:
     """An assistant's tool calls as text: one JSON object per line, each ``{"name", "arguments"}``."""
     if not isinstance(calls, list):
         raise ChatError(f"{where}: field {field!r} should be a list of tool calls, found {type(calls).__name__}.")
@@ -132,7 +133,7 @@ def _tool_calls(calls: Any, where: str, field: str) -> str:
     return "\n".join(lines)
 
 
-def _openai_messages(value: Any, where: str, field: str) -> list[Message]:
+def _openai_messages(value: Any, where: Any, field: str) -> list[Message]:
     if not isinstance(value, list):
         raise ChatError(f"{where}: field {field!r} should be a list of messages, found {type(value).__name__}.")
     messages = []
@@ -161,7 +162,7 @@ def _openai_messages(value: Any, where: str, field: str) -> list[Message]:
     return messages
 
 
-def _sharegpt_messages(record: dict[str, Any], where: str) -> list[Message]:
+def _sharegpt_messages(record: dict[str, Any], where: Any) -> list[Message]:
     turns = _field(record, "conversations", where)
     if not isinstance(turns, list):
         raise ChatError(f"{where}: field 'conversations' should be a list of turns, found {type(turns).__name__}.")
@@ -182,7 +183,7 @@ def _sharegpt_messages(record: dict[str, Any], where: str) -> list[Message]:
     return messages
 
 
-def _alpaca_messages(record: dict[str, Any], where: str) -> list[Message]:
+def _alpaca_messages(record: dict[str, Any], where: Any) -> list[Message]:
     instruction = _text(_field(record, "instruction", where), where, "instruction")
     extra = _text(record.get("input"), where, "input", empty=True)
     output = _text(_field(record, "output", where), where, "output")

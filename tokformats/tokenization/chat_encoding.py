@@ -72,20 +72,7 @@ class ChatEncoder:
         """``(ids in dtype, lengths, mask uint8, end_trained bool)``: the conversations back to back, their token
         counts, each token's loss mask, and whether an end-of-document id after each would be trained on (its last
         message is). ``encode_content(texts)`` encodes message texts (``(flat ids, lengths)``, specials as text)."""
-        texts: list[str] = []
-        templates: dict[str, int] = {}  # this batch's template texts, numbered
-        sources: list[int] = []  # per segment: its message text's number k, or -1 - (its template text's number)
-        trained: list[bool] = []
-        bounds = [0]  # where each conversation's segments end
-        for messages in conversations:
-            for segment in self.segments(messages):
-                if segment.content:
-                    sources.append(len(texts))
-                    texts.append(segment.text)
-                else:
-                    sources.append(-1 - templates.setdefault(segment.text, len(templates)))
-                trained.append(segment.trained)
-            bounds.append(len(sources))
+        texts, templates, sources, trained, bounds = self.template.layout(conversations, self.train_on, self.thought)
         nothing = (np.zeros(0, np.uint32), np.zeros(0, np.int64))
         content_flat, content_lengths = encode_content(texts) if texts else nothing
         pieces = [self.template_ids(text) for text in templates]
@@ -94,15 +81,15 @@ class ChatEncoder:
         pool = np.concatenate([content_flat.astype(np.uint32, copy=False), *pieces])
         lengths_of = np.concatenate([content_lengths, template_lengths])
         starts_of = np.concatenate([[0], np.cumsum(lengths_of)[:-1]]).astype(np.int64)
-        chosen = np.array(sources, dtype=np.int64)
+        chosen = sources.copy()
         chosen[chosen < 0] = len(texts) - 1 - chosen[chosen < 0]  # -1 - t -> len(texts) + t
         sizes, starts = lengths_of[chosen], starts_of[chosen]
         ends = np.cumsum(sizes)
         gather = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) + np.repeat(starts - ends + sizes, sizes)
         flat = pool[gather].astype(dtype, copy=False)
-        mask = np.repeat(np.array(trained, dtype=np.uint8), sizes)
+        mask = np.repeat(trained.astype(np.uint8), sizes)
         cumulative = np.concatenate([[0], ends])
-        positions = np.array(bounds, dtype=np.int64)
+        positions = bounds
         lengths = (cumulative[positions[1:]] - cumulative[positions[:-1]]).astype(np.int64)
         end_trained = np.array([bool(m) and trained_messages(m, self.train_on)[-1] for m in conversations], dtype=bool)
         return flat, lengths, mask, end_trained

@@ -34,7 +34,7 @@ from concurrent.futures import Executor
 from dataclasses import asdict, dataclass, field
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -429,6 +429,18 @@ def _add_eos(
     return add_delimiter(flat, lengths, plan.eos_id, before=plan.eos == "prepend", only=only)
 
 
+class _Place(NamedTuple):
+    """Where a record is, worded when an error message needs it (most records never do)."""
+
+    source: Input
+    line: int
+
+    def __str__(self) -> str:
+        if self.source.path is None:
+            return f"item {self.line}"
+        return f"{self.source.name}, line {self.line}"
+
+
 def _add_chat_eos(
     plan: Plan, flat: np.ndarray, lengths: np.ndarray, mask: np.ndarray, ends: np.ndarray, delimit_empty: bool
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -567,10 +579,9 @@ class _PartitionRun:
                 tokens = np.concatenate([flat[span] for span in spans])
                 self.spools[(key, split)].append(tokens, lengths[chosen], picked)
 
-    def _where(self, record: Record) -> str:
-        """A record's place for messages: its file and line (an iterable's item)."""
-        source = self.inputs[record.input]
-        return f"{source.name}, line {record.index}" if source.path is not None else f"item {record.index}"
+    def _where(self, record: Record) -> _Place:
+        """A record's place for messages: its file and line (an iterable's item), worded only when an error is."""
+        return _Place(self.inputs[record.input], record.index)
 
     def _conversations(self, good: list[Record]) -> tuple[list[Record], list[Any]]:
         """The records that hold a conversation of the run's schema, and their messages; a record that does not is

@@ -31,11 +31,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
+import numpy as np
+
 from ..errors import ConfigError, FormatError
 from .chat import Message
 
 __all__ = [
     "Segment",
+    "Layout",
     "ChatTemplate",
     "ChatML",
     "JinjaTemplate",
@@ -76,6 +79,19 @@ def trained_messages(messages: Sequence[Message], train_on: str) -> list[bool]:
     return [k == last for k in range(len(messages))]
 
 
+class Layout(NamedTuple):
+    """A batch of conversations as segments, ready to be encoded: the message ``texts`` (encoded with specials as
+    text), the distinct ``templates`` texts (specials recognised), each segment's ``sources`` (``k >= 0``: message
+    text k; ``-1 - t``: template text t) and whether it is ``trained``, and ``bounds``: conversation c is segments
+    ``bounds[c]:bounds[c + 1]``."""
+
+    texts: list[str]
+    templates: list[str]
+    sources: np.ndarray
+    trained: np.ndarray
+    bounds: np.ndarray
+
+
 class ChatTemplate(ABC):
     """Renders a conversation as :class:`Segment` s."""
 
@@ -85,6 +101,30 @@ class ChatTemplate(ABC):
     @abstractmethod
     def segments(self, messages: Sequence[Message], train_on: str, thought: str) -> list[Segment]:
         """The conversation as segments, in order; their texts joined are the rendered conversation."""
+
+    def layout(self, conversations: Sequence[Sequence[Message]], train_on: str, thought: str) -> Layout:
+        """A batch's :class:`Layout`, from :meth:`segments` (a template may build it faster, the same)."""
+        texts: list[str] = []
+        templates: dict[str, int] = {}
+        sources: list[int] = []
+        trained: list[bool] = []
+        bounds = [0]
+        for messages in conversations:
+            for segment in self.segments(messages, train_on, thought):
+                if segment.content:
+                    sources.append(len(texts))
+                    texts.append(segment.text)
+                else:
+                    sources.append(-1 - templates.setdefault(segment.text, len(templates)))
+                trained.append(segment.trained)
+            bounds.append(len(sources))
+        return Layout(
+            texts,
+            list(templates),
+            np.array(sources, dtype=np.int64),
+            np.array(trained, dtype=bool),
+            np.array(bounds, dtype=np.int64),
+        )
 
 
 class ChatML(ChatTemplate):
@@ -110,6 +150,43 @@ class ChatML(ChatTemplate):
             out += [Segment(message.content, True, trained), Segment(IM_END, False, trained)]
             out.append(Segment("\n", False, everything))
         return out
+
+    #: The template texts every batch uses, in :meth:`layout`'s numbering (other roles' headers follow).
+    _FIXED = (*_HEADERS.values(), THOUGHT_START, f"{THOUGHT_END}\n", IM_END, "\n")
+
+    def layout(self, conversations: Sequence[Sequence[Message]], train_on: str, thought: str) -> Layout:
+        """:meth:`segments` for a whole batch, built with NumPy from a few values per message: each message is the
+        segments header, [``<|thought|>``, thought, ``<|/thought|>\n``], content, ``<|im_end|>``, ``\n``."""
+        texts: list[str] = []
+        roles = {"system": 0, "user": 1, "assistant": 2}
+        headers, trained, thoughts, first, counts = [], [], [], [], []
+        for messages in conversations:
+            counts.append(len(messages))
+            for message, flag in zip(messages, trained_messages(messages, train_on)):
+                role = roles.get(message.role)
+                if role is None:  # tool (or another role): its header is text, numbered after the fixed ones
+                    role = roles.setdefault(message.role, len(self._FIXED) + len(roles) - 3)
+                headers.append(role)
+                trained.append(flag)
+                first.append(len(texts))
+                thoughts.append(message.thought is not None)
+                if message.thought is not None:
+                    texts.append(message.thought)
+                texts.append(message.content)
+        header, flags, has_thought = np.array(headers, np.int64), np.array(trained, bool), np.array(thoughts, bool)
+        start = np.array(first, np.int64)
+        everything = np.full(len(header), train_on == "all")
+        thinks = flags & (thought == "train")
+        # Columns: header, <|thought|>, thought, <|/thought|>\n, content, <|im_end|>, \n (the middle three if any).
+        fixed = [np.full_like(header, -1 - t) for t in (3, 4, 5, 6)]  # <|thought|>, <|/thought|>\n, <|im_end|>, \n
+        sources = np.stack([-1 - header, fixed[0], start, fixed[1], start + has_thought, fixed[2], fixed[3]], axis=1)
+        trains = np.stack([everything, thinks, thinks, thinks, flags, flags, everything], axis=1)
+        valid = np.ones_like(trains)
+        valid[:, 1:4] = has_thought[:, None]
+        per_message = np.concatenate([[0], np.cumsum(4 + 3 * has_thought)])
+        bounds = per_message[np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])]
+        extra = [f"{IM_START}{role}\n" for role, _ in sorted(roles.items(), key=lambda item: item[1])[3:]]
+        return Layout(texts, [*self._FIXED, *extra], sources[valid], trains[valid], bounds.astype(np.int64))
 
 
 class JinjaTemplate(ChatTemplate):
