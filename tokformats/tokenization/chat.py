@@ -29,6 +29,7 @@ __all__ = ["Message", "ChatError", "SCHEMAS", "ROLES", "messages_of", "schema_na
 
 #: The roles a message may have.
 ROLES = ("system", "user", "assistant", "tool")
+_ROLE_SET = frozenset(ROLES)
 #: The built-in schemas (``tokenize(chat=...)`` also takes a callable).
 SCHEMAS = ("messages", "sharegpt", "alpaca")
 
@@ -136,11 +137,18 @@ def _tool_calls(calls: Any, where: Any, field: str) -> str:
 def _openai_messages(value: Any, where: Any, field: str) -> list[Message]:
     if not isinstance(value, list):
         raise ChatError(f"{where}: field {field!r} should be a list of messages, found {type(value).__name__}.")
-    messages = []
+    messages: list[Message] = []
     for k, item in enumerate(value):
-        if type(item) is dict and len(item) == 2 and item.get("role") in ROLES and type(item.get("content")) is str:
-            messages.append(Message(item["role"], item["content"]))  # the common case: a role and a text
-            continue
+        if item.__class__ is dict:  # the common cases first: a role and a text, and an assistant's thought
+            role, content, size = item.get("role"), item.get("content"), len(item)
+            if content.__class__ is str and role in _ROLE_SET:
+                if size == 2:
+                    messages.append(tuple.__new__(Message, (role, content, None)))
+                    continue
+                thought = item.get("reasoning_content")
+                if size == 3 and role == "assistant" and thought.__class__ is str:
+                    messages.append(tuple.__new__(Message, (role, content, thought)))
+                    continue
         at = f"{field}[{k}]"
         if isinstance(item, Message):
             messages.append(item)

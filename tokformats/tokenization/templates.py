@@ -159,20 +159,23 @@ class ChatML(ChatTemplate):
         segments header, [``<|thought|>``, thought, ``<|/thought|>\n``], content, ``<|im_end|>``, ``\n``."""
         texts: list[str] = []
         roles = {"system": 0, "user": 1, "assistant": 2}
-        headers, trained, thoughts, first, counts = [], [], [], [], []
+        headers, thoughts, first, counts = [], [], [], []
+        trained: list[bool] = []
         for messages in conversations:
             counts.append(len(messages))
-            for message, flag in zip(messages, trained_messages(messages, train_on)):
-                role = roles.get(message.role)
+            trained += trained_messages(messages, train_on)
+            for role_name, content, thought_text in messages:
+                role = roles.get(role_name)
                 if role is None:  # tool (or another role): its header is text, numbered after the fixed ones
-                    role = roles.setdefault(message.role, len(self._FIXED) + len(roles) - 3)
+                    role = roles.setdefault(role_name, len(self._FIXED) + len(roles) - 3)
                 headers.append(role)
-                trained.append(flag)
                 first.append(len(texts))
-                thoughts.append(message.thought is not None)
-                if message.thought is not None:
-                    texts.append(message.thought)
-                texts.append(message.content)
+                if thought_text is None:
+                    thoughts.append(False)
+                else:
+                    thoughts.append(True)
+                    texts.append(thought_text)
+                texts.append(content)
         header, flags, has_thought = np.array(headers, np.int64), np.array(trained, bool), np.array(thoughts, bool)
         start = np.array(first, np.int64)
         everything = np.full(len(header), train_on == "all")
