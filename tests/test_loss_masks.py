@@ -287,6 +287,11 @@ def test_cli_head_mask_stats_and_convert_drop_masks(tmp_path: Path) -> None:
     want = " ".join(f"{t}" if m else f"~{t}" for t, m in zip(documents[0].tolist(), masks[0].tolist()))
     assert head.stdout.splitlines()[1] == want
     assert f"{int(masks[0].sum())} trained on" in head.stdout.splitlines()[0]
+    info = run("info", str(path), "--json")
+    assert info.returncode == 0, info.stderr
+    import json
+
+    assert json.loads(info.stdout)["loss_masks"] is True
     stats = run("stats", str(path))
     trained = int(sum(m.sum() for m in masks))
     assert f"loss mask: {trained:,} tokens trained on" in stats.stdout
