@@ -458,3 +458,25 @@ def test_the_built_in_batch_layout_equals_its_segments(train_on: str, thought: s
 
     assert resolved(fast) == resolved(generic)
     assert fast.bounds.tolist() == generic.bounds.tolist()
+
+
+def test_generation_markers_in_a_jinja_template_render_as_their_body(tokenizer: Any) -> None:
+    """TRL's {% generation %} markers parse; the spans still come from the segments."""
+    pytest.importorskip("jinja2")
+    marked = CHATML_JINJA.replace(
+        "{{ m.content }}<|im_end|>",
+        "{% if m.role == 'assistant' %}{% generation %}{{ m.content }}<|im_end|>{% endgeneration %}"
+        "{% else %}{{ m.content }}<|im_end|>{% endif %}",
+    )
+    conversations = [[Message("user", "Hi"), Message("assistant", "Hello.")]]
+    specials = [t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special]
+    _, (ids, _, mask, _) = _encode(tokenizer, conversations)
+    _, (jids, _, jmask, _) = _encode(tokenizer, conversations, template=JinjaTemplate(marked, specials))
+    assert jids.tolist() == ids.tolist() and jmask.tolist() == mask.tolist()
+
+
+def test_chat_refuses_several_text_keys(tmp_path: Path, tokenizer_path: Path) -> None:
+    with pytest.raises(ConfigError, match="Leave text_key out"):
+        tokformats.tokenize(
+            [{"messages": []}], tokenizer_path, tmp_path / "o", "hf", chat="messages", text_key=["a", "b"]
+        )

@@ -883,6 +883,11 @@ def _chat_plan(
         raise ConfigError(f"train_on must be one of {', '.join(TRAIN_ON)}; found {train_on!r}.")
     if thought not in THOUGHT:
         raise ConfigError(f"thought must be one of {', '.join(THOUGHT)}; found {thought!r}.")
+    if len(plan.keys) > 1:
+        raise ConfigError(
+            f"chat data is read whole from each record; text_key names {plan.keys}, which chat= does not use. "
+            "Leave text_key out."
+        )
     if not writer_class.stores_loss_mask:
         from ..core.protocol import loss_mask_formats
 

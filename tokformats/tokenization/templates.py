@@ -213,7 +213,9 @@ class JinjaTemplate(ChatTemplate):
         def raise_exception(message: str) -> None:
             raise TemplateError(message)
 
-        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        environment = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[_generation_extension()]
+        )
         environment.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
         environment.globals["raise_exception"] = raise_exception
         try:
@@ -290,6 +292,26 @@ class JinjaTemplate(ChatTemplate):
             return [Segment(text, False, everything)]
         end = found.end()
         return [Segment(text[:end], False, True), *([Segment(text[end:], False, everything)] if text[end:] else [])]
+
+
+def _generation_extension() -> Any:
+    """A Jinja extension that renders ``{% generation %}...{% endgeneration %}`` (TRL's markers of the assistant's
+    output in a chat template) as its body: the spans are found segment by segment here, not from the markers."""
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+
+    class Generation(Extension):
+        tags = {"generation"}  # noqa: RUF012 - Jinja's extension interface
+
+        def parse(self, parser: Any) -> Any:
+            line = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(line)
+
+        def _body(self, caller: Any) -> str:
+            return str(caller())
+
+    return Generation
 
 
 def _jinja_from_pattern(source: str, pattern: str, bos: str, eos: str) -> JinjaTemplate:
