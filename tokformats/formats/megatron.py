@@ -165,12 +165,15 @@ PUBLISHED_LAST = ("*.idx",)
 
 
 def remote_companions(name: str) -> list[tuple[str, bool]]:
-    """The files fetched with ``name`` from a URL: a prefix's ``.idx`` and ``.bin``, a ``.bin``'s ``.idx`` (when
-    there is one: an llm.c ``.bin`` has none)."""
+    """The files fetched with ``name`` from a URL: a prefix's ``.idx`` and ``.bin`` (and its ``PREFIX_loss_mask``
+    files when there are any), a ``.bin``'s ``.idx`` (when there is one: an llm.c ``.bin`` has none)."""
     for suffix, other in ((".bin", ".idx"), (".idx", ".bin")):
         if name.endswith(suffix):
             return [(name[: -len(suffix)] + other, suffix == ".idx")]
-    return [] if "." in Path(name).name else [(f"{name}.idx", False), (f"{name}.bin", False)]
+    if "." in Path(name).name:
+        return []
+    masks = f"{name}{LOSS_MASK_SUFFIX}"  # a prefix's loss masks, when the store has them
+    return [(f"{name}.idx", False), (f"{name}.bin", False), (f"{masks}.idx", False), (f"{masks}.bin", False)]
 
 
 def remote_lazy(folder: Path, names: list[str]) -> bool:
@@ -426,7 +429,13 @@ class Reader(TokenReader):
     def _loss_reader(self) -> Reader | None:
         """The sibling ``PREFIX_loss_mask`` dataset, checked to line up with this one, or None without it."""
         prefix = loss_mask_prefix(self.prefix)
-        if not Path(f"{prefix}.idx").is_file():
+        index, data = Path(f"{prefix}.idx"), Path(f"{prefix}.bin")
+        if self._remote is not None:  # by URL: asked of the store once, then both files fetched (and held)
+            if not self._remote.has(index):
+                return None
+            self._fetched(index)
+            self._fetched(data)
+        if not index.is_file():
             return None
         masks = Reader(prefix)
         if masks.dtype != np.dtype("u1") or not np.array_equal(masks.sequence_lengths, self.sequence_lengths):
