@@ -241,6 +241,8 @@ class Reader(PartsReader):
                     raise FormatError(f"{part.path}: column {self.mask_column!r} holds values other than 0 and 1.")
                 values = values.astype(np.uint8)
             views.append(values)
+        if not views:  # a mask column and no rows
+            return np.zeros(0, dtype=np.uint8)
         return views[0] if len(views) == 1 else ConcatenatedArray(views)
 
     @cached_property
