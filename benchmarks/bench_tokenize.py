@@ -12,6 +12,16 @@ trained on the first 20 MB. In the same process, on the same cores, alternating 
 (b)  ``tokformats.tokenize`` ``.jsonl`` -> megatron, ``engine="auto"``;
 (c)  the same from ``.jsonl.gz``.
 
+``--chat`` measures chat data instead (``--megabytes`` defaults to 30 there): the same texts cut into multi-turn
+conversations (``messages`` JSONL, system/user/assistant, some thoughts), side by side, alternating and repeated:
+
+(p)  the plain-text pipeline on the same message texts (one JSONL record per conversation, its texts joined) ->
+     datatrove;
+(q)  ``tokformats.tokenize(chat="messages")`` -> datatrove with ``.ds.loss`` masks;
+(r)  the usual hand-written route on a sample of the conversations (TRL / Megatron ``SFTTokenizer`` style): the
+     chat template rendered with Jinja as ``transformers`` renders it, the whole conversation encoded, and every
+     prefix rendered and encoded to find the turns' spans, then written to datatrove with masks.
+
 Then once each: (b) into every other format, (b) with ``engine="tokenizers"``, and (d) Megatron-LM's
 ``tools/preprocess_data.py --workers 2 --append-eod`` (``--megatron-lm``: a checkout of Megatron-LM at tag
 ``core_v0.16.1``, e.g. ``git clone -b core_v0.16.1 https://github.com/NVIDIA/Megatron-LM``; it needs torch, triton,
@@ -132,15 +142,121 @@ def megatron_lm(checkout: Path, jsonl: Path, tokenizer_path: Path, prefix: Path,
     return time.perf_counter() - started
 
 
+CHATML_JINJA = (
+    "{% for m in messages %}<|im_start|>"
+    "{% if m.role == 'system' %}<|system|>{% elif m.role == 'user' %}<|user|>"
+    "{% elif m.role == 'assistant' %}<|assistant|>{% else %}{{ m.role }}{% endif %}{{ '\\n' }}"
+    "{% if m.reasoning_content is defined %}<|thought|>{{ m.reasoning_content }}<|/thought|>{{ '\\n' }}{% endif %}"
+    "{{ m.content }}<|im_end|>{{ '\\n' }}{% endfor %}"
+)
+
+
+def write_chats(folder: Path, files: list[Path]) -> tuple[Path, Path, int, int]:
+    """Conversations cut from the texts (paragraphs as turns, 2-8 turns, a system turn and a thought now and then),
+    as ``messages`` JSONL, and the same texts as plain JSONL (one record per conversation); message bytes and
+    conversations."""
+    chats, plain = folder / "chats.jsonl", folder / "plain.jsonl"
+    size = count = 0
+    with open(chats, "w", encoding="utf-8") as out, open(plain, "w", encoding="utf-8") as flat:
+        for n, path in enumerate(files):
+            text = path.read_text(encoding="utf-8", errors="replace")
+            if any(token in text for token in SPECIAL_TOKENS):
+                continue
+            turns = [t for t in text.split("\n\n") if t.strip()]
+            while turns:
+                take, turns = turns[: 2 + n % 7], turns[2 + n % 7 :]
+                messages = [{"role": "system", "content": "Answer as the file would."}] if n % 3 == 0 else []
+                for k, turn in enumerate(take):
+                    message = {"role": "user" if k % 2 == 0 else "assistant", "content": turn}
+                    if k % 2 and n % 4 == 0:
+                        message["reasoning_content"] = take[k - 1][:80]
+                    messages.append(message)
+                texts = [m["content"] for m in messages] + [m.get("reasoning_content", "") for m in messages]
+                size += sum(len(t.encode("utf-8")) for t in texts)
+                count += 1
+                out.write(json.dumps({"messages": messages}) + "\n")
+                flat.write(json.dumps({"text": "\n".join(texts)}) + "\n")
+    return chats, plain, size, count
+
+
+def hand_written(chats: Path, tokenizer_path: Path, output: Path, limit: int) -> tuple[float, int, int]:
+    """The usual route on the first ``limit`` conversations: Jinja render (as transformers' apply_chat_template),
+    encode, spans from every rendered prefix; written to datatrove with masks. (seconds, conversations, bytes)."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    template = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(CHATML_JINJA)
+    header = len(tokenizer.encode("<|im_start|><|assistant|>\n", add_special_tokens=False).ids)
+    with open(chats, encoding="utf-8") as handle:
+        conversations = [json.loads(line)["messages"] for _, line in zip(range(limit), handle)]
+    size = sum(len(m["content"].encode("utf-8")) + len(m.get("reasoning_content", "").encode()) for c in conversations
+               for m in c)  # fmt: skip
+    started = time.perf_counter()
+    with tokformats.create(output, format="datatrove", vocab_size=tokenizer.get_vocab_size(), overwrite=True) as w:
+        for messages in conversations:
+            ids = tokenizer.encode(template.render(messages=messages), add_special_tokens=False).ids
+            mask = [0] * len(ids)
+            start = 0
+            for k, message in enumerate(messages):
+                end = len(tokenizer.encode(template.render(messages=messages[: k + 1]), add_special_tokens=False).ids)
+                if message["role"] == "assistant":
+                    mask[start + header : end - 1] = [1] * max(end - 1 - start - header, 0)
+                start = end
+            w.write(ids, loss_mask=mask)
+    return time.perf_counter() - started, len(conversations), size
+
+
+def chat_main(args: argparse.Namespace) -> None:
+    """(p), (q) alternating ``--repeat`` times, and (r) on a sample; prints one table."""
+    folder = scratch("tokenize-chat")
+    files = corpus_files(args.megabytes)
+    chats, plain, size, count = write_chats(folder, files)
+    tokenizer_path = folder / "tokenizer.json"
+    if args.tokenizer:
+        shutil.copy(args.tokenizer, tokenizer_path)
+    else:
+        sample = [f.read_text(encoding="utf-8", errors="replace") for f in files[:400]]
+        tokformats.train_tokenizer(sample, 32000, progress=False).save(str(tokenizer_path))
+    times: dict[str, list[float]] = {"p": [], "q": []}
+    for _ in range(args.repeat):
+        for key, source, chat in (("p", plain, None), ("q", chats, "messages")):
+            summary = tokformats.tokenize(source, tokenizer_path, folder / "out" / key, "datatrove", progress=False,
+                                          overwrite=True, chat=chat)  # fmt: skip
+            times[key].append(summary["seconds"])
+    seconds, sampled, sampled_bytes = hand_written(chats, tokenizer_path, folder / "out" / "r.ds", args.chat_sample)
+    rows = []
+    for key, label in (("p", "(p) plain text pipeline -> datatrove"), ("q", "(q) tokenize chat=messages -> datatrove")):
+        median = statistics.median(times[key])
+        rows.append({"run": label, "seconds min/med/max": spread(times[key]), "MB/s": f"{size / median / 1e6:.1f}",
+                     "conversations/s": f"{count / median:,.0f}",
+                     "x (p)": f"{statistics.median(times['p']) / median:.2f}"})  # fmt: skip
+    label = f"(r) hand-written route, first {sampled:,} conversations"
+    rows.append({"run": label, "seconds min/med/max": f"{seconds:.2f}",
+                 "MB/s": f"{sampled_bytes / seconds / 1e6:.2f}", "conversations/s": f"{sampled / seconds:,.0f}",
+                 "x (p)": f"(q)/(r) = {count / statistics.median(times['q']) / (sampled / seconds):.1f}x"})  # fmt: skip
+    print(f"machine: {machine()}; {count:,} conversations, {size / 1e6:.1f} MB of message text; "
+          f"{args.repeat} alternating repeats\n")  # fmt: skip
+    print(table(rows))
+    shutil.rmtree(folder)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--megabytes", type=float, default=220)
+    parser.add_argument("--megabytes", type=float, default=None, help="corpus size (default 220; 30 with --chat)")
+    parser.add_argument("--chat", action="store_true", help="measure chat data: (p), (q), (r) above")
+    parser.add_argument("--chat-sample", type=int, default=2000, help="conversations (r) runs on (default 2000)")
     parser.add_argument("--tokenizer", type=Path, help="a byte-level BPE tokenizer.json (default: train a 32k one)")
     parser.add_argument("--megatron-lm", type=Path, help="a Megatron-LM checkout (tag core_v0.16.1) for (d)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--skip-formats", action="store_true", help="only megatron for (b)")
     parser.add_argument("--skip-rss", action="store_true")
     args = parser.parse_args()
+    if args.chat:
+        args.megabytes = args.megabytes or 30
+        chat_main(args)
+        return
+    args.megabytes = args.megabytes or 220
     folder = scratch("tokenize")
     files = corpus_files(args.megabytes)
     jsonl, gz, text_bytes = write_corpus(folder, files)

@@ -69,6 +69,7 @@ def make_source(folder: Path, kind: str, values: str = "fractional") -> tuple[Pa
 
 def read_back(path: Path, fmt: str, summary: dict[str, Any]) -> list[np.ndarray]:
     options = dict(summary.get("read_with") or {})
+    options.pop("format", None)  # named below
     if fmt == "raw":
         options["dtype"] = summary["dtype"]
     files = [Path(f) for f in summary["files"]]

@@ -623,3 +623,19 @@ def test_gs_and_hf_urls_go_through_fsspec() -> None:
     pytest.importorskip("huggingface_hub")
     backend = backend_for("hf://datasets/org/corpus/")
     assert isinstance(backend, FsspecBackend) and type(backend.fs).__name__ == "HfFileSystem"
+
+
+def test_a_megatron_prefix_by_url_brings_its_loss_masks(tmp_path: Path, server: FileServer) -> None:
+    flat, lengths = random_corpus(np.random.default_rng(6), 50, low=0, high=1000)
+    mask = np.random.default_rng(7).integers(0, 2, len(flat)).astype(np.uint8)
+    with tokformats.create(tmp_path / "m" / "sft_text_document", "megatron", vocab_size=1000) as writer:
+        writer.write_batch(flat, lengths, mask)
+    with tokformats.create(tmp_path / "p" / "plain_text_document", "megatron", vocab_size=1000) as writer:
+        writer.write_batch(flat, lengths)
+    publish(tmp_path / "m", f"{server.url}/m/")
+    publish(tmp_path / "p", f"{server.url}/p/")
+    with tokformats.open(f"{server.url}/m/sft_text_document", cache_dir=tmp_path / "cache") as reader:
+        assert np.asarray(reader.loss_masks).tolist() == mask.tolist()
+        assert reader.loss_mask(1).tolist() == mask[lengths[0] : lengths[0] + lengths[1]].tolist()
+    with tokformats.open(f"{server.url}/p/plain_text_document", cache_dir=tmp_path / "cache") as reader:
+        assert reader.loss_masks is None

@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from .core.boundaries import choose_delimiter, delimit
+from .core.boundaries import choose_delimiter, delimit, delimited_mask
 from .core.documents import document_runs
 from .core.format_module import ExportsTokenizer, Merges
 from .core.progress import progress_bar
-from .core.protocol import PathLike, Reader, TokenReader, TokenWriter, Writer
+from .core.protocol import PathLike, Reader, TokenReader, TokenWriter, Writer, loss_mask_formats
 from .core.registry import descriptor, detect, formats
 from .errors import ConfigError, DTypeError, FormatError, NoFilesError, UnknownFormatError, option
 from .fs.journal import one_recovery, recover_near
@@ -178,11 +178,15 @@ def convert(
     eos: int | None = None,
     bos: int | None = None,
     keep_boundaries: bool = True,
+    drop_masks: bool = False,
     batch_tokens: int = 1 << 24,
     progress: bool = False,
     **writer_options: Any,
 ) -> dict[str, Any]:
     """Copy a corpus into another format, in batches of about ``batch_tokens``, losing no token and no boundary.
+
+    A source that stores loss masks (:attr:`TokenReader.loss_masks`) gives them to the destination, delimiters
+    inserted for it trained on; a destination format that stores none is refused unless ``drop_masks=True``.
 
     Every token is copied as stored. Document boundaries are kept: a destination that stores them gets them; a
     destination whose reader splits the stream at a delimiter (llm.c before each document, raw and ``.pt`` after
@@ -226,6 +230,7 @@ def convert(
         carry_scales = scales is not None and hasattr(writer_class, "write_scaled_batch")
         stored = reader.dtype if scales is None or carry_scales else np.result_type(reader.dtype, 1.0)
         writer = _destination_writer(reader, destination, format, delimiter, writer_options, stored)
+        masks = _masks_to_copy(reader, writer_class, format, drop_masks)
         added = 0
         check = writer_class.boundaries != "index"
         # Formats that can record their convention (llm.c's header, a .pt manifest) do. A source of one document
@@ -239,21 +244,18 @@ def convert(
         bar = progress_bar(reader.num_tokens, f"convert -> {format}", enabled=progress)
         with writer:
             for first, stop in document_runs(reader.offsets, batch_tokens):
-                flat = reader.span(reader.offsets.item(first), reader.offsets.item(stop))
-                lengths = reader.lengths[first:stop]
                 if bar is not None:
-                    bar.update(len(flat))
+                    bar.update(reader.offsets.item(stop) - reader.offsets.item(first))
+                run = _CopiedRun(reader, first, stop, masks)
                 if carry_scales and scales is not None:  # stored values and their scales: the same values read back
                     writer.write_scaled_batch(  # type: ignore[attr-defined]  # checked: carry_scales
-                        flat, lengths, scales.means[first:stop], scales.stds[first:stop]
+                        run.flat, run.lengths, scales.means[first:stop], scales.stds[first:stop]
                     )
                     continue
                 if scales is not None:  # a destination without scales gets the values the reader returns
-                    flat = _denormalized_run(flat, lengths, scales, first, stop)
-                if delimiter is not None:
-                    flat, lengths, inserted = delimit(flat, lengths, delimiter, first, check=check)
-                    added += inserted
-                writer.write_batch(flat, lengths)
+                    run.flat = _denormalized_run(run.flat, run.lengths, scales, first, stop)
+                added += run.delimit(delimiter, check)
+                writer.write_batch(run.flat, run.lengths, run.mask)
             if bar is not None:
                 bar.close()
             if (writer.num_documents, writer.num_tokens) != (len(reader), reader.num_tokens + added):
@@ -269,7 +271,27 @@ def convert(
             "delimiters_added": added,
             "delimiter_moved": bool(delimiter and delimiter.moves),
             "read_with": writer.read_with(),
+            "loss_masks": masks is not None,
         }
+
+
+class _CopiedRun:
+    """Documents ``first:stop`` of ``reader`` on their way to the destination: ids, lengths and loss mask."""
+
+    def __init__(self, reader: TokenReader, first: int, stop: int, masks: Any) -> None:
+        start, end = reader.offsets.item(first), reader.offsets.item(stop)
+        self.first = first
+        self.flat, self.lengths = reader.span(start, end), reader.lengths[first:stop]
+        self.mask = None if masks is None else np.asarray(masks[start:end], dtype=np.uint8)
+
+    def delimit(self, delimiter: Any, check: bool) -> int:
+        """Put the destination's delimiter at each document's edge (the mask follows); the tokens added."""
+        if delimiter is None:
+            return 0
+        if self.mask is not None:
+            self.mask = delimited_mask(self.flat, self.lengths, self.mask, delimiter)
+        self.flat, self.lengths, inserted = delimit(self.flat, self.lengths, delimiter, self.first, check=check)
+        return int(inserted)
 
 
 def _destination_writer(
@@ -320,6 +342,20 @@ def _denormalized_run(flat: np.ndarray, lengths: np.ndarray, scales: Any, first:
     return np.where(normalized, values * stds + means, values)
 
 
+def _masks_to_copy(reader: TokenReader, writer_class: type[TokenWriter], format: str, drop: bool) -> Any:
+    """The source's loss masks when the destination takes them; None when there are none or ``drop`` is asked;
+    :class:`FormatError` when the destination would lose them silently."""
+    masks = reader.loss_masks
+    if masks is None or drop:
+        return None
+    if not writer_class.stores_loss_mask:
+        raise FormatError(
+            f"{reader.path} stores loss masks, and the {format} format cannot: they would be lost. Convert to one of "
+            f"{loss_mask_formats()}, or pass {option('drop_masks')} to copy the tokens without them."
+        )
+    return masks
+
+
 def vocabulary_formats() -> list[str]:
     """The formats a tokenizer's vocabulary can be exported to (their module defines ``export_tokenizer``)."""
     return [name for name, entry in formats.items() if entry.capability(ExportsTokenizer) is not None]
@@ -360,9 +396,13 @@ def merge(
         if len(tokens) != len(readers):
             raise UnknownFormatError(f"{name} datasets are not token corpora; only corpora merge.")
         options = {"dtype": tokens[0].dtype, **writer_options}
+        masked = any(corpus.loss_masks is not None for corpus in tokens)
         with create_corpus(destination, name, overwrite=overwrite, **options) as writer:
             for corpus in tokens:
-                writer.write_all(corpus.tokens, corpus.lengths)
+                masks = corpus.loss_masks
+                if masked and masks is None:  # a dataset without masks is trained on everywhere: ones, not copied
+                    masks = np.broadcast_to(np.uint8(1), (corpus.num_tokens,))
+                writer.write_all(corpus.tokens, corpus.lengths, loss_masks=masks)
     finally:
         for reader in readers:
             reader.close()

@@ -127,6 +127,35 @@ class TokenFormatTests:
                 assert reader.dtype == np.dtype(dtype)
                 self.check_round_trip(reader, flat, lengths)
 
+    def test_loss_masks_round_trip_or_are_refused(self, tmp_path: Path) -> None:
+        """A format that stores loss masks gives them back parallel to the tokens; one that does not refuses a mask
+        (a :class:`tokformats.FormatError`) and writes nothing."""
+        rng = np.random.default_rng(9)
+        flat, lengths = random_corpus(rng, 40, low=self.low_id, high=1000)
+        mask = rng.integers(0, 2, len(flat)).astype(np.uint8)
+        target = self.target(tmp_path, "masked")
+        options = {"dtype": self.dtypes[0], **self.write_options()}
+        from .api import corpus_writer, create_corpus
+        from .errors import FormatError
+
+        if not corpus_writer(self.format).stores_loss_mask:
+            with pytest.raises(FormatError, match="stores no loss mask"), create_corpus(
+                target, self.format, **options
+            ) as writer:
+                writer.write_batch(flat, lengths, mask)
+            assert not target.exists()
+            return
+        with create_corpus(target, self.format, **options) as writer:
+            writer.write_batch(flat, lengths, mask)
+        with self.open_written(target, self.dtypes[0]) as reader:
+            masks = reader.loss_masks
+            assert masks is not None and len(masks) == reader.num_tokens
+            offsets = np.concatenate([[0], np.cumsum(lengths)])
+            for k in range(len(lengths)):
+                document = flat[offsets[k] : offsets[k + 1]]
+                if len(self.expected(document)) == len(document):  # no delimiter added: the mask is as written
+                    np.testing.assert_array_equal(reader.loss_mask(k), mask[offsets[k] : offsets[k + 1]])
+
     def test_write_and_write_batch_agree(self, tmp_path: Path) -> None:
         flat, lengths = random_corpus(np.random.default_rng(5), 50, low=self.low_id, high=1000)
         one, many = self.target(tmp_path, "one"), self.target(tmp_path, "many")

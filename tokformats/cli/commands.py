@@ -12,8 +12,11 @@ import shlex
 import sys
 import time
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from .. import api
 from ..core.protocol import TokenReader
@@ -243,6 +246,8 @@ def run_stats(args: argparse.Namespace) -> int:
         print("document length: " + ", ".join(f"{k} {v:,}" for k, v in length.items()))
         print("length histogram (tokens per document, documents):")
         print("\n".join(_histogram_lines(result["histogram"])))
+    if "trained_tokens" in result:
+        print(f"loss mask: {result['trained_tokens']:,} tokens trained on ({result['trained_fraction']:.1%})")
     if result.get("top_ids"):
         print(f"most frequent ids (top {len(result['top_ids'])}):")
         for row in result["top_ids"]:
@@ -288,20 +293,46 @@ def _document_json(index: int, document: Any, decode: Callable[[Any], str] | Non
 def _print_documents(args: argparse.Namespace, pick: Callable[[int], list[int]]) -> int:
     decode = _decoder(args)
     with _open_corpus(args) as reader:
+        masked = getattr(args, "mask", False)
+        if masked and reader.loss_masks is None:
+            print(f"tokformats: {reader.path} stores no loss mask: every token is trained on.", file=sys.stderr)
         if args.json:
             _print_json([_document_json(k, reader[k], decode) for k in pick(len(reader))])
             return 0
         for k in pick(len(reader)):
             document = reader[k]
-            print(f"--- document {k:,} ({len(document):,} tokens) ---")
-            # Without a decoder, the ids; no more of them than characters will be shown.
-            shown = (
-                decode(document)
-                if decode is not None
-                else " ".join(map(str, document[: max(args.max_chars, 0) or None].tolist()))
-            )
+            mask = reader.loss_mask(k) if masked else None
+            trained = f", {int(mask.sum()):,} trained on" if mask is not None else ""
+            print(f"--- document {k:,} ({len(document):,} tokens{trained}) ---")
+            if mask is not None:
+                shown = _masked_text(document, mask, decode, args.max_chars)
+            elif decode is not None:
+                shown = decode(document)
+            else:  # the ids; no more of them than characters will be shown
+                shown = " ".join(map(str, document[: max(args.max_chars, 0) or None].tolist()))
             print(_truncate(shown, args.max_chars))
     return 0
+
+
+def _masked_text(
+    document: np.ndarray, mask: np.ndarray, decode: Callable[[Any], str] | None, max_chars: int
+) -> str:
+    """A document with its runs of tokens not trained on shown between ``[[`` and ``]]`` (decoded run by run, so a
+    boundary is exactly where the mask changes), or as ids with ``~`` before each masked one."""
+    if decode is None:
+        limit = max(max_chars, 0) or None
+        return " ".join(f"{t}" if m else f"~{t}" for t, m in zip(document[:limit].tolist(), mask[:limit].tolist()))
+    changes = np.flatnonzero(np.diff(mask.astype(np.int8))) + 1
+    edges = [0, *changes.tolist(), len(document)]
+    pieces = []
+    for start, stop in pairwise(edges):
+        if start == stop:
+            continue
+        text = decode(document[start:stop])
+        pieces.append(text if mask[start] else f"[[{text}]]")
+        if max_chars > 0 and sum(len(p) for p in pieces) > max_chars:
+            break
+    return "".join(pieces)
 
 
 def run_head(args: argparse.Namespace) -> int:
@@ -334,6 +365,7 @@ def run_convert(args: argparse.Namespace) -> int:
         bos=args.to_bos,
         keep_boundaries=not args.drop_boundaries,
         progress=sys.stderr.isatty() or "ipykernel" in sys.modules,
+        drop_masks=args.drop_masks,
         **writer_options,
     )
     files = [str(f) for f in summary["files"] or []]
@@ -460,6 +492,10 @@ def run_tokenize(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             engine=args.engine,
             verify_fraction=args.verify_fraction,
+            chat=args.chat,
+            template=args.template,
+            train_on=args.train_on,
+            thought=args.thought,
             **{k: _number(v) for k, v in writer_options.items()},
         )
     except KeyboardInterrupt:
@@ -484,7 +520,8 @@ def run_tokenize(args: argparse.Namespace) -> int:
     for name, output in summary["outputs"].items():
         files = output["files"]
         shown = _opened_as(output["path"], files)
-        print(f"  {name}: {output['documents']:,} documents, {output['tokens']:,} tokens -> {shown}")
+        trained = f" ({output['trained_tokens']:,} trained on)" if "trained_tokens" in output else ""
+        print(f"  {name}: {output['documents']:,} documents, {output['tokens']:,} tokens{trained} -> {shown}")
         if output["read_with"]:
             print(f"    read it back with: {read_back_command(output['path'], files, output['read_with'])}")
     return 0

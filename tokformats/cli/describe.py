@@ -51,6 +51,8 @@ def describe(reader: Reader[Any], *, scan: bool = True, url: str | None = None) 
         info["documents"] = len(reader)
         info["tokens"] = reader.num_tokens
         info["dtype"] = reader.dtype.name
+        if reader._remote is None:  # by URL, asking would download the masks: info stays a look at the index
+            info["loss_masks"] = reader.loss_masks is not None  # SFT data: which tokens are trained on is stored
         if scan:
             info["min_id"], info["max_id"] = _extremes(reader)
         delimiter = next((getattr(reader, k) for k in ("eos", "bos") if getattr(reader, k, None) is not None), None)

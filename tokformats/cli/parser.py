@@ -114,6 +114,11 @@ def _documents_command(name: str, what: str, example: str, runner: Callable[[arg
             Arg("-n", type=int, default=3, help="how many documents (default 3)"),
             *(seed if name == "sample" else []),
             Arg("--max-chars", type=int, default=2000, help="cut each document after this many characters (0: all)"),
+            Arg(
+                "--mask",
+                action="store_true",
+                help="show the stored loss mask: tokens not trained on between [[ and ]] (ids: prefixed with ~)",
+            ),
             *decoder_args(),
             *reader_args(),
             JSON,
@@ -129,6 +134,24 @@ def _tokenize_args() -> list[Row]:
         Arg("--output", "-o", required=True, help="output path prefix (names: see the README)"),
         Arg("--format", "-f", default=default, choices=sorted(api.corpus_writers()), help=f"output format ({default})"),
         Arg("--text-key", action="append", help="JSON/Parquet key(s) holding the text (default: text)"),
+        Arg(
+            "--chat",
+            choices=["messages", "sharegpt", "alpaca"],
+            help="read each record as a conversation of this schema; stores each token's loss mask",
+        ),
+        Arg(
+            "--template",
+            default="chatml",
+            help="chat template: chatml (built in), tokenizer (its tokenizer_config.json chat_template), or a "
+            "tokenizer_config.json / .jinja path (default: chatml)",
+        ),
+        Arg(
+            "--train-on",
+            choices=["assistant", "all", "last"],
+            default="assistant",
+            help="which chat tokens are trained on: the assistant's turns, all, or the last assistant turn",
+        ),
+        Arg("--thought", choices=["train", "mask"], default="train", help="train on assistants' thoughts or mask them"),
         Arg(
             "--eos",
             choices=["append", "prepend", "none"],
@@ -199,6 +222,11 @@ def _convert_args() -> list[Row]:
                     help="copy the bare token stream (documents read back merged)",
                 ),
             ]
+        ),
+        Arg(
+            "--drop-masks",
+            action="store_true",
+            help="copy the tokens without the source's loss masks (needed when the destination cannot store them)",
         ),
         Arg("--overwrite", action="store_true", help="replace an existing destination"),
         JSON,
@@ -333,7 +361,9 @@ def _tokenizing_commands() -> list[Command]:
     return [
         Command(
             "train-tokenizer",
-            "train a byte-level BPE tokenizer on any input tokenize reads",
+            "train a byte-level BPE tokenizer on any input tokenize reads; ids 0-8 are <|endoftext|>, <|padding|> and "
+            "the chat tokens of tokenize --chat (<|im_start|>, <|im_end|>, <|system|>, <|user|>, <|assistant|>, "
+            "<|thought|>, <|/thought|>)",
             "tokformats train-tokenizer corpus.jsonl.gz --vocab-size 32000 -o tokenizer.json "
             "--export llmc-vocab=tok.bin",
             run.run_train_tokenizer,

@@ -16,7 +16,7 @@ from ..errors import ConfigError, FormatError, option
 from .arrays import TokenArray, iter_chunks
 from .documents import add_delimiter, offsets_from_lengths
 
-__all__ = ["Delimiter", "choose_delimiter", "delimit"]
+__all__ = ["Delimiter", "choose_delimiter", "delimit", "delimited_mask"]
 
 
 @dataclass(frozen=True)
@@ -152,3 +152,24 @@ def _strip_edge(flat: np.ndarray, lengths: np.ndarray, value: int, *, at_end: bo
     has = np.zeros(len(lengths), dtype=bool)
     has[nonempty] = flat[places[nonempty]] == value
     return np.delete(flat, places[has]), lengths - has
+
+
+def delimited_mask(flat: np.ndarray, lengths: np.ndarray, mask: np.ndarray, delimiter: Delimiter) -> np.ndarray:
+    """``mask`` (parallel to ``flat``) changed as :func:`delimit` changes the ids: a moved delimiter's mask value
+    leaves with it, and the delimiter put at the documents' edge is trained on (1), so the mask stays parallel."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if delimiter.moves:
+        starts = offsets_from_lengths(lengths)[:-1]
+        nonempty = lengths > 0
+        places = (starts + lengths - 1) if delimiter.kind == "bos" else starts
+        stripped = np.zeros(len(lengths), dtype=bool)
+        stripped[nonempty] = flat[places[nonempty]] == delimiter.id
+        flat, mask = np.delete(flat, places[stripped]), np.delete(mask, places[stripped])
+        lengths = lengths - stripped
+    starts = offsets_from_lengths(lengths)[:-1]
+    nonempty = lengths > 0
+    edge_places = (starts + lengths - 1) if delimiter.kind == "eos" else starts
+    has = np.zeros(len(lengths), dtype=bool)
+    has[nonempty] = flat[edge_places[nonempty]] == delimiter.id
+    new_mask, _ = add_delimiter(mask, lengths, 1, before=delimiter.kind == "bos", only=~has)
+    return new_mask

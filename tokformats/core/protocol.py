@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, overload
 
 import numpy as np
 
+from ..errors import FormatError
 from ..fs.atomic import AtomicFiles, naming_output
 from ..fs.journal import recover_near
 from .arrays import LazyArray, TokenArray
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     import numpy.typing as npt
     from typing_extensions import Self
 
-__all__ = ["Reader", "TokenReader", "Writer", "TokenWriter", "PathLike", "checked_position"]
+__all__ = ["Reader", "TokenReader", "Writer", "TokenWriter", "PathLike", "checked_position", "loss_mask_formats"]
 
 PathLike = str | os.PathLike[str]
 Item = TypeVar("Item")
@@ -468,6 +469,21 @@ class Writer(ABC, Generic[Item]):
         return f"<{_public_name(type(self))} path={str(self.path)!r} {self._state}>"
 
 
+def loss_mask_formats() -> str:
+    """Names of the registered corpus formats whose writers store loss masks (for messages)."""
+    from .registry import formats
+
+    names = []
+    for name, entry in formats.items():
+        try:
+            writer = entry.writer
+        except Exception:  # a broken plugin must not hide the others in an error message
+            continue
+        if writer is not None and getattr(writer, "stores_loss_mask", False):
+            names.append(name)
+    return ", ".join(names) or "none"
+
+
 class TokenWriter(Writer[Any]):
     """A writer of token documents: validation and casting shared by every format.
 
@@ -498,6 +514,9 @@ class TokenWriter(Writer[Any]):
     #: The writer option that records the tokenizer's name or path (datatrove's ``.ds.metadata``), which
     #: ``tokenize`` fills with the tokenizer it was given; None when the format records none.
     tokenizer_name_option: ClassVar[str | None] = None
+    #: Whether the format stores a per-token loss mask beside the tokens (``write(doc, loss_mask=...)``); a writer
+    #: of a format that does not refuses a mask rather than dropping it.
+    stores_loss_mask: ClassVar[bool] = False
 
     @classmethod
     def output_path(cls, output: PathLike, key: str, split: str | None, several_keys: bool) -> Path:
@@ -523,6 +542,11 @@ class TokenWriter(Writer[Any]):
         #: Documents and tokens written so far.
         self.num_documents = 0
         self.num_tokens = 0
+        #: Whether this dataset stores loss masks: None until the first write, which decides (a write without a
+        #: mask after that stores all ones; a mask after unmasked writes is refused).
+        self.loss_masked: bool | None = None
+        #: Tokens written with a loss mask of 1 (trained on).
+        self.num_trained_tokens = 0
         #: How the documents given to this writer are delimited, when declared (:meth:`declare_delimiter`).
         self.declared: tuple[str, int | None] | None = None
 
@@ -560,19 +584,18 @@ class TokenWriter(Writer[Any]):
             where=f"{self.path}: ",
         )
 
-    def write(self, item: npt.ArrayLike) -> None:
-        """Append one document (a sequence of ids)."""
+    def write(self, item: npt.ArrayLike, loss_mask: npt.ArrayLike | None = None) -> None:
+        """Append one document (a sequence of ids), with its loss mask (one 0/1 per token, 1: trained on) when the
+        format stores masks (:attr:`stores_loss_mask`)."""
         self._check_open()
         flat = self._validated(as_token_array(item, what="a document"), None)
-        try:
-            self._write_tokens(flat, np.array([len(flat)], dtype=np.int64))
-        except OSError as error:
-            raise naming_output(error, self.path) from None
-        self.num_documents += 1
-        self.num_tokens += len(flat)
+        self._write_checked(flat, np.array([len(flat)], dtype=np.int64), loss_mask)
 
-    def write_batch(self, flat_ids: npt.ArrayLike, lengths: npt.ArrayLike) -> None:
-        """Append many documents at once: ``flat_ids`` is their concatenation, ``lengths`` their sizes.
+    def write_batch(
+        self, flat_ids: npt.ArrayLike, lengths: npt.ArrayLike, loss_mask: npt.ArrayLike | None = None
+    ) -> None:
+        """Append many documents at once: ``flat_ids`` is their concatenation, ``lengths`` their sizes, and
+        ``loss_mask`` (optional) a flat 0/1 array parallel to ``flat_ids``.
 
         This is the fast path: one validation and one cast for the whole batch, no per-document Python work.
         """
@@ -580,20 +603,86 @@ class TokenWriter(Writer[Any]):
         flat = as_token_array(flat_ids, what="flat_ids")
         sizes = check_lengths(lengths, len(flat), where=f"{self.path}: ")
         flat = self._validated(flat, sizes)
+        self._write_checked(flat, sizes, loss_mask)
+
+    def _write_checked(self, flat: np.ndarray, sizes: np.ndarray, loss_mask: npt.ArrayLike | None) -> None:
+        """Write validated documents and their mask (checked here), keeping the counts."""
+        mask = self._checked_mask(loss_mask, flat, sizes)
         try:
-            self._write_tokens(flat, sizes)
+            if mask is None:
+                self._write_tokens(flat, sizes)
+            else:
+                self._write_masked(flat, sizes, mask)
         except OSError as error:  # a full disk names the output, not the hidden temporary
             raise naming_output(error, self.path) from None
         self.num_documents += len(sizes)
         self.num_tokens += len(flat)
+        self.num_trained_tokens += len(flat) if mask is None else int(np.count_nonzero(mask))
 
-    def write_all(self, tokens: TokenArray, lengths: npt.ArrayLike, *, batch_tokens: int = 1 << 24) -> None:
+    def _checked_mask(self, loss_mask: npt.ArrayLike | None, flat: np.ndarray, sizes: np.ndarray) -> np.ndarray | None:
+        """The batch's mask as uint8 0/1 (all ones when this dataset stores masks and none was given), or None."""
+        if self.loss_masked is None:
+            self.loss_masked = loss_mask is not None
+            if self.loss_masked and not self.stores_loss_mask:
+                raise FormatError(
+                    f"{self.path}: the {self.format} format stores no loss mask, and a mask was given; formats that "
+                    f"store one: {loss_mask_formats()}. Write without loss_mask= to keep the tokens only."
+                )
+        if loss_mask is None:
+            return np.ones(len(flat), dtype=np.uint8) if self.loss_masked else None
+        if not self.loss_masked:
+            raise FormatError(
+                f"{self.path}: a loss mask was given after {self.num_documents:,} documents written without one; "
+                "give loss_mask= from the first write on (the first write decides whether the dataset stores masks)."
+            )
+        mask = np.asarray(loss_mask)
+        if mask.ndim != 1 or len(mask) != len(flat):
+            raise FormatError(
+                f"{self.path}: the loss mask of documents {self.num_documents:,}.. has shape {mask.shape}; expected "
+                f"one value per token ({len(flat):,})."
+            )
+        if mask.dtype != np.bool_ and (
+            mask.dtype.kind not in "iu" or (len(mask) and (mask.min() < 0 or mask.max() > 1))
+        ):
+            self._refuse_mask_values(mask, sizes)
+        return mask.astype(np.uint8, copy=False)
+
+    def _refuse_mask_values(self, mask: np.ndarray, sizes: np.ndarray) -> None:
+        """Raise naming the first document whose mask holds something other than 0 and 1."""
+        document, bad = self.num_documents, mask
+        if mask.dtype.kind in "iu":
+            outside = (mask < 0) | (mask > 1)
+            bad = mask[outside]
+            position = int(np.flatnonzero(outside)[0])
+            document += int(np.searchsorted(np.cumsum(sizes), position, side="right"))
+        raise FormatError(
+            f"{self.path}: a loss mask holds 0 (not trained on) or 1 (trained on); document {document:,} has "
+            f"{bad.ravel()[:1].tolist()} ({mask.dtype.name})."
+        )
+
+    def write_all(
+        self,
+        tokens: TokenArray,
+        lengths: npt.ArrayLike,
+        *,
+        loss_masks: TokenArray | None = None,
+        batch_tokens: int = 1 << 24,
+    ) -> None:
         """Write the documents of a large (possibly memory-mapped) stream, about ``batch_tokens`` at a time,
-        so that memory stays bounded however large the stream is."""
+        so that memory stays bounded however large the stream is; ``loss_masks`` is the parallel mask stream."""
         sizes = check_lengths(lengths, len(tokens), where=f"{self.path}: ")
         offsets = offsets_from_lengths(sizes)
         for first, stop in document_runs(offsets, batch_tokens):
-            self.write_batch(tokens[offsets.item(first) : offsets.item(stop)], sizes[first:stop])
+            start, end = offsets.item(first), offsets.item(stop)
+            if loss_masks is None:
+                self.write_batch(tokens[start:end], sizes[first:stop])
+            else:
+                self.write_batch(tokens[start:end], sizes[first:stop], loss_masks[start:end])
+
+    def _write_masked(self, flat: np.ndarray, lengths: np.ndarray, mask: np.ndarray) -> None:
+        """Write documents and their loss mask (uint8 0/1, parallel to ``flat``); formats that store masks
+        (:attr:`stores_loss_mask`) override it and put the mask in the same atomic commit as the tokens."""
+        raise FormatError(f"{self.path}: the {self.format} format stores no loss mask.")
 
     @abstractmethod
     def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:

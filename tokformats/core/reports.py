@@ -67,7 +67,31 @@ def problems(reader: TokenReader, vocab_size: int | None = None, *, progress: bo
     if bar is not None:
         bar.close()
     found += _delimiter_problems(reader)
+    found += _mask_problems(reader)
     return found
+
+
+def _mask_problems(reader: TokenReader) -> list[Problem]:
+    """The stored loss masks against the tokens: one value per token, each 0 or 1."""
+    path = str(reader.path)
+    try:
+        masks = reader.loss_masks
+    except FormatError as error:  # a mask file of the wrong size, missing beside some parts, ...
+        return [Problem(path, "loss_masks", str(error))]
+    if masks is None:
+        return []
+    if len(masks) != reader.num_tokens:
+        return [Problem(path, "loss_masks", f"{len(masks):,} mask values for {reader.num_tokens:,} tokens")]
+    position = 0
+    for chunk in iter_chunks(masks):
+        values = np.asarray(chunk)
+        bad = np.flatnonzero(values > 1)
+        if len(bad):
+            token = position + int(bad[0])
+            message = f"token {token:,} has mask value {int(values[bad[0]])}; a loss mask holds 0 or 1"
+            return [Problem(path, "loss_masks", message, _document_of(reader, token))]
+        position += len(values)
+    return []
 
 
 def _value_problems(reader: TokenReader, vocab_size: int | None, bar: Any = None) -> list[Problem]:
@@ -193,6 +217,11 @@ def stats(reader: TokenReader, *, top: int = 20, decode: Callable[[list[int]], s
             for lo, hi, c in zip(edges[:-1], edges[1:], counts)
             if c
         ]
+    masks = reader.loss_masks
+    if masks is not None:  # SFT data: how much of it the loss sees
+        trained = sum(int(np.count_nonzero(np.asarray(chunk))) for chunk in iter_chunks(masks))
+        result["trained_tokens"] = trained
+        result["trained_fraction"] = round(trained / reader.num_tokens, 4) if reader.num_tokens else 0.0
     if reader.dtype.kind in "iu" and reader.num_tokens:
         result["top_ids"] = _top_ids(reader, top)
         if decode is not None:

@@ -21,7 +21,26 @@ from ..core.arrays import ConcatenatedArray, LazyArray, LazyShards, OpenMaps, To
 from ..core.protocol import TokenReader
 from ..errors import FormatError
 
-__all__ = ["Part", "PartTable", "MappedParts", "PartsReader", "checked_offsets"]
+__all__ = ["Part", "PartTable", "MappedParts", "PartsReader", "checked_offsets", "sibling_masks"]
+
+
+def sibling_masks(reader: TokenReader, parts: Sequence[Part], paths: list[Path]) -> TokenArray | None:
+    """The loss masks stored beside ``parts`` (``paths[k]``: part k's mask file, one byte per token), mapped and
+    joined in order; None when no part has one. Some parts with masks and others without is an error."""
+    present = [p.is_file() for p in paths]
+    if not any(present):
+        return None
+    if not all(present):
+        missing = paths[present.index(False)]
+        raise FormatError(f"{missing} is missing, while other files of {reader.path} have their loss masks.")
+    maps = []
+    for part, path in zip(parts, paths):
+        size = path.stat().st_size
+        if size != part.tokens:
+            raise FormatError(f"{path}: {size:,} loss-mask bytes for {part.tokens:,} tokens in {part.path.name}.")
+        reader._pin(path)
+        maps.append(reader._map(path, np.dtype("u1")) if part.tokens else np.zeros(0, dtype="u1"))
+    return maps[0] if len(maps) == 1 else ConcatenatedArray(maps)
 
 
 class Part(NamedTuple):

@@ -353,7 +353,9 @@ class Reader(PartsReader):
 
 class Writer(TokenWriter):
     """Writes ``NAME.ds``, ``NAME.ds.index`` and ``NAME.ds.metadata`` byte-identical to datatrove's
-    ``TokenizedFile`` (``DocumentTokenizer`` with ``shuffle_documents=False`` and its default final metadata).
+    ``TokenizedFile`` (``DocumentTokenizer`` with ``shuffle_documents=False`` and its default final metadata); with
+    loss masks (``write(doc, loss_mask=...)``), ``NAME.ds.loss`` too, one byte (0 or 1) per token, as
+    ``DocumentTokenizer(save_loss_metadata=True)`` writes it.
 
     Args:
         path: the ``.ds`` file (``.ds`` is appended when missing).
@@ -366,6 +368,7 @@ class Writer(TokenWriter):
 
     format = "datatrove"
     tokenizer_name_option = "tokenizer_name"  # DocumentTokenizer records its tokenizer_name_or_path
+    stores_loss_mask = True
 
     @classmethod
     def output_path(cls, output: PathLike, key: str, split: str | None, several_keys: bool) -> Path:
@@ -374,7 +377,8 @@ class Writer(TokenWriter):
     @classmethod
     def existing_outputs(cls, path: PathLike) -> list[Path]:
         data = _ds_path(path)
-        return [p for p in (data, Path(os.fspath(data) + INDEX), Path(os.fspath(data) + METADATA)) if p.exists()]
+        siblings = (INDEX, METADATA, LOSS)
+        return [p for p in (data, *(Path(os.fspath(data) + suffix) for suffix in siblings)) if p.exists()]
 
     def __init__(
         self,
@@ -392,10 +396,17 @@ class Writer(TokenWriter):
         self.save_index = save_index
         self._ends: list[np.ndarray] = []
         self._tokens = self._files.create(self.path)
+        self._loss: Any = None
 
     def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
         self._tokens.write(np.ascontiguousarray(flat).data)
         self._ends.append(self.num_tokens + np.cumsum(lengths, dtype=np.int64))
+
+    def _write_masked(self, flat: np.ndarray, lengths: np.ndarray, mask: np.ndarray) -> None:
+        if self._loss is None:  # the first write carries a mask: every write will
+            self._loss = self._files.create(Path(os.fspath(self.path) + LOSS))
+        self._write_tokens(flat, lengths)
+        self._loss.write(np.ascontiguousarray(mask, dtype=np.uint8).data)
 
     def _finish(self) -> None:
         if self.save_index:

@@ -10,6 +10,9 @@ Layout (dolma's ``tokenizer/memmap_writer.py``; read by OLMo-core's ``NumpyFSLDa
 Neither file records the dtype (dolma issues #142 and #152 are users reading with the wrong one). The reader takes
 it from the metadata: the last row's end times the itemsize is the file size, and only one itemsize fits. Without
 the ``.csv.gz`` the dtype must be given and documents are found at ``eos=`` (as OLMo-core does from the array).
+Loss masks (optional): ``NAME.label_mask.npy`` beside ``NAME.npy``, headerless bool (one byte, 0 or 1, per token), what
+OLMo-core's numpy datasets take as ``label_mask_paths`` and serve as each instance's ``label_mask``.
+
 A folder reads as every ``*.npy`` below it that has its ``.csv.gz``, sorted by path. dolma's writer starts a new file
 before a document would bring it to ``max_tokens`` (default 512 Mi tokens); so does this one.
 """
@@ -21,19 +24,21 @@ import gzip
 import io
 import os
 import zlib
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..core.documents import add_delimiter, split_offsets
+from ..core.arrays import TokenArray
+from ..core.documents import add_delimiter, offsets_from_lengths, split_offsets
 from ..core.dtypes import check_id, parse_dtype, resolve_dtype
 from ..core.protocol import PathLike, TokenWriter
 from ..core.registry import FormatDescriptor, Probe
 from ..errors import DTypeError, FormatError, NoFilesError, SizeMismatchError, option
 from ..fs.paths import expand_paths
 from ..fs.untrusted import MAX_DEFLATE_RATIO, is_regular, require_regular
-from ._parts import Part, PartsReader, checked_offsets
+from ._parts import Part, PartsReader, checked_offsets, sibling_masks
 from ._shards import DocumentShards
 
 if TYPE_CHECKING:
@@ -51,8 +56,15 @@ DESCRIPTOR = FormatDescriptor(
 #: dolma's ``MemmapWriter.DEFAULT_MAX_TOKENS``.
 DEFAULT_MAX_TOKENS = 512 * 1024 * 1024
 METADATA_SUFFIX = ".csv.gz"
+#: Replaces ``.npy`` in a memmap's name to name its loss-mask file.
+LABEL_MASK_SUFFIX = ".label_mask.npy"
 _ITEMSIZES: dict[int, np.dtype] = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
 _NUMPY_MAGIC = b"\x93NUMPY"
+
+
+def label_mask_path(path: Path) -> Path:
+    """``NAME.label_mask.npy`` beside ``NAME.npy``: its loss mask, one bool per token."""
+    return path.with_name(path.name[: -len(".npy")] + LABEL_MASK_SUFFIX)
 
 
 def metadata_path(path: Path) -> Path:
@@ -120,7 +132,10 @@ def _folder_files(folder: Path) -> list[Path]:
     memmaps = [
         p
         for p in folder.rglob("*.npy")
-        if not p.name.startswith(".") and is_regular(p) and Probe(p).head(len(_NUMPY_MAGIC)) != _NUMPY_MAGIC
+        if not p.name.startswith(".")
+        and not p.name.endswith(LABEL_MASK_SUFFIX)  # a memmap's loss mask, not a memmap of its own
+        and is_regular(p)
+        and Probe(p).head(len(_NUMPY_MAGIC)) != _NUMPY_MAGIC
     ]
     for metadata in sorted(rows):
         data = metadata.with_name(metadata.name[: -len(METADATA_SUFFIX)] + ".npy")
@@ -271,6 +286,19 @@ class Reader(PartsReader):
             )
         return checked_offsets(np.concatenate([[0], ends]), part.tokens, where, "end")
 
+    @cached_property
+    def label_masks(self) -> TokenArray | None:
+        """The ``NAME.label_mask.npy`` bytes of every token (uint8, 1 = trained on), or None without them."""
+        return sibling_masks(self, self._parts, [label_mask_path(p.path) for p in self._parts])
+
+    @property
+    def loss_masks(self) -> TokenArray | None:
+        """The label masks of every token (see :attr:`tokformats.TokenReader.loss_masks`)."""
+        return self.label_masks
+
+    def _cached_maps(self) -> tuple[str, ...]:
+        return (*super()._cached_maps(), "label_masks")
+
     def document_metadata(self, index: int) -> dict[str, str | None]:
         """The ``id``, ``src`` and ``loc`` fields dolma recorded for document ``index`` (None without metadata)."""
         position = int(index) + len(self) if int(index) < 0 else int(index)
@@ -312,6 +340,7 @@ class Writer(TokenWriter):
     """
 
     format = "dolma"
+    stores_loss_mask = True
     #: Fields :meth:`write` was given for the document being written (None: the defaults).
     _fields: tuple[Any, Any, Any] = (None, None, None)
 
@@ -344,6 +373,7 @@ class Writer(TokenWriter):
         self._shards = DocumentShards(max_tokens, self._start, self._end, strict=True)
         self._rows: Any = None
         self._row_writer: Any = None
+        self._mask: Any = None  # the current shard's label-mask file, when the dataset stores masks
         self.shard_paths: list[Path] = []
 
     def _start(self, index: int) -> Any:
@@ -352,10 +382,14 @@ class Writer(TokenWriter):
         self._rows = io.StringIO()
         self._row_writer = csv.writer(self._rows)
         self.shard_paths.append(final)
+        if self.loss_masked:
+            self._mask = self._files.create(label_mask_path(final))
         return handle
 
     def _end(self, handle: Any, tokens: int) -> None:
         self._files.finish(handle)
+        if self._mask is not None:
+            self._files.finish(self._mask)
         final = self.shard_paths[-1]
         rows = self._files.create(final.with_name(final.name[: -len(".npy")] + METADATA_SUFFIX))
         with gzip.GzipFile(fileobj=rows, mode="wb", mtime=0, filename="") as packed:
@@ -363,21 +397,40 @@ class Writer(TokenWriter):
         self._files.finish(rows)
 
     def write(
-        self, item: npt.ArrayLike, *, id: str | None = None, src: str | None = None, loc: int | None = None
+        self,
+        item: npt.ArrayLike,
+        loss_mask: npt.ArrayLike | None = None,
+        *,
+        id: str | None = None,
+        src: str | None = None,
+        loc: int | None = None,
     ) -> None:
-        """Append one document, optionally with the ``id``, ``src`` and ``loc`` its metadata row records."""
+        """Append one document (and its loss mask), optionally with the ``id``, ``src`` and ``loc`` its metadata
+        row records."""
         self._fields = (id, src, loc)
         try:
-            super().write(item)
+            super().write(item, loss_mask)
         finally:
             self._fields = (None, None, None)
 
     def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
+        self._write_rows(flat, lengths, None)
+
+    def _write_masked(self, flat: np.ndarray, lengths: np.ndarray, mask: np.ndarray) -> None:
+        self._write_rows(flat, lengths, mask)
+
+    def _write_rows(self, flat: np.ndarray, lengths: np.ndarray, mask: np.ndarray | None) -> None:
+        """Tokens (and their mask: the writer's own ``eos`` is trained on) into shards, and one row per document."""
         if self.eos is not None:
+            if mask is not None:
+                mask, _ = add_delimiter(mask, lengths, 1)
             flat, lengths = add_delimiter(flat, lengths, self.eos)
+        offsets = offsets_from_lengths(lengths) if mask is not None else None
         for first, stop, piece in self._shards.pieces(flat, lengths):
             start = self._shards.filled
             self._shards.current.write(np.ascontiguousarray(piece).data)
+            if offsets is not None and mask is not None:
+                self._mask.write(np.ascontiguousarray(mask[offsets.item(first) : offsets.item(stop)]).data)
             ends = start + np.cumsum(lengths[first:stop], dtype=np.int64)
             starts = np.concatenate([[start], ends[:-1]])
             id_, src, loc = self._fields

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..core.arrays import ConcatenatedArray, TokenArray
 from ..core.documents import offsets_from_lengths
 from ..core.dtypes import little_endian, resolve_dtype
 from ..core.protocol import PathLike, TokenWriter
@@ -40,7 +41,7 @@ from ._shards import DocumentShards
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-__all__ = ["Reader", "Writer", "detect", "DEFAULT_COLUMN"]
+__all__ = ["Reader", "Writer", "detect", "DEFAULT_COLUMN", "MASK_COLUMN"]
 
 #: This format's entry in :data:`tokformats.formats` (the registry finds it here).
 DESCRIPTOR = FormatDescriptor(
@@ -48,6 +49,9 @@ DESCRIPTOR = FormatDescriptor(
 )
 
 DEFAULT_COLUMN = "input_ids"
+#: The loss-mask column beside the tokens: the name TRL's SFT collator reads (``assistant_masks``, what
+#: ``transformers``' ``apply_chat_template(return_assistant_tokens_mask=True)`` returns): 1 where a token is trained on.
+MASK_COLUMN = "assistant_masks"
 STATE = "state.json"
 INFO = "dataset_info.json"
 DICT = "dataset_dict.json"
@@ -118,15 +122,20 @@ class Reader(PartsReader):
     Args:
         path: the folder (holding ``state.json``); for a ``DatasetDict``, the split's folder.
         column: the list column holding the token ids (``input_ids``).
+        mask_column: the list column holding the loss masks (``assistant_masks``), read when present: 0/1 per token,
+            with the same row lengths as ``column``.
     """
 
     format = "hf"
 
-    def __init__(self, path: PathLike, *, column: str = DEFAULT_COLUMN) -> None:
-        super().__init__(path, column=column)
+    def __init__(self, path: PathLike, *, column: str = DEFAULT_COLUMN, mask_column: str = MASK_COLUMN) -> None:
+        super().__init__(path, column=column, mask_column=mask_column)
         pa = _pyarrow()
         self._folder = Path(path)
         self.column = column
+        self.mask_column = mask_column
+        #: Per record batch, where its mask values are (None: the files have no mask column).
+        self._mask_parts: list[Part] | None = None
         if (self._folder / DICT).is_file():
             splits = read_json_object(self._folder / DICT).get("splits", [])
             listing = ", ".join(str(self._folder / str(s)) for s in splits) or "none listed"
@@ -175,6 +184,7 @@ class Reader(PartsReader):
         if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_integer(kind.value_type):
             raise FormatError(f"{file}: column {self.column!r} is {kind}; a token column is a list of integers.")
         dtype = little_endian(kind.value_type.to_pandas_dtype())
+        masked = self._mask_type(pa, file, schema)
         parts = []
         try:
             for batch in stream:
@@ -197,9 +207,64 @@ class Reader(PartsReader):
                     raise FormatError(f"{file}: a record batch's tokens lie outside the file; it is damaged.")
                 self._batch_offsets.append(offsets if len(offsets) else np.zeros(1, dtype=np.int64))
                 parts.append(Part(file, start, count, dtype))
+                if masked is not None and self._mask_parts is not None:
+                    self._mask_parts.append(self._mask_part(pa, file, whole, batch, raw, masked))
         except (pa.lib.ArrowException, OSError, UnicodeDecodeError) as error:  # a truncated or corrupted stream
             raise FormatError(f"{file}: the Arrow stream is damaged ({error}).") from None
         return parts
+
+    def _mask_type(self, pa: Any, file: Path, schema: Any) -> np.dtype | None:
+        """The mask column's value dtype when ``file`` has one (all files must agree), else None."""
+        if self.mask_column not in schema.names:
+            if self._mask_parts:
+                raise FormatError(f"{file}: there is no column {self.mask_column!r}, while earlier files have one.")
+            self._mask_parts = None
+            return None
+        kind = schema.field(self.mask_column).type
+        if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not (
+            pa.types.is_integer(kind.value_type) or pa.types.is_boolean(kind.value_type)
+        ):
+            raise FormatError(f"{file}: column {self.mask_column!r} is {kind}; a loss-mask column is a list of 0/1.")
+        if pa.types.is_boolean(kind.value_type):  # bit-packed: not one byte per token
+            raise FormatError(f"{file}: column {self.mask_column!r} is a list of bool; store it as uint8 0/1.")
+        if self._mask_parts is None:
+            self._mask_parts = []
+        return little_endian(kind.value_type.to_pandas_dtype())
+
+    def _mask_part(self, pa: Any, file: Path, whole: Any, batch: Any, offsets: np.ndarray, dtype: np.dtype) -> Part:
+        """Where one record batch's mask values lie in ``file``; its rows must have the tokens' lengths."""
+        rows = batch.column(self.mask_column)
+        values = rows.values
+        kind = np.int64 if pa.types.is_large_list(rows.type) else np.int32
+        raw = np.frombuffer(rows.buffers()[1], kind, count=len(rows) + 1, offset=rows.offset * np.dtype(kind).itemsize)
+        if len(raw) != len(offsets) or not np.array_equal(np.diff(raw), np.diff(offsets)) or values.null_count:
+            raise FormatError(
+                f"{file}: column {self.mask_column!r} must hold one 0/1 per token of {self.column!r} in every row."
+            )
+        first = int(raw[0]) if len(raw) else 0
+        count = int(raw[-1]) - first if len(raw) else 0
+        start = values.buffers()[1].address - whole.address + (values.offset + first) * dtype.itemsize
+        if start < 0 or start + count * dtype.itemsize > whole.size:
+            raise FormatError(f"{file}: a record batch's loss masks lie outside the file; it is damaged.")
+        return Part(file, start, count, dtype)
+
+    @cached_property
+    def loss_masks(self) -> TokenArray | None:
+        """The mask column's values of every token (uint8; see :attr:`tokformats.TokenReader.loss_masks`)."""
+        if self._mask_parts is None:
+            return None
+        views = []
+        for part in self._mask_parts:
+            raw = self._file_maps[part.path][part.offset : part.offset + part.tokens * part.dtype.itemsize]
+            values = raw.view(np.ndarray).view(part.dtype)
+            if part.dtype != np.dtype("u1"):  # transformers' masks are int64 lists: narrowed here, once
+                if len(values) and (values.min() < 0 or values.max() > 1):
+                    raise FormatError(f"{part.path}: column {self.mask_column!r} holds values other than 0 and 1.")
+                values = values.astype(np.uint8)
+            views.append(values)
+        if not views:  # a mask column and no rows
+            return np.zeros(0, dtype=np.uint8)
+        return views[0] if len(views) == 1 else ConcatenatedArray(views)
 
     @cached_property
     def _file_maps(self) -> dict[Path, np.ndarray]:
@@ -219,7 +284,7 @@ class Reader(PartsReader):
         return views
 
     def _cached_maps(self) -> tuple[str, ...]:
-        return (*super()._cached_maps(), "_file_maps")
+        return (*super()._cached_maps(), "_file_maps", "loss_masks")
 
     def _part_offsets(self, index: int) -> np.ndarray:
         part = self._parts[index]
@@ -247,6 +312,7 @@ class Writer(TokenWriter):
             unless ``dtype`` says otherwise.
         dtype: the column's value type (any integer dtype).
         column: the column name.
+        mask_column: the loss-mask column's name (``assistant_masks``, TRL's), written when writes carry masks.
         max_shard_bytes: a new ``.arrow`` file starts before one would exceed this (``datasets``' 500 MB).
         overwrite: replace an existing folder's files.
 
@@ -256,6 +322,7 @@ class Writer(TokenWriter):
 
     format = "hf"
     conventional_dtype = None
+    stores_loss_mask = True
 
     @classmethod
     def existing_outputs(cls, path: PathLike) -> list[Path]:
@@ -271,6 +338,7 @@ class Writer(TokenWriter):
         vocab_size: int | None = None,
         dtype: npt.DTypeLike | None = None,
         column: str = DEFAULT_COLUMN,
+        mask_column: str = MASK_COLUMN,
         max_shard_bytes: int = MAX_SHARD_BYTES,
         overwrite: bool = False,
     ) -> None:
@@ -284,19 +352,31 @@ class Writer(TokenWriter):
         if overwrite:
             folder = self.path
             self._files.remove_on_commit(lambda: self.existing_outputs(folder))
-        value_type = self._pa.from_numpy_dtype(chosen)
-        # "Sequence" is what every datasets release reads (5.x reads it as List; 2.x-3.x know no "List").
-        self._features = {column: {"feature": {"dtype": str(value_type), "_type": "Value"}, "_type": "Sequence"}}
-        metadata = {"huggingface": json.dumps({"info": {"features": self._features}})}
-        self._schema = self._pa.schema([(column, self._pa.list_(value_type))], metadata=metadata)
+        self.mask_column = mask_column
+        self._value_type = self._pa.from_numpy_dtype(chosen)
+        self._features: dict[str, Any] = {}
+        self._schema: Any = None  # made when the first shard starts: the first write says whether masks are stored
         self._shards = DocumentShards(max(1, max_shard_bytes // chosen.itemsize), self._start, self._end)
         self._stream: Any = None
-        self._pending: list[tuple[np.ndarray, np.ndarray]] = []  # rows not yet in a full record batch
+        self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]] = []  # rows not yet in a record batch
         self._pending_rows = 0
         self._shard_names: list[Path] = []
         self._digest = hashlib.sha256()
 
+    def _make_schema(self) -> None:
+        """The columns: the tokens, and the loss masks (uint8) when this dataset stores them."""
+        pa = self._pa
+        # "Sequence" is what every datasets release reads (5.x reads it as List; 2.x-3.x know no "List").
+        columns = [(self.column, self._value_type)] + ([(self.mask_column, pa.uint8())] if self.loss_masked else [])
+        self._features = {
+            name: {"feature": {"dtype": str(kind), "_type": "Value"}, "_type": "Sequence"} for name, kind in columns
+        }
+        metadata = {"huggingface": json.dumps({"info": {"features": self._features}})}
+        self._schema = pa.schema([(name, pa.list_(kind)) for name, kind in columns], metadata=metadata)
+
     def _start(self, index: int) -> Any:
+        if self._schema is None:
+            self._make_schema()
         final = self.path / f"data-{index:05d}-of-?.arrow"  # renamed at commit, when the count is known
         handle = self._files.create(final)
         self._shard_names.append(final)
@@ -312,32 +392,51 @@ class Writer(TokenWriter):
         """Write full record batches of the pending rows (and the rest when ``everything``)."""
         if not self._pending:
             return
-        flat = np.concatenate([f for f, _ in self._pending])
-        lengths = np.concatenate([n for _, n in self._pending])
+        flat = np.concatenate([f for f, _, _ in self._pending])
+        lengths = np.concatenate([n for _, n, _ in self._pending])
+        masks = [m for _, _, m in self._pending if m is not None]
+        mask = np.concatenate(masks) if masks else None
         offsets = offsets_from_lengths(lengths)
         whole = len(lengths) if everything else len(lengths) // BATCH_ROWS * BATCH_ROWS
         for first in range(0, whole, BATCH_ROWS):
             stop = min(first + BATCH_ROWS, whole)
-            self._write_batch(flat[offsets[first] : offsets[stop]], offsets[first : stop + 1] - offsets[first])
-        self._pending = [(flat[offsets[whole] :], lengths[whole:])] if whole < len(lengths) else []
+            span = slice(offsets[first], offsets[stop])
+            starts = offsets[first : stop + 1] - offsets[first]
+            self._write_batch(flat[span], starts, None if mask is None else mask[span])
+        rest = slice(offsets[whole], None)
+        left = (flat[rest], lengths[whole:], None if mask is None else mask[rest])
+        self._pending = [left] if whole < len(lengths) else []
         self._pending_rows = len(lengths) - whole
 
-    def _write_batch(self, values: np.ndarray, offsets: np.ndarray) -> None:
+    def _write_batch(self, values: np.ndarray, offsets: np.ndarray, mask: np.ndarray | None) -> None:
         pa = self._pa
-        rows = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values))
-        self._stream.write_batch(pa.record_batch([rows], schema=self._schema))
+        starts = pa.array(offsets.astype(np.int32))
+        columns = [pa.ListArray.from_arrays(starts, pa.array(values))]
+        if mask is not None:
+            columns.append(pa.ListArray.from_arrays(starts, pa.array(mask, type=pa.uint8())))
+        self._stream.write_batch(pa.record_batch(columns, schema=self._schema))
         self._digest.update(offsets.tobytes())
         self._digest.update(values.tobytes())
+        if mask is not None:
+            self._digest.update(mask.tobytes())
 
     def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
+        self._write_rows(flat, lengths, None)
+
+    def _write_masked(self, flat: np.ndarray, lengths: np.ndarray, mask: np.ndarray) -> None:
+        self._write_rows(flat, lengths, mask)
+
+    def _write_rows(self, flat: np.ndarray, lengths: np.ndarray, mask: np.ndarray | None) -> None:
+        offsets = offsets_from_lengths(lengths) if mask is not None else None
         for first, stop, piece in self._shards.pieces(flat, lengths):
-            self._pending.append((piece, lengths[first:stop]))
+            part = None if mask is None or offsets is None else mask[offsets.item(first) : offsets.item(stop)]
+            self._pending.append((piece, lengths[first:stop], part))
             self._pending_rows += stop - first
             if self._pending_rows >= BATCH_ROWS:
                 self._flush(everything=False)
 
     def _finish(self) -> None:
-        self._shards.finish()
+        self._shards.finish()  # an output without rows gets one empty shard (and so its schema)
         total = len(self._shard_names)
         names = []
         for k, provisional in enumerate(self._shard_names):

@@ -16,6 +16,10 @@
 a *document* is a run of sequences (several with ``--split-sentences``). tokformats documents are
 Megatron documents; ``Reader.sequences`` gives Megatron's view.
 
+Loss masks live in a sibling indexed dataset, ``PREFIX_loss_mask.bin`` + ``PREFIX_loss_mask.idx`` (LOSS_MASK_SUFFIX):
+dtype code 1 (uint8), one byte (0 or 1) per token, with the same sequence lengths and document indices, so that
+megatron-core opens it as an ``IndexedDataset`` and ``mask_dataset[i]`` lines up with ``dataset[i]``.
+
 Writers match megatron-core's ``IndexedDatasetBuilder`` byte for byte, with three differences that are
 fixes: ids that do not fit the dtype are refused instead of wrapped, the index is kept in NumPy arrays
 (not Python lists) with pointers summed in int64, and both files appear atomically (``.idx`` last).
@@ -58,6 +62,8 @@ __all__ = [
     "VERSION",
     "DTYPE_CODES",
     "HEADER",
+    "LOSS_MASK_SUFFIX",
+    "loss_mask_prefix",
 ]
 
 #: This format's entry in :data:`tokformats.formats` (the registry finds it here).
@@ -93,6 +99,13 @@ _CODE_OF = {dtype: code for code, dtype in DTYPE_CODES.items()}
 #: Codes fairseq used that Megatron rejects.
 _FAIRSEQ_CODES = {9: "uint32", 10: "uint64"}
 _MAX_SEQUENCE = np.iinfo(np.int32).max
+#: Appended to a dataset's prefix to name the sibling indexed dataset holding its loss masks.
+LOSS_MASK_SUFFIX = "_loss_mask"
+
+
+def loss_mask_prefix(prefix: PathLike) -> Path:
+    """The prefix of the sibling dataset holding ``prefix``'s loss masks (``PREFIX_loss_mask``)."""
+    return Path(f"{resolve_prefix(prefix)}{LOSS_MASK_SUFFIX}")
 
 
 def optimal_dtype(vocab_size: int) -> np.dtype:
@@ -166,12 +179,15 @@ PUBLISHED_LAST = ("*.idx",)
 
 
 def remote_companions(name: str) -> list[tuple[str, bool]]:
-    """The files fetched with ``name`` from a URL: a prefix's ``.idx`` and ``.bin``, a ``.bin``'s ``.idx`` (when
-    there is one: an llm.c ``.bin`` has none)."""
+    """The files fetched with ``name`` from a URL: a prefix's ``.idx`` and ``.bin`` (and its ``PREFIX_loss_mask``
+    files when there are any), a ``.bin``'s ``.idx`` (when there is one: an llm.c ``.bin`` has none)."""
     for suffix, other in ((".bin", ".idx"), (".idx", ".bin")):
         if name.endswith(suffix):
             return [(name[: -len(suffix)] + other, suffix == ".idx")]
-    return [] if "." in Path(name).name else [(f"{name}.idx", False), (f"{name}.bin", False)]
+    if "." in Path(name).name:
+        return []
+    masks = f"{name}{LOSS_MASK_SUFFIX}"  # a prefix's loss masks, when the store has them
+    return [(f"{name}.idx", False), (f"{name}.bin", False), (f"{masks}.idx", False), (f"{masks}.bin", False)]
 
 
 def remote_lazy(folder: Path, names: list[str]) -> bool:
@@ -283,7 +299,7 @@ class Reader(TokenReader):
         return self._index[3]
 
     def _cached_maps(self) -> tuple[str, ...]:
-        return ("tokens", "_view", "_index")
+        return ("tokens", "_view", "_index", "_loss_reader")
 
     def _validate(self, count: int) -> None:
         """What opening checks, touching only the pages a first read touches anyway (megatron-core's open faults in
@@ -499,6 +515,41 @@ class Reader(TokenReader):
         """Megatron's GPTDataset samples from *sequences* (``IndexedDataset[i]``), not documents."""
         return self.sequence_lengths, self.sequence_offsets
 
+    @cached_property
+    def _loss_reader(self) -> Reader | None:
+        """The sibling ``PREFIX_loss_mask`` dataset, checked to line up with this one, or None without it."""
+        prefix = loss_mask_prefix(self.prefix)
+        index, data = Path(f"{prefix}.idx"), Path(f"{prefix}.bin")
+        if self._remote is not None:  # by URL: asked of the store once, then both files fetched (and held)
+            if not self._remote.has(index):
+                return None
+            self._fetched(index)
+            self._fetched(data)
+        if not index.is_file():
+            return None
+        masks = Reader(prefix)
+        if masks.dtype != np.dtype("u1") or not np.array_equal(masks.sequence_lengths, self.sequence_lengths):
+            raise SizeMismatchError(
+                f"{prefix}.idx: a loss-mask dataset must be uint8 with the same sequence lengths as {self.idx_path}; "
+                f"found {masks.dtype.name} with {len(masks.sequence_lengths):,} sequences ({masks.num_tokens:,} "
+                f"tokens) for {len(self.sequence_lengths):,} ({self.num_tokens:,} tokens)."
+            )
+        if not np.array_equal(masks.document_indices, self.document_indices):
+            raise SizeMismatchError(f"{prefix}.idx: its document_indices differ from {self.idx_path}'s.")
+        return masks
+
+    @property
+    def loss_masks(self) -> np.ndarray | None:
+        """The ``PREFIX_loss_mask.bin`` bytes of every token (see :attr:`tokformats.TokenReader.loss_masks`)."""
+        masks = self._loss_reader
+        return None if masks is None else masks.tokens
+
+    def close(self) -> None:
+        masks = self.__dict__.get("_loss_reader")
+        if masks is not None:
+            masks.close()
+        super().close()
+
     @property
     def sequences(self) -> Sequences:
         """Megatron's unit: ``len(r.sequences)``, ``r.sequences[j]``, ``r.sequences.get(j, offset, length)``."""
@@ -590,6 +641,7 @@ class Writer(TokenWriter):
     """
 
     format = "megatron"
+    stores_loss_mask = True
     #: preprocess_data.py writes an empty document as a document without sequences.
     tokenize_options = {"empty_documents": "none"}  # noqa: RUF012
     delimit_empty_documents = False
@@ -602,7 +654,9 @@ class Writer(TokenWriter):
     @classmethod
     def existing_outputs(cls, path: PathLike) -> list[Path]:
         prefix = resolve_prefix(path)
-        return [p for p in (Path(f"{prefix}.idx"), Path(f"{prefix}.bin")) if p.exists()]
+        masks = loss_mask_prefix(prefix)
+        candidates = (f"{prefix}.idx", f"{prefix}.bin", f"{masks}.idx", f"{masks}.bin")
+        return [Path(p) for p in candidates if Path(p).exists()]
 
     def __init__(
         self,
@@ -629,6 +683,7 @@ class Writer(TokenWriter):
         self._document_indices.append(0)
         self._modes = GrowableArray(np.int8) if multimodal else None
         self._open_sequences = 0  # sequences added by add_item since the last end_document
+        self._mask_bin: BinaryIO | None = None  # PREFIX_loss_mask.bin, once a write carries a mask
 
     # -- Megatron's builder API ----------------------------------------------------------------
     def add_item(self, sequence: npt.ArrayLike, mode: int = 0) -> None:
@@ -636,6 +691,7 @@ class Writer(TokenWriter):
         self._check_open()
         flat = self._validated(as_token_array(sequence, what="a sequence"), None)
         self._add_sequences(flat, np.array([len(flat)], dtype=np.int64), None if mode is None else [mode])
+        self._mask_all(len(flat))
         self._open_sequences += 1
 
     def end_document(self) -> None:
@@ -653,7 +709,14 @@ class Writer(TokenWriter):
         flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=self.dtype)
         flat = self._validated(flat, None)
         self._add_sequences(flat, lengths, modes)
+        self._mask_all(len(flat))
         self.end_document()
+
+    def _mask_all(self, count: int) -> None:
+        """Builder-API sequences are trained on: ones in the loss-mask dataset, when this one has masks."""
+        self.loss_masked = bool(self.loss_masked)
+        if self._mask_bin is not None:
+            self._mask_bin.write(np.ones(count, dtype=np.uint8).data)
 
     # -- the common protocol --------------------------------------------------------------------
     def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
@@ -666,6 +729,13 @@ class Writer(TokenWriter):
             self._add_sequences(flat, lengths, None)
             ends = len(self._lengths) - len(lengths) + np.arange(1, len(lengths) + 1, dtype=np.int64)
         self._document_indices.extend(ends)
+
+    def _write_masked(self, flat: np.ndarray, lengths: np.ndarray, mask: np.ndarray) -> None:
+        if self._mask_bin is None:  # the first write carries a mask: every write will
+            self._files.check_destination(Path(f"{loss_mask_prefix(self.path)}.idx"))
+            self._mask_bin = self._files.create(Path(f"{loss_mask_prefix(self.path)}.bin"))
+        self._write_tokens(flat, lengths)
+        self._mask_bin.write(np.ascontiguousarray(mask, dtype=np.uint8).data)
 
     def _add_sequences(self, flat: np.ndarray, lengths: np.ndarray, modes: Sequence[int] | None) -> None:
         if len(lengths) and lengths.max() > _MAX_SEQUENCE:
@@ -684,6 +754,9 @@ class Writer(TokenWriter):
     def _finish(self) -> None:
         if self._open_sequences:
             self.end_document()  # Megatron would drop them from document_indices; we keep the document
+        if self._mask_bin is not None:  # the masks' index before the tokens' .idx, which is renamed last
+            masks = self._files.create(Path(f"{loss_mask_prefix(self.path)}.idx"))
+            _write_index(masks, np.dtype("u1"), self._lengths.view(), self._document_indices.view(), None)
         handle = self._files.create(self.idx_path)  # created last, so renamed last: .idx means complete
         _write_index(
             handle,
@@ -718,6 +791,13 @@ def merge(prefixes: Sequence[PathLike], output: PathLike, *, overwrite: bool = F
                 f"cannot merge {other.prefix} (multimodal={other.multimodal}) with {first.prefix} "
                 f"(multimodal={first.multimodal})."
             )
+    masked = [r._loss_reader is not None for r in readers]
+    if any(masked) and not all(masked):
+        without = readers[masked.index(False)].prefix
+        raise FormatError(
+            f"cannot merge {without} (no {without}{LOSS_MASK_SUFFIX} loss masks) with datasets that have them: "
+            "convert it with masks first, or merge through tokformats.convert."
+        )
     prefix = resolve_prefix(output)
     try:
         with AtomicFiles(overwrite=overwrite) as files:
@@ -731,6 +811,13 @@ def merge(prefixes: Sequence[PathLike], output: PathLike, *, overwrite: bool = F
                 [np.zeros(1, np.int64)] + [r.document_indices[1:] + shift for r, shift in zip(readers, shifts)]
             )
             modes = np.concatenate([r.sequence_modes for r in readers]) if first.multimodal else None
+            if any(masked):  # the masks' files the same way, their index before the tokens' .idx
+                mask_prefix = loss_mask_prefix(prefix)
+                mask_bin = files.create(Path(f"{mask_prefix}.bin"))
+                for reader in readers:
+                    append_file(reader._loss_reader.bin_path, mask_bin)  # type: ignore[union-attr]
+                mask_index = files.create(Path(f"{mask_prefix}.idx"))
+                _write_index(mask_index, np.dtype("u1"), lengths, document_indices, None)
             index = files.create(Path(f"{prefix}.idx"))  # created last, so renamed last
             _write_index(index, little_endian(first.dtype), lengths, document_indices, modes)
     except OSError as error:  # a full disk names the merged dataset, not a hidden temporary (or nothing)

@@ -15,6 +15,10 @@ A shard folder (NeuroShard Genesis layout)::
       tokenizer.json     optional: the tokenizer that produced the ids
       shard_0.pt, shard_1.pt, ...   1-D int64 tensors of exactly ``tokens_per_shard`` tokens
 
+Loss masks (optional) are bool tensors beside the tokens, one per token: ``NAME.loss_mask.pt`` beside ``NAME.pt``,
+and in a folder ``shard_N.loss_mask.pt`` beside each ``shard_N.pt`` (cut at the same places; not listed in the
+manifest, whose shard list stays Genesis's).
+
 The packer concatenates documents and cuts fixed-size shards; the tail that does not fill a shard is
 kept as ``leftover_tokens`` so that a resumed run continues exactly where the last one stopped.
 Nodes pick their shards with :func:`assigned_shards`. Timestamps are ISO-8601 UTC with a ``Z``.
@@ -74,6 +78,25 @@ DESCRIPTOR = FormatDescriptor(
 
 TOKENS_PER_SHARD = 2_500_000
 SHARD_PATTERN = re.compile(r"^shard_(\d+)\.pt$")
+#: Replaces ``.pt`` in a token file's name to name its loss-mask file.
+LOSS_MASK_SUFFIX = ".loss_mask.pt"
+
+
+def loss_mask_path(path: Path) -> Path:
+    """``NAME.loss_mask.pt`` beside ``NAME.pt``: its loss mask, a bool tensor as long as the tokens."""
+    return path.with_name(path.name[: -len(".pt")] + LOSS_MASK_SUFFIX)
+
+
+def _mask_tensor(path: Path, count: int) -> np.ndarray:
+    """The loss-mask tensor in ``path`` as uint8, checked to hold ``count`` 0/1 values."""
+    array, _, _ = _tensor_of(path, torchfile.load(path), None)
+    flat = _flat(path, array)
+    if flat.dtype not in (np.dtype("?"), np.dtype("u1")) or len(flat) != count:
+        raise FormatError(
+            f"{path}: a loss mask is a bool tensor of one value per token ({count:,}); found {flat.dtype.name} with "
+            f"{len(flat):,} values."
+        )
+    return flat.view(np.uint8)
 MANIFEST = "manifest.json"
 #: The Genesis manifest version whose fields the writer records (``shards`` with a SHA-256 per file).
 MANIFEST_VERSION = 3
@@ -316,7 +339,7 @@ class FileReader(Reader):
         return _flat(self._path, array)
 
     def _cached_maps(self) -> tuple[str, ...]:
-        return ("_array", "_view")
+        return ("_array", "_view", "_loss_masks")
 
     @property
     def path(self) -> Path:
@@ -329,6 +352,19 @@ class FileReader(Reader):
 
     def _offsets(self) -> np.ndarray:
         return split_offsets(self._array, eos=self.eos, bos=self.bos)
+
+    @cached_property
+    def _loss_masks(self) -> np.ndarray | None:
+        path = loss_mask_path(self._path)
+        if not path.is_file():
+            return None
+        self._pin(path)
+        return _mask_tensor(path, len(self._array))
+
+    @property
+    def loss_masks(self) -> np.ndarray | None:
+        """The ``NAME.loss_mask.pt`` values (see :attr:`tokformats.TokenReader.loss_masks`)."""
+        return self._loss_masks
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -414,7 +450,24 @@ class FolderReader(Reader):
         return _flat(shard, array)
 
     def _cached_maps(self) -> tuple[str, ...]:
-        return ("_arrays", "tokens", "_view")
+        return ("_arrays", "tokens", "_view", "_loss_masks")
+
+    @cached_property
+    def _loss_masks(self) -> TokenArray | None:
+        paths = [loss_mask_path(shard) for _, shard in self._shards]
+        present = [p.is_file() for p in paths]
+        if not any(present):
+            return None
+        if not all(present):
+            raise FormatError(f"{paths[present.index(False)]} is missing, while other shards have their loss masks.")
+        masks = [_mask_tensor(p, len(a)) for p, a in zip(paths, self._arrays)]
+        return masks[0] if len(masks) == 1 else ConcatenatedArray(masks)
+
+    @property
+    def loss_masks(self) -> TokenArray | None:
+        """Each shard's ``shard_N.loss_mask.pt`` values, in shard order (see
+        :attr:`tokformats.TokenReader.loss_masks`)."""
+        return self._loss_masks
 
     @property
     def path(self) -> Path:
@@ -512,13 +565,16 @@ class Writer(TokenWriter):
     format = "pt"
     boundaries = "eos"  # Genesis and nanoGPT-style .pt streams end documents with EOS
     conventional_dtype = "int64"  # Genesis shards are int64, the dtype nn.Embedding takes
+    stores_loss_mask = True
 
     @classmethod
     def existing_outputs(cls, path: PathLike) -> list[Path]:
         folder = Path(path)
         if not folder.is_dir():
             return super().existing_outputs(path)
-        return [p for _, p in shard_files(folder)] + [folder / n for n in (MANIFEST,) if (folder / n).exists()]
+        shards = [p for _, p in shard_files(folder)]
+        masks = [loss_mask_path(p) for p in shards if loss_mask_path(p).exists()]
+        return shards + masks + [folder / n for n in (MANIFEST,) if (folder / n).exists()]
 
     def __new__(cls, path: PathLike, *args: Any, **kwargs: Any) -> Writer:
         if cls is Writer:
@@ -554,22 +610,41 @@ class FileWriter(Writer):
         # The tensor's length goes into data.pkl, which precedes the data: spool tokens, write at the end.
         self._spool_path = self._files.scratch(self.path)
         self._spool = open(self._spool_path, "wb")  # noqa: SIM115 - closed in _finish or abort
+        self._mask_spool: Any = None  # the masks, spooled the same way, once a write carries one
 
     def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
         if self.eos is not None:
             flat, _ = add_delimiter(flat, lengths, self.eos)
         self._spool.write(np.ascontiguousarray(flat).data)
 
+    def _write_masked(self, flat: np.ndarray, lengths: np.ndarray, mask: np.ndarray) -> None:
+        if self._mask_spool is None:
+            self._files.check_destination(loss_mask_path(self.path))
+            self._mask_path = self._files.scratch(loss_mask_path(self.path))
+            self._mask_spool = open(self._mask_path, "wb")  # noqa: SIM115 - closed in _finish or abort
+        self._write_tokens(flat, lengths)
+        if self.eos is not None:  # the writer's own end-of-document id is trained on
+            mask, _ = add_delimiter(mask, lengths, 1)
+        self._mask_spool.write(np.ascontiguousarray(mask, dtype=np.uint8).data)
+
     def _finish(self) -> None:
         self._spool.close()
         tokens = map_file(self._spool_path, self.dtype)
         stem = self.path.stem
         prefix = stem if stem.isascii() and stem else "archive"
+        if self._mask_spool is not None:  # before the tokens: the token file is renamed last
+            self._mask_spool.close()
+            masks = map_file(self._mask_path, np.dtype("u1")).view(np.bool_)
+            mask_file = loss_mask_path(self.path)
+            torchfile.write_tensor(self._files.create(mask_file), masks, prefix=mask_file.stem.replace(".", "_"))
+            del masks
         torchfile.write_tensor(self._files.create(self.path), tokens, prefix=prefix)
         del tokens
 
     def abort(self) -> None:
         self._spool.close()
+        if self._mask_spool is not None:
+            self._mask_spool.close()
         super().abort()
 
 
@@ -595,6 +670,25 @@ class FolderWriter(Writer):
     Files appear when the writer closes without an exception (each shard, then the checkpoints and the
     manifest last); an exception leaves the folder as it was.
     """
+
+    def _resume_point(self, source: str, dtype: np.dtype, has_shards: bool) -> tuple[np.ndarray, int]:
+        """What ``checkpoints.json`` records for ``source``: the tokens left over after its last full shard, and how
+        many documents it had processed (none and 0 for a new source)."""
+        state = self._checkpoints.get(source)
+        if state is None and has_shards:
+            raise FormatError(f"{self.path / CHECKPOINTS} has no entry for source {source!r}; cannot resume it.")
+        if not isinstance(state, (dict, type(None))):
+            raise FormatError(f"{self.path / CHECKPOINTS}: the entry of {source!r} must be an object.")
+        if state is None:
+            return np.zeros(0, dtype=dtype), 0
+        where = f"{self.path / CHECKPOINTS}: {source}.leftover_tokens"
+        values = numbers(state.get("leftover_tokens", []), where, "a list of token ids")
+        if values.size and values.dtype.kind not in "iu":
+            raise FormatError(f"{where} must be a list of token ids, found {values.dtype.name} values.")
+        processed = state.get("documents_processed", 0)
+        if type(processed) is not int:
+            raise FormatError(f"{self.path / CHECKPOINTS}: {source}.documents_processed is {processed!r:.40}.")
+        return check_tokens(values.astype(np.int64), dtype), processed
 
     def __init__(
         self,
@@ -629,21 +723,7 @@ class FolderWriter(Writer):
         if resume:
             self._manifest = _json_object(self.path / MANIFEST) or {}
             self._checkpoints = _json_object(self.path / CHECKPOINTS) or {}
-            state = self._checkpoints.get(source)
-            if state is None and existing:
-                raise FormatError(f"{self.path / CHECKPOINTS} has no entry for source {source!r}; cannot resume it.")
-            if not isinstance(state, (dict, type(None))):
-                raise FormatError(f"{self.path / CHECKPOINTS}: the entry of {source!r} must be an object.")
-            if state is not None:
-                where = f"{self.path / CHECKPOINTS}: {source}.leftover_tokens"
-                values = numbers(state.get("leftover_tokens", []), where, "a list of token ids")
-                if values.size and values.dtype.kind not in "iu":
-                    raise FormatError(f"{where} must be a list of token ids, found {values.dtype.name} values.")
-                leftover = check_tokens(values.astype(np.int64), chosen)
-                processed = state.get("documents_processed", 0)
-                if type(processed) is not int:
-                    raise FormatError(f"{self.path / CHECKPOINTS}: {source}.documents_processed is {processed!r:.40}.")
-                self._documents_before = processed
+            leftover, self._documents_before = self._resume_point(source, chosen, bool(existing))
             # Replace (not keep) the files we rewrite.
             self._files = AtomicFiles(overwrite=True)
         elif existing or (self.path / MANIFEST).exists():
@@ -654,13 +734,18 @@ class FolderWriter(Writer):
                 )
             folder = self.path
             self._files.remove_on_commit(
-                lambda: [p for _, p in shard_files(folder)] + [folder / n for n in (MANIFEST, CHECKPOINTS, TOKENIZER)]
+                lambda: [q for _, p in shard_files(folder) for q in (p, loss_mask_path(p))]
+                + [folder / n for n in (MANIFEST, CHECKPOINTS, TOKENIZER)]
             )
             existing = []
             self._manifest, self._checkpoints = {}, {}
         self._next_index = (existing[-1][0] + 1) if existing else 0
         self._buffer = np.empty(tokens_per_shard, dtype=chosen)
         self._shards = StreamShards(tokens_per_shard, self._start_shard, self._end_shard, self._fill)
+        self._resumed = resume
+        #: The loss masks, cut into shards at the same places as the tokens (made by the first masked write).
+        self._mask_shards: StreamShards | None = None
+        self._mask_index = self._next_index
         self._new_shards: list[Path] = []
         #: Genesis v3 manifest entries of the shards written here (kept ones come from the old manifest).
         self._shard_entries: list[dict[str, Any]] = []
@@ -721,6 +806,32 @@ class FolderWriter(Writer):
             return {self.declared[0]: self.declared[1]}
         return {}
 
+    def _write_masked(self, flat: np.ndarray, lengths: np.ndarray, mask: np.ndarray) -> None:
+        if self._mask_shards is None:
+            if self._resumed or self._shards.filled or not self.final_shard:
+                raise FormatError(
+                    f"{self.path}: loss masks are written only by a writer that starts the folder and writes its last "
+                    "shard (no resume=True, final_shard=True): checkpoints.json keeps leftover tokens, not masks."
+                )
+            buffer = np.empty(self.tokens_per_shard, dtype=np.uint8)
+
+            def fill(target: np.ndarray, piece: np.ndarray) -> None:
+                target[self._mask_shards.filled : self._mask_shards.filled + len(piece)] = piece  # type: ignore[union-attr]
+
+            self._mask_shards = StreamShards(self.tokens_per_shard, lambda _: buffer, self._emit_mask, fill)
+        self._write_tokens(flat, lengths)
+        if self.eos is not None:  # the writer's own end-of-document id is trained on
+            mask, _ = add_delimiter(mask, lengths, 1)
+        self._mask_shards.write(mask)
+
+    def _emit_mask(self, buffer: np.ndarray, tokens: int) -> None:
+        """Write one shard's masks as ``shard_N.loss_mask.pt`` (a bool tensor)."""
+        index = self._mask_index
+        handle = self._files.create(loss_mask_path(self.path / f"shard_{index}.pt"))
+        torchfile.write_tensor(handle, buffer[:tokens].view(np.bool_), prefix=f"shard_{index}_loss_mask")
+        self._files.finish(handle)
+        self._mask_index += 1
+
     def _write_json(self, name: str, data: dict[str, Any]) -> None:
         handle = self._files.create(self.path / name)
         handle.write((json.dumps(data, indent=2) + "\n").encode("utf-8"))
@@ -730,6 +841,8 @@ class FolderWriter(Writer):
         # resumed run (the Genesis packer's way); a full last shard is always written.
         whole = self._shards.filled == self.tokens_per_shard
         self._shards.finish(empty_shard=False, last=self.final_shard or whole)
+        if self._mask_shards is not None:
+            self._mask_shards.finish(empty_shard=False)
         leftover = self._buffer[: self._shards.filled] if self._shards.current is not None else self._buffer[:0]
         now = utc_now()
         last_shard = self._next_index - 1

@@ -686,15 +686,18 @@ class Writer(TokenWriter):
     def write(
         self,
         series: npt.ArrayLike,
+        loss_mask: npt.ArrayLike | None = None,
         *,
         mean: float | None = None,
         std: float | None = None,
         id: Any = None,
         normalized: bool = False,
     ) -> None:
-        """Append one sequence, optionally with ``mean``/``std`` (both or neither) and an ``id``."""
+        """Append one sequence, optionally with ``mean``/``std`` (both or neither) and an ``id`` (Time-MoE stores no
+        loss mask: a ``loss_mask`` is refused)."""
         self._check_open()
         values = as_token_array(series, what="a series")
+        self._checked_mask(loss_mask, values, np.array([len(values)], dtype=np.int64))
         if (mean is None) != (std is None):
             raise FormatError(f"{self.path}: pass both mean= and std=, or neither (sequence {self.num_documents}).")
         if mean is not None and std is not None:

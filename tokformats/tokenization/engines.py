@@ -10,6 +10,10 @@ and a random ``verify_fraction`` of later batches, are encoded by ``tokenizers``
 before the run falls back to ``tokenizers`` (``engine="auto"``) or refuses (``engine="fastokens"``); during the run
 it stops with :class:`EngineMismatchError` naming the document. Either way the output is what ``tokenizers`` gives,
 so a run can resume after switching engines.
+
+Chat message text is encoded with ``split_special=True``: special tokens spelled in it are encoded as the text
+they are, never as the special id (``tokenizers``' ``encode_special_tokens``, fastokens' ``split_special_tokens``).
+The gate checks both ways of encoding.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ __all__ = [
     "first_difference",
     "differing_text",
     "select_engine",
+    "encoded",
 ]
 
 #: The values of ``tokenize(engine=...)``.
@@ -52,8 +57,9 @@ class Engine(ABC):
     name: str = ""
 
     @abstractmethod
-    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """The ids of ``texts`` back to back, and how many each text has (no special tokens added)."""
+    def encode(self, texts: list[str], split_special: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of ``texts`` back to back, and how many each text has (no special tokens added). With
+        ``split_special``, special tokens spelled in a text are encoded as text, never as their id."""
 
 
 class TokenizersEngine(Engine):
@@ -63,11 +69,18 @@ class TokenizersEngine(Engine):
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
+        self._splitting: Any = None  # a copy with encode_special_tokens set, made on first use
 
-    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    def encode(self, texts: list[str], split_special: bool = False) -> tuple[np.ndarray, np.ndarray]:
         from itertools import chain
 
-        ids = [e.ids for e in self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+        tokenizer = self.tokenizer
+        if split_special:
+            if self._splitting is None:  # a copy: the caller's tokenizer keeps its own setting
+                self._splitting = type(tokenizer).from_str(tokenizer.to_str())
+                self._splitting.encode_special_tokens = True
+            tokenizer = self._splitting
+        ids = [e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         flat = np.fromiter(chain.from_iterable(ids), dtype=np.uint32, count=int(lengths.sum()))
         return flat, lengths
@@ -83,8 +96,10 @@ class FastokensEngine(Engine):
 
         self.tokenizer = fastokens.Tokenizer.from_json_str(tokenizer_json)
 
-    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        ids, offsets = self.tokenizer.encode_batch_flat(texts, add_special_tokens=False)
+    def encode(self, texts: list[str], split_special: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        ids, offsets = self.tokenizer.encode_batch_flat(
+            texts, add_special_tokens=False, split_special_tokens=split_special
+        )
         flat = np.frombuffer(ids, dtype="<u4")
         bounds = np.frombuffer(offsets, dtype="<u8").astype(np.int64)
         return flat, np.diff(bounds)
@@ -137,9 +152,17 @@ def differing_text(
     return None
 
 
-def first_difference(reference: Engine, candidate: Engine, texts: list[str]) -> int | None:
+def first_difference(
+    reference: Engine, candidate: Engine, texts: list[str], split_special: bool = False
+) -> int | None:
     """The index of the first text ``candidate`` encodes differently from ``reference``, or None."""
-    return differing_text(*reference.encode(texts), *candidate.encode(texts))
+    return differing_text(*encoded(reference, texts, split_special), *encoded(candidate, texts, split_special))
+
+
+def encoded(engine: Engine, texts: list[str], split_special: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``engine.encode(texts)``, asking for ``split_special`` only when set (an engine written before chat encoding
+    takes the texts alone)."""
+    return engine.encode(texts, True) if split_special else engine.encode(texts)
 
 
 def _describe(text: str) -> str:
@@ -170,10 +193,14 @@ def select_engine(tokenizer: Any, engine: str = "auto") -> tuple[Engine, str]:
             raise EngineError(f"fastokens refuses this tokenizer: {error}") from None
         return reference, f"fastokens refuses this tokenizer ({error})"
     texts = adversarial_texts(tokenizer)
-    difference = first_difference(reference, fast, texts)
+    for split_special in (False, True):  # text, and chat message text (specials spelled out stay text)
+        difference = first_difference(reference, fast, texts, split_special)
+        if difference is not None:
+            break
     if difference is not None:
         shown = _describe(texts[difference])
-        reason = f"fastokens gives other ids than tokenizers for the gate's text {difference} ({shown})"
+        how = " with special tokens split as text" if split_special else ""
+        reason = f"fastokens gives other ids than tokenizers{how} for the gate's text {difference} ({shown})"
         if explicit:
             raise EngineMismatchError(f"{reason}; use engine='tokenizers'.")
         return reference, reason

@@ -37,7 +37,7 @@ from concurrent.futures import Executor
 from dataclasses import asdict, dataclass, field
 from itertools import pairwise
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
 
@@ -51,8 +51,11 @@ from ..errors import ConfigError, FormatError, OutputExistsError, option
 from ..fs.atomic import AtomicFiles, naming_output
 from ..fs.owner import LOCK_NAME, owned_folder
 from ..fs.untrusted import read_json_object
-from .engines import EngineMismatchError, TokenizersEngine, differing_text, select_engine
+from .chat import ChatError, messages_of, schema_name
+from .chat_encoding import ChatSpec
+from .engines import EngineMismatchError, TokenizersEngine, differing_text, encoded, select_engine
 from .sources import Input, Record, SourceError, iter_records, resolve_inputs
+from .templates import THOUGHT, TRAIN_ON, load_template
 from .tokenizer import load_tokenizer
 from .workers import parent_watch, submitter
 
@@ -121,6 +124,11 @@ class Plan:
     vocab_size: int
     tokenizer_hash: str
     on_error: str
+    #: Chat data: the schema (or ``callable:NAME``), the template's name, train_on and thought; None for text.
+    chat: str | None = None
+    template: str | None = None
+    train_on: str | None = None
+    thought: str | None = None
 
     @property
     def splits(self) -> list[str]:
@@ -192,9 +200,10 @@ def _spool_hash(path: Path, size: int) -> Any:
 
 
 class Spool:
-    """An append-only pair of files: ids (in ``dtype``) and document lengths (int64), each with a running SHA-256
-    of everything written (recorded in checkpoints: a resume checks every byte up to the checkpoint, so writes the
-    checkpoint does not know about, e.g. by a killed run's orphaned worker, are found, not published)."""
+    """Append-only files: ids (in ``dtype``), document lengths (int64) and, for chat data, the loss mask (one byte
+    per token), each with a running SHA-256 of everything written (recorded in checkpoints: a resume checks every
+    byte up to the checkpoint, so writes the checkpoint does not know about, e.g. by a killed run's orphaned worker,
+    are found, not published)."""
 
     def __init__(
         self,
@@ -204,13 +213,19 @@ class Spool:
         tokens: int = 0,
         documents: int = 0,
         hashes: dict[str, str] | None = None,
+        *,
+        masked: bool = False,
         **older: Any,
     ) -> None:
         self.tokens_path = folder / f"{name}.tokens"
         self.lengths_path = folder / f"{name}.lengths"
+        self.mask_path = folder / f"{name}.mask" if masked else None
         self.dtype = dtype
         self._hashes: dict[str, Any] = {}
-        for path, size in ((self.tokens_path, tokens * dtype.itemsize), (self.lengths_path, documents * 8)):
+        files = [(self.tokens_path, tokens * dtype.itemsize), (self.lengths_path, documents * 8)]
+        if self.mask_path is not None:
+            files.append((self.mask_path, tokens))
+        for path, size in files:
             digest = self._verified(path, size, (hashes or {}).get(path.suffix), bool(older))
             with open(path, "ab") as handle:
                 handle.truncate(size)  # drop whatever was written after the last checkpoint
@@ -222,6 +237,7 @@ class Spool:
             )
         self._tokens = open(self.tokens_path, "ab")  # noqa: SIM115 - closed by close()
         self._lengths = open(self.lengths_path, "ab")  # noqa: SIM115 - closed by close()
+        self._mask = open(self.mask_path, "ab") if self.mask_path is not None else None  # noqa: SIM115 - close()
         self.num_tokens, self.num_documents = tokens, documents
 
     @staticmethod
@@ -249,18 +265,28 @@ class Spool:
             f"be resumed. Pass {option('overwrite')} to start over."
         )
 
-    def append(self, flat: np.ndarray, lengths: np.ndarray) -> None:
+    def append(self, flat: np.ndarray, lengths: np.ndarray, mask: np.ndarray | None = None) -> None:
+        """Append documents (and their loss mask, which a chat spool requires)."""
+        if (mask is None) != (self._mask is None):
+            raise ValueError(f"{self.tokens_path}: a chat spool takes a mask with every batch, a text spool none")
         tokens = np.ascontiguousarray(flat, dtype=self.dtype).data
         counts = np.ascontiguousarray(lengths, dtype="<i8").data
         self._tokens.write(tokens)
         self._lengths.write(counts)
         self._hashes[".tokens"].update(tokens)
         self._hashes[".lengths"].update(counts)
+        if self._mask is not None and mask is not None:
+            values = np.ascontiguousarray(mask, dtype=np.uint8).data
+            self._mask.write(values)
+            self._hashes[".mask"].update(values)
         self.num_tokens += len(flat)
         self.num_documents += len(lengths)
 
+    def _handles(self) -> list[Any]:
+        return [h for h in (self._tokens, self._lengths, self._mask) if h is not None]
+
     def sync(self) -> None:
-        for handle in (self._tokens, self._lengths):
+        for handle in self._handles():
             handle.flush()
             os.fsync(handle.fileno())
 
@@ -269,8 +295,8 @@ class Spool:
         return {suffix: digest.hexdigest() for suffix, digest in self._hashes.items()}
 
     def close(self) -> None:
-        self._tokens.close()
-        self._lengths.close()
+        for handle in self._handles():
+            handle.close()
 
 
 def _lengths_total(path: Path, documents: int) -> int:
@@ -296,17 +322,24 @@ def copy_spool(writer: TokenWriter, folder: Path, name: str, dtype: np.dtype) ->
     lengths_hash = hashlib.sha256(np.ascontiguousarray(lengths, dtype="<i8").data).hexdigest()
     if offsets is None or lengths_hash != recorded.get(".lengths") or offsets.item(-1) != sizes["tokens"]:
         _refuse_spool(folder / f"{name}.lengths")
-    tokens_hash = hashlib.sha256()
-    with open(folder / f"{name}.tokens", "rb") as handle:
+    tokens_hash, mask_hash = hashlib.sha256(), hashlib.sha256()
+    mask_path = folder / f"{name}.mask"
+    with open(folder / f"{name}.tokens", "rb") as handle, contextlib.ExitStack() as stack:
+        masks = stack.enter_context(open(mask_path, "rb")) if ".mask" in recorded else None
         for first, stop in document_runs(offsets, _SPOOL_CHUNK):
             count = offsets.item(stop) - offsets.item(first)
             flat = np.fromfile(handle, dtype=dtype, count=count)
-            if len(flat) != count:
-                _refuse_spool(folder / f"{name}.tokens")
+            mask = np.fromfile(masks, dtype=np.uint8, count=count) if masks is not None else None
+            if len(flat) != count or (mask is not None and len(mask) != count):
+                _refuse_spool(folder / f"{name}.tokens" if len(flat) != count else mask_path)
             tokens_hash.update(flat.data)
-            writer.write_batch(flat, lengths[first:stop])
+            if mask is not None:
+                mask_hash.update(mask.data)
+            writer.write_batch(flat, lengths[first:stop], mask)
     if tokens_hash.hexdigest() != recorded.get(".tokens"):
         _refuse_spool(folder / f"{name}.tokens")
+    if masks is not None and mask_hash.hexdigest() != recorded.get(".mask"):
+        _refuse_spool(mask_path)
 
 
 def _refuse_spool(path: Path) -> NoReturn:
@@ -348,6 +381,18 @@ class Stats:
     tokens: int = 0
     skipped: int = 0
     errors: list[str] = field(default_factory=list)
+
+    @classmethod
+    def total(cls, parts: list[Stats]) -> Stats:
+        """The counters of the whole run from its partitions' (the first 100 errors)."""
+        return cls(
+            records=sum(s.records for s in parts),
+            documents=sum(s.documents for s in parts),
+            text=sum(s.text for s in parts),
+            tokens=sum(s.tokens for s in parts),
+            skipped=sum(s.skipped for s in parts),
+            errors=[e for s in parts for e in s.errors][:100],
+        )
 
 
 # -- progress -------------------------------------------------------------------------------------------
@@ -449,15 +494,18 @@ class Encoder:
         self.batches = 0
         self._sampled_bytes = 0
 
-    def encode(self, texts: list[str], dtype: np.dtype, where: Any) -> tuple[np.ndarray, np.ndarray]:
-        """``texts`` as ``(ids in dtype, lengths)``; ``where(k)`` names text k's record for an error."""
-        flat, lengths = self.engine.encode(texts)
+    def encode(
+        self, texts: list[str], dtype: np.dtype, where: Any, split_special: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``texts`` as ``(ids in dtype, lengths)``; ``where(k)`` names text k's record for an error. With
+        ``split_special`` (chat message text), special tokens spelled in a text are encoded as text."""
+        flat, lengths = encoded(self.engine, texts, split_special)
         if self.engine is not self.reference and texts:
             chosen = self._sample(texts)
             if len(chosen):
-                self._check(texts, flat, lengths, chosen, where)
+                self._check(texts, flat, lengths, chosen, where, split_special)
                 if self.engine is self.reference:  # fell back on the first sample: the reference encodes it all
-                    flat, lengths = self.reference.encode(texts)
+                    flat, lengths = self.reference.encode(texts, split_special)
         self.batches += 1
         return flat.astype(dtype, copy=False), lengths
 
@@ -471,11 +519,19 @@ class Encoder:
             return np.arange(count)
         return np.flatnonzero(self._draws.random(len(texts)) < self.verify_fraction)
 
-    def _check(self, texts: list[str], flat: np.ndarray, lengths: np.ndarray, chosen: np.ndarray, where: Any) -> None:
+    def _check(
+        self,
+        texts: list[str],
+        flat: np.ndarray,
+        lengths: np.ndarray,
+        chosen: np.ndarray,
+        where: Any,
+        split_special: bool = False,
+    ) -> None:
         picked = chosen.tolist()
         offsets = offsets_from_lengths(lengths)
         got = np.concatenate([flat[offsets[k] : offsets[k + 1]] for k in picked])
-        n = differing_text(*self.reference.encode([texts[k] for k in picked]), got, lengths[chosen])
+        n = differing_text(*self.reference.encode([texts[k] for k in picked], split_special), got, lengths[chosen])
         if n is None:
             return
         k = picked[n]
@@ -496,6 +552,34 @@ def _add_eos(
     # Some owners add no end-of-document id to an empty document (Megatron's preprocess_data).
     only = None if delimit_empty else lengths > 0
     return add_delimiter(flat, lengths, plan.eos_id, before=plan.eos == "prepend", only=only)
+
+
+class _Place(NamedTuple):
+    """Where a record is, worded when an error message needs it (most records never do)."""
+
+    source: Input
+    line: int
+
+    def __str__(self) -> str:
+        if self.source.path is None:
+            return f"item {self.line}"
+        return f"{self.source.name}, line {self.line}"
+
+
+def _add_chat_eos(
+    plan: Plan, flat: np.ndarray, lengths: np.ndarray, mask: np.ndarray, ends: np.ndarray, delimit_empty: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The end-of-document id after (or before) each conversation, trained on where the conversation's last message
+    is (so the model learns to stop) and never before the first; not added to an empty one where the format's
+    owner adds none (Megatron)."""
+    if plan.eos == "none" or plan.eos_id is None:
+        return flat, lengths, mask
+    before = plan.eos == "prepend"
+    gets = np.ones(len(lengths), dtype=bool) if delimit_empty else lengths > 0
+    starts = offsets_from_lengths(lengths)[:-1]
+    places = (starts if before else starts + lengths)[gets]
+    trained = np.zeros(len(places), np.uint8) if before else ends[gets].astype(np.uint8)
+    return np.insert(flat, places, plan.eos_id), lengths + gets, np.insert(mask, places, trained)
 
 
 def _load_checkpoint(folder: Path, plan: Plan, resume: bool) -> dict[str, Any]:
@@ -527,9 +611,19 @@ class _PartitionRun:
     the counters and the position reached, checkpointed every ``checkpoint_every`` seconds; resumable."""
 
     def __init__(
-        self, plan: Plan, encoder: Encoder, inputs: list[Input], first_input: int, folder: Path, *, resume: bool
+        self,
+        plan: Plan,
+        encoder: Encoder,
+        inputs: list[Input],
+        first_input: int,
+        folder: Path,
+        *,
+        resume: bool,
+        chat: ChatSpec | None = None,
     ) -> None:
         self.plan, self.encoder, self.inputs, self.first_input = plan, encoder, inputs, first_input
+        self.chat = chat
+        self.chat_encoder = chat.encoder(encoder.reference.tokenizer) if chat is not None else None
         self.checkpoint = folder / CHECKPOINT
         self.dtype = dtype_for_vocab(plan.vocab_size)
         state = _load_checkpoint(folder, plan, resume)
@@ -538,7 +632,9 @@ class _PartitionRun:
         self.stats.errors = list(state.get("errors", []))
         recorded = state.get("spools", {})
         self.spools = {
-            stream: Spool(folder, _stream_name(*stream), self.dtype, **recorded.get(_stream_name(*stream), {}))
+            stream: Spool(
+                folder, _stream_name(*stream), self.dtype, **recorded.get(_stream_name(*stream), {}), masked=bool(chat)
+            )
             for stream in plan.streams
         }
         input_number, record = state.get("position", (first_input, 0))
@@ -592,29 +688,80 @@ class _PartitionRun:
                 self.stats.errors.append(record.error)
         return good
 
-    def _spool(self, key: str, flat: np.ndarray, lengths: np.ndarray, split_of: np.ndarray) -> None:
-        """Append one text key's encoded documents to the spools of their splits."""
+    def _spool(
+        self, key: str, flat: np.ndarray, lengths: np.ndarray, split_of: np.ndarray, mask: np.ndarray | None = None
+    ) -> None:
+        """Append one text key's encoded documents (and their loss masks) to the spools of their splits."""
         if len(self.fractions) == 1:
-            self.spools[(key, self.plan.splits[0])].append(flat, lengths)
+            self.spools[(key, self.plan.splits[0])].append(flat, lengths, mask)
             return
         offsets = np.concatenate([[0], np.cumsum(lengths)])
         for s, split in enumerate(self.plan.splits):
             chosen = np.flatnonzero(split_of == s)
             if chosen.size:
-                pieces = [flat[offsets[i] : offsets[i + 1]] for i in chosen.tolist()]
-                self.spools[(key, split)].append(np.concatenate(pieces), lengths[chosen])
+                spans = [slice(offsets[i], offsets[i + 1]) for i in chosen.tolist()]
+                picked = None if mask is None else np.concatenate([mask[span] for span in spans])
+                tokens = np.concatenate([flat[span] for span in spans])
+                self.spools[(key, split)].append(tokens, lengths[chosen], picked)
+
+    def _where(self, record: Record) -> _Place:
+        """A record's place for messages: its file and line (an iterable's item), worded only when an error is."""
+        return _Place(self.inputs[record.input], record.index)
+
+    def _conversations(self, good: list[Record]) -> tuple[list[Record], list[Any]]:
+        """The records that hold a conversation of the run's schema, and their messages; a record that does not is
+        raised, or counted and skipped with ``on_error="skip"``."""
+        chat = self.chat
+        if chat is None:
+            raise ValueError("a text run has no conversations")
+        kept, conversations = [], []
+        for record in good:
+            try:
+                conversations.append(messages_of(record.value, chat.schema, self._where(record)))
+            except ChatError as error:
+                if self.plan.on_error != "skip":
+                    hint = f"Pass {option('on_error', repr('skip'))} to count and skip bad records."
+                    raise ChatError(f"{error} {hint}") from None
+                self.stats.skipped += 1
+                self.stats.errors.append(str(error))
+                continue
+            kept.append(record)
+        return kept, conversations
+
+    def _take_chat(self, good: list[Record], split_of_records: Any) -> None:
+        """Encode a batch's conversations with their loss masks into the spools."""
+        encoder = self.chat_encoder
+        if encoder is None:
+            raise ValueError("a text run has no chat encoder")
+        good, conversations = self._conversations(good)
+        if not good:
+            return
+        flat, lengths, mask, ends = encoder.encode(
+            conversations,
+            lambda texts: self.encoder.encode(texts, self.dtype, lambda n: "a chat message", split_special=True),
+            self.dtype,
+        )
+        flat, lengths, mask = _add_chat_eos(self.plan, flat, lengths, mask, ends, self.delimit_empty)
+        self._spool(self.plan.keys[0], flat, lengths, split_of_records(good), mask)
+        self.stats.documents += len(good)
+        self.stats.tokens += len(flat)
+
+    def _split_of(self, good: list[Record]) -> np.ndarray:
+        return assign_splits(
+            self.plan.seed,
+            np.array([r.input + self.first_input for r in good], dtype=np.int64),
+            np.array([r.index for r in good], dtype=np.int64),
+            self.fractions,
+        )
 
     def take(self, batch: list[Record]) -> None:
         """Encode one batch of records into the spools and move the position past it."""
         good = self._good_records(batch)
         self.stats.records += len(batch)
-        if good:
-            split_of = assign_splits(
-                self.plan.seed,
-                np.array([r.input + self.first_input for r in good], dtype=np.int64),
-                np.array([r.index for r in good], dtype=np.int64),
-                self.fractions,
-            )
+        if good and self.chat is not None:
+            self._take_chat(good, self._split_of)
+        elif good:
+            split_of = self._split_of(good)
             for k, key in enumerate(self.plan.keys):
                 flat, lengths = self.encoder.encode(
                     [r.texts[k] for r in good if r.texts],
@@ -635,7 +782,8 @@ class _PartitionRun:
         them batch by batch, checkpointing as it goes; the last checkpoint says ``done``."""
         counters: list[Any] = [] if progress is None else progress.counters
         local_start = (self.position[0] - self.first_input, self.position[1])
-        records = iter_records(self.inputs, tuple(self.plan.keys), self.plan.unit, start=local_start, counter=counters)
+        keys = None if self.chat is not None else tuple(self.plan.keys)  # chat records are read whole
+        records = iter_records(self.inputs, keys, self.plan.unit, start=local_start, counter=counters)
         batches: queue.Queue[Any] = queue.Queue(maxsize=4)
         stop = threading.Event()
         reader = threading.Thread(target=_batches, args=(records, batch_size, batches, stop, counters), daemon=True)
@@ -674,13 +822,14 @@ def _encode_partition(
     resume: bool,
     progress: Progress | None,
     checkpoint_every: float = 5.0,
+    chat: ChatSpec | None = None,
 ) -> Stats:
-    """Encode ``inputs`` (global numbers ``first_input...``) into spools in ``folder`` with ``encoder``;
-    resumable (a partition a checkpoint says is done is not read again)."""
+    """Encode ``inputs`` (global numbers ``first_input...``) into spools in ``folder`` with ``encoder`` (chat records
+    with ``chat``); resumable (a partition a checkpoint says is done is not read again)."""
     # A partition has one writer at a time. Waiting, not refusing: the only other owner there can be is an orphaned
     # worker of a killed run (the run's own work folder lock refuses live runs), and its watchdog ends it at once.
     with owned_folder(folder, wait=PARTITION_WAIT, what="worker encoding this partition"):
-        run = _PartitionRun(plan, encoder, inputs, first_input, folder, resume=resume)
+        run = _PartitionRun(plan, encoder, inputs, first_input, folder, resume=resume, chat=chat)
         try:
             if not run.done:
                 run.run(batch_size=batch_size, progress=progress, checkpoint_every=checkpoint_every)
@@ -702,7 +851,8 @@ def _partition(inputs: list[Input], parts: int) -> list[tuple[int, list[Input]]]
 
 def _partition_job(args: tuple[Any, ...]) -> dict[str, Any]:
     """Run in an executor worker: encode one partition. Module-level, so that it pickles by reference."""
-    plan_dict, tokenizer_json, paths, first_input, folder, batch_size, resume, checkpoint_every, engine, origin = args
+    plan_dict, tokenizer_json, paths, first_input, folder, batch_size, resume, checkpoint_every, engine = args[:9]
+    origin, chat = args[9:]
     from tokenizers import Tokenizer
 
     plan = Plan(**plan_dict)
@@ -719,6 +869,7 @@ def _partition_job(args: tuple[Any, ...]) -> dict[str, Any]:
             resume=resume,
             progress=None,
             checkpoint_every=checkpoint_every,
+            chat=chat,
         )
     return asdict(stats)
 
@@ -748,9 +899,14 @@ def tokenize(
     checkpoint_every: float = 5.0,
     engine: str = "auto",
     verify_fraction: float = 0.01,
+    chat: Any = None,
+    template: str = "chatml",
+    train_on: str = "assistant",
+    thought: str = "train",
     **writer_options: Any,
 ) -> dict[str, Any]:
-    """Tokenize text into ``format`` files; returns a summary (documents, tokens, bytes, seconds, per output).
+    """Tokenize text (or conversations, with ``chat=``) into ``format`` files; returns a summary (documents, tokens,
+    bytes, seconds, per output).
 
     Args:
         inputs: files, globs or folders (``.txt``, ``.json``, ``.jsonl``, ``.parquet``; ``.gz``/``.zst``), or an
@@ -780,6 +936,16 @@ def tokenize(
         verify_fraction: the fraction of batches (beyond the first, always checked) that a faster engine's ids are
             checked against tokenizers' during the run; a difference stops the run with
             :class:`~tokformats.engines.EngineMismatchError`.
+        chat: read each record as a conversation: ``"messages"`` (OpenAI), ``"sharegpt"``, ``"alpaca"``, or a
+            callable ``record -> messages`` (see :mod:`tokformats.tokenization.chat`); each conversation is one
+            document, stored with its loss mask (the format must store masks). None: plain text.
+        template: ``"chatml"`` (built in, the seed tokenizer's specials; see
+            :mod:`tokformats.tokenization.templates`), ``"tokenizer"`` (the Jinja ``chat_template`` of the
+            ``tokenizer_config.json`` beside the tokenizer; needs jinja2), a path to such a file or a ``.jinja``
+            file, or Jinja text.
+        train_on: which tokens the mask trains on: the ``"assistant"``'s turns, ``"all"``, or the ``"last"``
+            assistant turn only.
+        thought: ``"train"`` on assistants' thoughts or ``"mask"`` them.
         **writer_options: passed to the format's writer (``shard_size``, ``tokens_per_shard``, ``dtype``, ...).
     """
     started = time.perf_counter()
@@ -789,6 +955,9 @@ def tokenize(
     resolved = resolve_inputs(inputs)
     loaded = load_tokenizer(tokenizer)
     plan = _make_plan(resolved, loaded, format, text_key, eos, eos_id, split, seed, unit, on_error)
+    spec = None
+    if chat is not None:
+        plan, spec = _chat_plan(plan, writer_class, chat, template, train_on, thought, tokenizer, loaded)
     targets = output_paths(output, format, plan.keys, plan.splits)
     work = Path(f"{output}.tokenize")
     with _owned_work_folder(work), _naming_output(output):  # one run at a time: a second one is refused
@@ -808,19 +977,12 @@ def tokenize(
         if executor is None:
             parts = [work / "part-0000"]
             all_stats = [_encode_partition(plan, encoder, resolved, 0, parts[0], batch_size=batch_size, resume=resume,
-                                           progress=monitor, checkpoint_every=checkpoint_every)]  # fmt: skip
+                                           progress=monitor, checkpoint_every=checkpoint_every, chat=spec)]  # fmt: skip
         else:
             chosen_engine = (encoder.engine.name if engine == "auto" else engine, verify_fraction)
             parts, all_stats = _encode_in_parallel(plan, loaded, resolved, work, executor, partitions, settings,
-                                                   chosen_engine)  # fmt: skip
-        total = Stats(
-            records=sum(s.records for s in all_stats),
-            documents=sum(s.documents for s in all_stats),
-            tokens=sum(s.tokens for s in all_stats),
-            text=sum(s.text for s in all_stats),
-            skipped=sum(s.skipped for s in all_stats),
-            errors=[e for s in all_stats for e in s.errors][:100],
-        )
+                                                   chosen_engine, spec)  # fmt: skip
+        total = Stats.total(all_stats)
         monitor.update(total, final=True)
         outputs = _write_outputs(plan, writer_class, targets, parts, writer_options, replace=bool(resume or overwrite))
         _discard(work)
@@ -839,6 +1001,41 @@ def tokenize(
 
 
 # -- the steps of a run -------------------------------------------------------------------------------------
+
+
+def _chat_plan(
+    plan: Plan,
+    writer_class: type[TokenWriter],
+    chat: Any,
+    template: str,
+    train_on: str,
+    thought: str,
+    tokenizer_source: Any,
+    loaded: Any,
+) -> tuple[Plan, ChatSpec]:
+    """The plan of a chat run (its schema, template and masking recorded, so a resume must match) and what every
+    partition needs to encode conversations."""
+    if train_on not in TRAIN_ON:
+        raise ConfigError(f"train_on must be one of {', '.join(TRAIN_ON)}; found {train_on!r}.")
+    if thought not in THOUGHT:
+        raise ConfigError(f"thought must be one of {', '.join(THOUGHT)}; found {thought!r}.")
+    if len(plan.keys) > 1:
+        raise ConfigError(
+            f"chat data is read whole from each record; text_key names {plan.keys}, which chat= does not use. "
+            "Leave text_key out."
+        )
+    if not writer_class.stores_loss_mask:
+        from ..core.protocol import loss_mask_formats
+
+        raise ConfigError(
+            f"chat data is stored with its loss masks, and the {writer_class.format} format stores none; use one of "
+            f"{loss_mask_formats()}."
+        )
+    chosen = load_template(template, tokenizer_source, loaded)
+    from dataclasses import replace
+
+    recorded = replace(plan, chat=schema_name(chat), template=chosen.name, train_on=train_on, thought=thought)
+    return recorded, ChatSpec(chat, chosen, train_on, thought)
 
 
 def _eos_mode(eos: str | None, writer_class: type[TokenWriter], on_error: str, verify_fraction: float) -> str:
@@ -964,6 +1161,7 @@ def _encode_in_parallel(
     partitions: int | None,
     settings: tuple[int, bool, float],
     engine: tuple[str, float],
+    chat: ChatSpec | None = None,
 ) -> tuple[list[Path], list[Stats]]:
     """Encode partitions of the inputs in ``executor``'s workers, each into its own spools (joined in input order
     later, so the output equals a single-process run). ``engine``: the one the gate chose here, gated again there."""
@@ -976,7 +1174,7 @@ def _encode_in_parallel(
     origin = submitter()
     jobs = [
         (asdict(plan), tokenizer_json, [str(i.path) for i in group], first, str(part), batch_size, resume,
-         checkpoint_every, engine, origin)
+         checkpoint_every, engine, origin, chat)
         for (first, group), part in zip(groups, parts)
     ]  # fmt: skip
     return parts, [Stats(**result) for result in executor.map(_partition_job, jobs)]
@@ -1041,4 +1239,6 @@ def _write_outputs(
             "files": [str(p) for p in writer.written],
             "read_with": writer.read_with(),
         }
+        if writer.loss_masked:
+            outputs[name]["trained_tokens"] = writer.num_trained_tokens
     return outputs

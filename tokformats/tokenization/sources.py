@@ -3,7 +3,8 @@ or ``.zst``), globs, folders, or any Python iterable of strings.
 
 A source yields *records* in a fixed order; each record has a position ``(input, index)`` that never depends
 on batching, so that a run can be resumed from a checkpoint and documents can be assigned to splits
-reproducibly. A record holds one text per requested key (one text for ``.txt`` and iterables).
+reproducibly. A record holds one text per requested key (one text for ``.txt`` and iterables), or, read
+``whole`` (chat data), the parsed record itself (a JSON object, a Parquet row, an iterable's item).
 """
 
 from __future__ import annotations
@@ -49,12 +50,14 @@ class Input:
 
 @dataclass
 class Record:
-    """One record: its position and its texts (one per key). ``texts`` is None for a skipped bad record."""
+    """One record: its position and its texts (one per key). ``texts`` is None for a skipped bad record; a record
+    read whole has no texts (``()``) and its parsed ``value``."""
 
     input: int
     index: int
     texts: tuple[str, ...] | None
     error: str | None = None
+    value: Any = None
 
 
 def _base_suffix(path: Path) -> str:
@@ -189,6 +192,16 @@ def _parse_line(path: Path, number: int, line: bytes) -> Any:
     return json.loads(_decode(path, number, line))
 
 
+def _json_record(input_index: int, path: Path, number: int, value: Any, keys: tuple[str, ...] | None) -> Record:
+    """A parsed JSON record: whole (``keys`` None) or its texts; a bad one carries its error."""
+    if keys is None:
+        return Record(input_index, number, (), value=value)
+    try:
+        return Record(input_index, number, _json_texts(path, number, value, keys))
+    except SourceError as exc:
+        return Record(input_index, number, None, str(exc))
+
+
 def _json_texts(path: Path, number: int, value: Any, keys: tuple[str, ...]) -> tuple[str, ...]:
     if not isinstance(value, dict):
         raise SourceError(
@@ -206,7 +219,7 @@ def _json_texts(path: Path, number: int, value: Any, keys: tuple[str, ...]) -> t
 
 
 def _file_records(
-    input_index: int, path: Path, keys: tuple[str, ...], unit: str, skip: int, counter: list[_Counting]
+    input_index: int, path: Path, keys: tuple[str, ...] | None, unit: str, skip: int, counter: list[_Counting]
 ) -> Iterator[Record]:
     suffix = _base_suffix(path)
     if suffix == ".parquet":
@@ -230,10 +243,7 @@ def _file_records(
                 except SourceError as exc:
                     yield Record(input_index, number, None, str(exc))
                     continue
-                try:
-                    yield Record(input_index, number, _json_texts(path, number, value, keys))
-                except SourceError as exc:
-                    yield Record(input_index, number, None, str(exc))
+                yield _json_record(input_index, path, number, value, keys)
             return
         if array:
             try:
@@ -242,11 +252,14 @@ def _file_records(
                 raise SourceError(f"{path}: not a valid JSON array ({exc}).") from None
             for number, value in enumerate(items, start=1):
                 if number > skip:
-                    try:
-                        yield Record(input_index, number, _json_texts(path, number, value, keys))
-                    except SourceError as exc:
-                        yield Record(input_index, number, None, str(exc).replace("line", "item"))
+                    record = _json_record(input_index, path, number, value, keys)
+                    if record.error is not None:
+                        record.error = record.error.replace("line", "item")
+                    yield record
             return
+        if keys is None:
+            kind = suffix or "text"
+            raise SourceError(f"{path}: chat data is read from JSON Lines, JSON or Parquet files, not {kind}.")
         yield from _text_records(input_index, path, stream, unit, skip)
 
 
@@ -294,12 +307,20 @@ def _text_records(input_index: int, path: Path, stream: IO[bytes], unit: str, sk
         yield Record(input_index, first, ("\n".join(lines),))
 
 
-def _parquet_records(input_index: int, path: Path, keys: tuple[str, ...], skip: int) -> Iterator[Record]:
+def _parquet_records(input_index: int, path: Path, keys: tuple[str, ...] | None, skip: int) -> Iterator[Record]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
         raise FormatError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow).") from None
     table = pq.ParquetFile(path)
+    if keys is None:  # whole rows, as dicts (a chat column of structs reads as lists of dicts)
+        row = 0
+        for batch in table.iter_batches(batch_size=8192):
+            for value in batch.to_pylist():
+                row += 1
+                if row > skip:
+                    yield Record(input_index, row, (), value=value)
+        return
     missing = [k for k in keys if k not in table.schema_arrow.names]
     if missing:
         raise SourceError(
@@ -318,11 +339,13 @@ def _parquet_records(input_index: int, path: Path, keys: tuple[str, ...], skip: 
                 yield Record(input_index, row, tuple(values))
 
 
-def _iterable_records(input_index: int, iterable: Iterable[Any], skip: int) -> Iterator[Record]:
+def _iterable_records(input_index: int, iterable: Iterable[Any], skip: int, whole: bool = False) -> Iterator[Record]:
     for number, text in enumerate(iterable, start=1):
         if number <= skip:
             continue
-        if not isinstance(text, str):
+        if whole:
+            yield Record(input_index, number, (), value=text)
+        elif not isinstance(text, str):
             yield Record(
                 input_index, number, None, f"item {number} of the iterable is a {type(text).__name__}, not a string."
             )
@@ -332,7 +355,7 @@ def _iterable_records(input_index: int, iterable: Iterable[Any], skip: int) -> I
 
 def iter_records(
     inputs: list[Input],
-    keys: tuple[str, ...] = ("text",),
+    keys: tuple[str, ...] | None = ("text",),
     unit: str = "line",
     start: tuple[int, int] = (0, 0),
     counter: list[Any] | None = None,
@@ -340,7 +363,8 @@ def iter_records(
     """Every record of every input in order, from position ``start`` = (input, records to skip in it).
 
     Bad records come back with ``texts=None`` and an ``error`` message; blank lines with neither.
-    ``counter`` collects objects whose ``count`` is the bytes read from disk so far (for progress).
+    ``keys=None`` reads each record whole (its ``value``: chat data). ``counter`` collects objects whose ``count``
+    is the bytes read from disk so far (for progress).
     """
     if unit not in UNITS:
         raise ValueError(f"unit must be one of {UNITS}, not {unit!r}")
@@ -350,6 +374,6 @@ def iter_records(
         source = inputs[index]
         already = skip if index == first_input else 0
         if source.path is None:
-            yield from _iterable_records(index, source.iterable, already)
+            yield from _iterable_records(index, source.iterable, already, whole=keys is None)
         else:
             yield from _file_records(index, source.path, keys, unit, already, counters)

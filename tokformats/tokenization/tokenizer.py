@@ -62,7 +62,10 @@ def train_tokenizer(
             names an existing file), documents per ``unit``; or an iterable of document strings.
         vocab_size: target size including the 256 byte tokens and the special tokens.
         min_frequency: pairs seen fewer times are not merged.
-        special_tokens: reserved first, in this order (default: the 9 of :data:`SPECIAL_TOKENS`).
+        special_tokens: reserved first, in this order (default: the 9 of :data:`SPECIAL_TOKENS`: ``<|endoftext|>``
+            0, ``<|padding|>`` 1, and the chat tokens the built-in ``chatml`` template of ``tokenize(chat=...)``
+            renders with: ``<|im_start|>`` 2, ``<|im_end|>`` 3, ``<|system|>`` 4, ``<|user|>`` 5,
+            ``<|assistant|>`` 6, ``<|thought|>`` 7, ``<|/thought|>`` 8).
         unit: ``"line"``, ``"file"`` or ``"paragraph"``: what one document is in a ``.txt`` file.
         sample_docs: learn merges from the first N documents only (NeuroShard Genesis's mode).
         progress: show ``tokenizers``' progress bar (default: when stderr is a terminal).
