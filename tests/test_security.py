@@ -512,7 +512,6 @@ def test_readers_go_by_sums_not_by_files_it_does_not_name(scene: Scene) -> None:
 @pytest.fixture
 def bucket(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """An S3 bucket on moto's server on 127.0.0.1 (skipped without moto and s3fs)."""
-    pytest.importorskip("s3fs")
     moto_server = pytest.importorskip("moto.server")
     boto3 = pytest.importorskip("boto3")
     running = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
@@ -524,10 +523,10 @@ def bucket(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
                        "AWS_ENDPOINT_URL_S3": endpoint}.items():  # fmt: skip
         monkeypatch.setenv(key, value)
     boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="tokformats-security")
-    import fsspec
-
-    fsspec.filesystem("s3").invalidate_cache()
+    s3fs = pytest.importorskip("s3fs")
+    s3fs.S3FileSystem.clear_instance_cache()  # fsspec keeps file systems by arguments: never one of another server's
     yield "s3://tokformats-security"
+    s3fs.S3FileSystem.clear_instance_cache()
     running.stop()
 
 
