@@ -466,6 +466,26 @@ def test_a_planted_dataset_folder_link_is_refused(scene: Scene) -> None:
     assert Cache(f"{scene.url}/e", cache_dir=scene.cache, max_cache_bytes=0).evict() == []  # nor through the link
 
 
+@pytest.mark.parametrize("planted", [".tokformats-locks", ".tokformats-meta"])
+def test_a_planted_link_for_the_caches_own_folders_is_refused(scene: Scene, planted: str) -> None:
+    scene.serve("d/blob.dat", b"data")
+    folder = Cache(f"{scene.url}/d", cache_dir=scene.cache).folder
+    folder.mkdir(parents=True)
+    os.symlink(scene.home / "dir", folder / planted)
+    with pytest.raises(UnsafeCacheError, match=f"{planted} is a link or a file"):
+        fetch(f"{scene.url}/d/blob.dat", **scene.options)
+
+
+def test_public_url_drops_user_info_query_and_fragment() -> None:
+    from tokformats.fs.paths import public_url, scrub_secrets
+
+    assert public_url(f"https://u:{PASSWORD}@h.example:8443/d/x.bin?sig={SECRET}#f") == "https://h.example:8443/d/x.bin"
+    assert public_url("http://[::1]:8080/x?y=1") == "http://[::1]:8080/x"
+    assert public_url(f"s3://bucket/key?versionId={SECRET}") == "s3://bucket/key"
+    text = scrub_secrets(f"failed: /d/x.bin?sig={SECRET} for u:{PASSWORD}", f"https://u:{PASSWORD}@h/d/x.bin?sig={SECRET}")
+    assert SECRET not in text and PASSWORD not in text
+
+
 def test_a_warm_cache_sees_a_republish_unless_offline(scene: Scene) -> None:
     first, docs_a = scene.llmc("a", 60, seed=3)
     second, docs_b = scene.llmc("b", 15, seed=4)

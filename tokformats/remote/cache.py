@@ -43,9 +43,11 @@ from .cachefiles import (
     LOCKS,
     META,
     PARTIAL,
+    UnsafeCacheError,
     clear_non_file,
     dataset_name,
     open_no_follow,
+    own_folder,
     read_meta,
     regular_file,
     write_meta,
@@ -57,12 +59,6 @@ __all__ = ["Cache", "Lease", "ChecksumError", "NotCachedError", "UnsafeCacheErro
            "offline_default", "file_sha256", "SUMS", "IndexFormatError"]  # fmt: skip
 
 _HASH_BLOCK = 1 << 22
-
-
-class UnsafeCacheError(RemoteError):
-    """The cache folder of a dataset is a symbolic link (planted in a shared cache root): it is never followed."""
-
-    transient = False
 
 
 class NotCachedError(NotFoundError):
@@ -105,7 +101,7 @@ def _folder_name(url: str) -> str:
 
 @contextlib.contextmanager
 def _locked(path: Path, kind: int) -> Iterator[int]:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    own_folder(path.parent)
     descriptor = open_no_follow(path, os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(descriptor, kind)
@@ -126,7 +122,7 @@ class Lease:
 
     def add(self, lock: Path) -> None:
         """Hold ``lock`` too."""
-        lock.parent.mkdir(parents=True, exist_ok=True)
+        own_folder(lock.parent)
         descriptor = open_no_follow(lock, os.O_RDWR | os.O_CREAT)
         fcntl.flock(descriptor, fcntl.LOCK_SH)
         with self._guard:
