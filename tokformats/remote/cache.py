@@ -9,6 +9,11 @@ An interrupted download resumes with a Range request when the object is unchange
 Processes on one node (ranks, DataLoader workers) take a file lock per file: one downloads, the others wait and
 then map it. Readers hold a shared lock on each file they use (:class:`Lease`); ``max_cache_bytes`` evicts the
 least recently used files no reader holds. ``offline=True`` (or ``TOKFORMATS_OFFLINE=1``) uses only what is cached.
+
+Nothing found in the cache or sent by a store is trusted: a name becomes a path only after
+:func:`~tokformats.remote.cachefiles.dataset_name`; links planted in a shared root are never followed; a cached file
+is used only when it matches what the dataset's records say now (its SHA-256, recorded at download in
+``.tokformats-meta/``); a cached index file is revalidated with the store once per :class:`Cache`.
 """
 
 from __future__ import annotations
