@@ -22,7 +22,9 @@ stops:
 - ``("gzip",)``: send the file gzip-compressed with ``Content-Encoding: gzip`` (a bomb, for a crafted file).
 
 ``server.paths`` lists every request's raw path (query included) and ``server.auth`` its Authorization header;
-DELETE removes a file (``server.deletes`` lists them).
+DELETE removes a file (``server.deletes`` lists them). ``server.signatures`` (``{path: query}``) makes the server
+private like a bucket behind presigned URLs: a request is answered only for a path listed there with its exact query
+string, every other request gets 403.
 
 Faults apply to GET unless queued with ``method="HEAD"`` (or PUT). ``server.gets[path]`` counts GET requests per
 path, ``server.ranges`` lists the Range headers received, and ``server.puts`` the paths uploaded, in order.
@@ -57,6 +59,7 @@ class FileServer(ThreadingHTTPServer):
         self.etags: dict[tuple[str, int, int], str] = {}
         self.puts: list[str] = []
         self.deletes: list[str] = []
+        self.signatures: dict[str, str] = {}
         self.paths: list[str] = []
         self.auth: list[str | None] = []
         self.stopping = threading.Event()
@@ -127,6 +130,12 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.paths.append(self.path)
             self.server.auth.append(self.headers.get("Authorization"))
         path = self.path.split("?", 1)[0]
+        signature = self.server.signatures.get(path)
+        if self.server.signatures and (signature is None or self.path != f"{path}?{signature}"):
+            self.send_response(403)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return ("answered",)
         fault = self.server.take_fault(path, self.command)
         if fault and fault[0] == "silent":
             self._wait(fault[1])

@@ -417,6 +417,20 @@ def test_a_signed_url_opens_and_its_query_is_sent_never_shown(scene: Scene) -> N
     assert not any(SECRET in str(p) for p in scene.cache.rglob("*"))  # nor in a cache folder or file name
 
 
+def test_a_presigned_url_of_one_file_opens_on_a_private_store(scene: Scene) -> None:
+    folder, docs = scene.llmc("local", 30, seed=13)
+    publish(folder, f"{scene.url}/d/")
+    query = f"X-Amz-Signature={SECRET}&X-Amz-Expires=60"
+    scene.server.signatures = {"/d/c_000000.bin": query}  # nothing else may be read, not even SHA256SUMS
+    with tokformats.open(f"{scene.url}/d/c_000000.bin?{query}", bos=0, **scene.options) as reader:
+        assert reader[0].tolist() == docs[0]
+    assert f"/d/SHA256SUMS?{query}" not in scene.server.paths  # the signature is sent for its own file only
+    fresh = {**scene.options, "cache_dir": scene.cache / "fresh"}
+    with pytest.raises(tokformats.FormatError, match="HTTP 403") as caught:
+        tokformats.open(f"{scene.url}/d/c_000000.bin?X-Amz-Signature=wrong{SECRET}", **fresh)
+    assert SECRET not in _all_text(caught.value)
+
+
 def test_errors_about_a_signed_url_never_quote_its_secret(scene: Scene) -> None:
     failures = []
     for url in (

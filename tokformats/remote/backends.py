@@ -30,8 +30,8 @@ from ..errors import FormatError
 from ..fs.paths import URL_SCHEMES as _SCHEMES
 from ..fs.paths import is_url, public_url, scrub_secrets
 
-__all__ = ["RemoteError", "NotFoundError", "OversizeError", "StallError", "RemoteStat", "Limits", "Backend",
-           "HTTPBackend", "FsspecBackend", "backend_for", "is_url", "RETRIES"]  # fmt: skip
+__all__ = ["RemoteError", "NotFoundError", "DeniedError", "OversizeError", "StallError", "RemoteStat", "Limits",
+           "Backend", "HTTPBackend", "FsspecBackend", "backend_for", "is_url", "RETRIES"]  # fmt: skip
 
 #: Attempts per request before giving up, and the first backoff (doubled each time, capped at 2 s).
 RETRIES = 5
@@ -53,6 +53,12 @@ class RemoteError(FormatError):
 
 class NotFoundError(RemoteError):
     """The store has nothing at the URL (HTTP 404, a missing object)."""
+
+
+class DeniedError(RemoteError):
+    """The store refused the request (HTTP 401/403, no permission): another attempt would not change that."""
+
+    transient = False
 
 
 class OversizeError(RemoteError):
@@ -263,6 +269,8 @@ class HTTPBackend(Backend):
             error.close()
             if error.code == 404:
                 failure = NotFoundError(f"{public_url(url)} does not exist (HTTP 404).")
+            elif error.code in (401, 403):
+                failure = DeniedError(f"{public_url(url)} answered HTTP {error.code} {str(error.reason)[:200]}.")
             else:
                 failure = RemoteError(f"{public_url(url)} answered HTTP {error.code} {str(error.reason)[:200]}.")
                 failure.transient = error.code >= 500 or error.code == 429  # type: ignore[attr-defined]
@@ -389,8 +397,7 @@ class FsspecBackend(Backend):
             except FileNotFoundError:
                 failure = NotFoundError(f"{_safe(url)} does not exist.")
             except PermissionError as error:
-                failure = RemoteError(f"{what} {_safe(url)} was refused: {scrub_secrets(str(error), url)}")
-                failure.transient = False  # type: ignore[attr-defined]
+                failure = DeniedError(f"{what} {_safe(url)} was refused: {scrub_secrets(str(error), url)}")
             raise failure
 
         return _retrying(what, url, attempt, self.limits.retries if retries is None else retries)

@@ -36,6 +36,7 @@ from ..fs.paths import public_url
 from . import backends
 from .backends import (
     Backend,
+    DeniedError,
     Limits,
     NotFoundError,
     OversizeError,
@@ -154,7 +155,10 @@ class Cache:
             root holds more.
         offline: never touch the network; a file not cached is an error.
         backend: the store (chosen from the URL's scheme by default).
-        query: a query string sent with every file's URL (a token; a signed URL's own query when it names one file).
+        query: a query string sent with the dataset's requests (a token), or only with ``query_for``'s.
+        query_for: the one file ``query`` is for (a presigned URL signs one object): the other files (its
+            ``SHA256SUMS``, its companions) are asked for without it, and a refusal of an optional one counts as
+            absent.
         connect_timeout, stall_timeout, retries, max_index_bytes: the store's :class:`~tokformats.remote.backends.
             Limits` (None: ``$TOKFORMATS_CONNECT_TIMEOUT``, ... else the defaults).
         revalidate: ask the store once per :class:`Cache` whether a cached index file (``SHA256SUMS``, a manifest)
@@ -171,6 +175,7 @@ class Cache:
         offline: bool | None = None,
         backend: Backend | None = None,
         query: str | None = None,
+        query_for: str | None = None,
         connect_timeout: float | None = None,
         stall_timeout: float | None = None,
         retries: int | None = None,
@@ -180,6 +185,7 @@ class Cache:
         base, _, own_query = url.partition("?")
         self._base = base.rstrip("/")
         self.query = query or own_query or None
+        self.query_for = query_for
         self.url = public_url(self._base)
         self.root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
         self.folder = self.root / _folder_name(self.url)
@@ -210,7 +216,8 @@ class Cache:
     def url_of(self, name: str) -> str:
         """The URL of file ``name`` of the dataset (with the query string: show it with ``_safe`` only)."""
         quoted = urllib.parse.quote(name, safe="/") if self._base.startswith(("http:", "https:")) else name
-        return f"{self._base}/{quoted}" + (f"?{self.query}" if self.query else "")
+        signed = self.query and (self.query_for is None or name == self.query_for)
+        return f"{self._base}/{quoted}" + (f"?{self.query}" if signed else "")
 
     def check_name(self, name: object, where: str | None = None) -> str:
         """``name`` when it may be a file of this dataset (see :func:`~tokformats.remote.cachefiles.dataset_name`);
@@ -402,8 +409,8 @@ class Cache:
         for attempt in range(1, self.limits.retries + 2):
             try:
                 complete = self._attempt(transfer)
-            except (NotFoundError, ChecksumError, OversizeError) as error:  # another attempt would not mend them
-                transfer.discard(only_empty=isinstance(error, NotFoundError))
+            except (NotFoundError, DeniedError, ChecksumError, OversizeError) as error:  # no attempt would mend them
+                transfer.discard(only_empty=isinstance(error, (NotFoundError, DeniedError)))
                 failure = error
                 break
             except Restart:
@@ -474,6 +481,10 @@ class Cache:
             path = self.fetch(SUMS)
         except NotFoundError:
             return {}
+        except DeniedError:
+            if self.query_for is None:
+                raise
+            return {}  # a presigned URL of one file: the store lets nothing else be read
         where = f"{self.url}/{SUMS}"
         sums: dict[str, str] = {}
         with open(path, "rb") as handle:
