@@ -159,6 +159,14 @@ def test_sums_names_leading_outside_the_cache_are_refused(scene: Scene, name: st
     assert not list(scene.root.glob("x.dat")) and not list(scene.cache.rglob("x.dat"))
 
 
+@pytest.mark.parametrize("tail", ["d/a\x00b.bin", "d/a\nb.bin", "d\n/x.bin", "d/x.bin\r\nX-Injected: 1"])
+def test_control_characters_in_a_url_are_a_library_error(scene: Scene, tail: str) -> None:
+    with within(STALL), pytest.raises(tokformats.FormatError) as caught:
+        tokformats.open(f"{scene.url}/{tail}?sig={SECRET}", **scene.options)
+    assert SECRET not in _all_text(caught.value)
+    assert not any("Injected" in str(auth) for auth in scene.server.auth)
+
+
 def test_a_sums_entry_naming_an_existing_local_file_is_refused(scene: Scene) -> None:
     target = scene.home / "important.txt"
     scene.sums("d", [str(target)], data=target.read_bytes())  # the digest matches: the local file would "verify"
