@@ -141,7 +141,7 @@ def _retrying(what: str, url: str, attempt: Callable[[], _T], retries: int = RET
     """Run ``attempt`` until it succeeds, retrying transient failures with bounded backoff. The error raised names
     :func:`public_url` only and carries no foreign exception (whose message or ``__context__`` may quote a secret)."""
     delay = BACKOFF
-    failure: RemoteError | None = None
+    failure = RemoteError(f"{what} {_safe(url)} was not attempted.")  # replaced by each attempt's failure
     for number in range(1, max(retries, 1) + 1):
         try:
             return attempt()
@@ -157,7 +157,6 @@ def _retrying(what: str, url: str, attempt: Callable[[], _T], retries: int = RET
         if number < retries:
             time.sleep(delay)
             delay = min(delay * 2, MAX_BACKOFF)
-    assert failure is not None  # the loop returns or records why it stopped
     if failure.__context__ is not None or failure.__cause__ is not None:
         failure = type(failure)(str(failure))
     raise failure

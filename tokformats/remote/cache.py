@@ -32,7 +32,7 @@ from pathlib import Path
 
 from ..fs.journal import fsync_folder
 from ..fs.names import safe_relative_name
-from ..fs.paths import public_url
+from ..fs.paths import public_url, scrub_secrets
 from . import backends
 from .backends import (
     Backend,
@@ -420,7 +420,7 @@ class Cache:
                 if attempt > self.limits.retries or not getattr(error, "transient", True):
                     failure = RemoteError(
                         f"downloading {_safe(transfer.url)} failed after {attempt} attempts: "
-                        f"{backends.scrub_secrets(str(error), transfer.url)}"
+                        f"{scrub_secrets(str(error), transfer.url)}"
                     )
                     break
                 transfer.resume()  # keep what arrived, resume after it
@@ -433,12 +433,12 @@ class Cache:
             failure = RemoteError(f"downloading {_safe(transfer.url)} did not complete after {attempt} attempts.")
         if failure is not None:
             raise _detached(failure)
-        assert transfer.remote is not None  # an attempt completed
-        expected = (sha256 or transfer.remote.sha256 or "").lower() or None
+        remote = transfer.answer()  # an attempt completed
+        expected = (sha256 or remote.sha256 or "").lower() or None
         found = transfer.digest.hexdigest()
-        self._verify(transfer.url, transfer.partial, transfer.record, transfer.remote.size, expected, found)
+        self._verify(transfer.url, transfer.partial, transfer.record, remote.size, expected, found)
         os.replace(transfer.partial, target)
-        write_meta(self.folder, name, size=transfer.remote.size, etag=transfer.remote.etag, sha256=found)
+        write_meta(self.folder, name, size=remote.size, etag=remote.etag, sha256=found)
         transfer.record.unlink(missing_ok=True)
         fsync_folder(target.parent)
 
@@ -457,8 +457,7 @@ class Cache:
             transfer.digest = sink.digest
             handle.flush()
             os.fsync(handle.fileno())
-        assert transfer.remote is not None  # answered() ran: download() calls it before the first byte
-        return transfer.held() >= transfer.remote.size
+        return transfer.held() >= transfer.answer().size
 
     @staticmethod
     def _verify(url: str, partial: Path, record: Path, size: int, expected: str | None, found: str) -> None:

@@ -92,6 +92,12 @@ class Transfer:
         self.recorded: dict[str, Any] = {}
         self.resume()
 
+    def answer(self) -> RemoteStat:
+        """What the store said of the object (its size, ETag, checksum), once an attempt has been answered."""
+        if self.remote is None:  # answered() runs before the first byte: a backend that never called it is broken
+            raise RemoteError(f"downloading {_safe(self.url)}: the store sent no size or status before its body.")
+        return self.remote
+
     def held(self) -> int:
         """Bytes the partial file holds."""
         info = regular_file(self.partial)
