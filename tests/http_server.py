@@ -18,6 +18,7 @@ stops:
   most :data:`ENDLESS_LIMIT` bytes, or until the client hangs up);
 - ``("stall", seconds)``: send the headers (the file's true length), then nothing for ``seconds`` (slowloris);
 - ``("silent", seconds)``: accept the connection and send nothing at all for ``seconds``;
+- ``("trickle", count, seconds)``: send the body ``count`` bytes at a time, waiting ``seconds`` between them;
 - ``("huge", size)``: announce a ``size``-byte object and stream zeros (at most :data:`ENDLESS_LIMIT` bytes);
 - ``("gzip",)``: send the file gzip-compressed with ``Content-Encoding: gzip`` (a bomb, for a crafted file).
 
@@ -208,6 +209,18 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body[: fault[1]])
             self.wfile.flush()
             self.connection.shutdown(2)  # the connection drops mid-body
+            return
+        if fault and fault[0] == "trickle":
+            try:
+                for at in range(0, len(body), fault[1]):
+                    if self.server.stopping.is_set():
+                        break
+                    self.wfile.write(body[at : at + fault[1]])
+                    self.wfile.flush()
+                    self._wait(fault[2])
+            except OSError:  # the client gave up: what the test expects
+                pass
+            self.close_connection = True
             return
         if fault and fault[0] == "throttle":
             for at in range(0, len(body), 1 << 16):

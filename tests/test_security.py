@@ -317,6 +317,15 @@ def test_a_stalled_transfer_fails_after_the_stall_timeout(scene: Scene) -> None:
     assert f"{scene.url}/d/blob.dat" in str(caught.value) and "attempts" in str(caught.value)
 
 
+def test_a_trickling_transfer_counts_as_stalled(scene: Scene) -> None:
+    scene.serve("d/blob.dat", b"t" * 100_000)
+    for _ in range(RETRIES + 2):
+        scene.server.fault("/d/blob.dat", "trickle", 20, 0.1)  # 200 bytes a second: never silent, never done
+    with within((RETRIES + 1) * (STALL + 0.2)), pytest.raises(RemoteError, match="trickles") as caught:
+        fetch(f"{scene.url}/d/blob.dat", **scene.options)
+    assert f"{scene.url}/d/blob.dat" in str(caught.value)
+
+
 def test_a_silent_server_fails_after_the_connect_timeout(scene: Scene) -> None:
     scene.serve("d/blob.dat", b"z" * 10)
     for _ in range(RETRIES + 2):

@@ -43,6 +43,8 @@ TIMEOUT = 30.0
 STALL_TIMEOUT = 60.0
 #: The largest index file (``SHA256SUMS``, a manifest, ``index.json``, ``state.json``, ``meta.json``) fetched.
 MAX_INDEX_BYTES = 64 << 20
+#: The fewest bytes a body must deliver per ``stall_timeout`` (a trickle slower than this is a stall).
+MIN_BYTES_PER_STALL = 1024
 _BLOCK = 1 << 20
 _T = TypeVar("_T")
 
@@ -175,11 +177,16 @@ def network_error(what: str, url: str, error: BaseException) -> RemoteError:
     return failure
 
 
-def copy_bounded(url: str, read: Callable[[int], bytes], handle: BinaryIO, expected: int) -> int:
+def copy_bounded(
+    url: str, read: Callable[[int], bytes], handle: BinaryIO, expected: int, stall_timeout: float | None = None
+) -> int:
     """Copy a body from ``read`` to ``handle``, at most ``expected`` bytes (what the store announced): one byte
-    more raises :class:`OversizeError` (a body longer than announced is never stored). Returns the bytes copied
-    (fewer when the connection ended early)."""
+    more raises :class:`OversizeError` (a body longer than announced is never stored). With ``stall_timeout``, a
+    body that trickles (fewer than :data:`MIN_BYTES_PER_STALL` bytes in ``stall_timeout`` seconds) is a
+    :class:`StallError` too: ``read`` must then return what has arrived (``read1``). Returns the bytes copied (fewer
+    when the connection ended early)."""
     left = expected
+    window, arrived = time.monotonic(), 0
     while True:
         try:
             block = read(min(_BLOCK, left + 1))
@@ -194,6 +201,15 @@ def copy_bounded(url: str, read: Callable[[int], bytes], handle: BinaryIO, expec
             )
         handle.write(block)
         left -= len(block)
+        arrived += len(block)
+        if stall_timeout is not None and time.monotonic() - window >= stall_timeout:
+            if arrived < MIN_BYTES_PER_STALL:
+                failure = StallError(
+                    f"GET {public_url(url)} trickles ({arrived:,} bytes in {stall_timeout:g} s, fewer than "
+                    f"{MIN_BYTES_PER_STALL:,}): counted as stalled (stall_timeout= or $TOKFORMATS_STALL_TIMEOUT)."
+                )
+                break
+            window, arrived = time.monotonic(), 0
     raise failure
 
 
@@ -301,7 +317,8 @@ class HTTPBackend(Backend):
             if not whole and not (answer.headers.get("Content-Range") or "").startswith(f"bytes {start}-"):
                 raise RemoteError(f"{public_url(url)} answered a request for bytes {start:,}- with another range.")
             answered(stat, whole)
-            copy_bounded(url, answer.read, handle, stat.size - (0 if whole else start))
+            size = stat.size - (0 if whole else start)
+            copy_bounded(url, answer.read1, handle, size, self.limits.stall_timeout)  # read1: what has arrived
 
     def read_range(self, url: str, start: int, stop: int) -> bytes:
         if stop <= start:
