@@ -228,6 +228,7 @@ def _dataset_with_journal(scene: Scene, journal: dict[str, Any]) -> Path:
     folder = scene.work / "downloaded"
     with tokformats.create(folder / "d", "megatron", vocab_size=100) as writer:
         writer.write([1, 2, 3])
+    (folder / "notes.txt").write_text("the user's own file beside the dataset")
     (folder / ".tokformats-commit.json").write_text(json.dumps(journal))
     return folder
 
@@ -241,6 +242,7 @@ def _dataset_with_journal(scene: Scene, journal: dict[str, Any]) -> Path:
         {"renames": [[".d.bin.1.0123456789ab.tmp", "../home/important.txt"]], "remove": []},
         {"renames": [["d.idx", "d.bin"]], "remove": []},  # not a temporary: a journal never moves outputs
         {"renames": [], "remove": [".tokformats-commit.json"]},
+        {"renames": [], "remove": ["notes.txt"]},  # inside the folder, but not a file tokformats writes
     ],
 )
 def test_a_journal_in_a_downloaded_folder_touches_nothing_it_should_not(scene: Scene, journal: dict[str, Any]) -> None:
