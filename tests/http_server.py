@@ -20,7 +20,8 @@ stops:
 - ``("silent", seconds)``: accept the connection and send nothing at all for ``seconds``;
 - ``("trickle", count, seconds)``: send the body ``count`` bytes at a time, waiting ``seconds`` between them;
 - ``("huge", size)``: announce a ``size``-byte object and stream zeros (at most :data:`ENDLESS_LIMIT` bytes);
-- ``("gzip",)``: send the file gzip-compressed with ``Content-Encoding: gzip`` (a bomb, for a crafted file).
+- ``("gzip",)``: send the file gzip-compressed with ``Content-Encoding: gzip`` (a bomb, for a crafted file);
+- ``("redirect", location)``: answer 302 to ``location``.
 
 ``server.paths`` lists every request's raw path (query included) and ``server.auth`` its Authorization header;
 DELETE removes a file (``server.deletes`` lists them). ``server.signatures`` (``{path: query}``) makes the server
@@ -138,6 +139,12 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             return ("answered",)
         fault = self.server.take_fault(path, self.command)
+        if fault and fault[0] == "redirect":
+            self.send_response(302)
+            self.send_header("Location", fault[1])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return ("answered",)
         if fault and fault[0] == "silent":
             self._wait(fault[1])
             self.close_connection = True

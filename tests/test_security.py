@@ -468,6 +468,19 @@ def test_errors_about_a_signed_url_never_quote_its_secret(scene: Scene) -> None:
     assert any(auth and auth.startswith("Basic ") for auth in scene.server.auth)  # user info: sent as a header
 
 
+def test_credentials_never_follow_a_redirect_to_another_host(scene: Scene) -> None:
+    scene.serve("d/blob.dat", b"moved here")
+    port = scene.server.server_address[1]
+    scene.server.fault("/d/old.dat", "redirect", f"http://localhost:{port}/d/blob.dat")  # another host name
+    got = fetch(f"http://alice:{PASSWORD}@127.0.0.1:{port}/d/old.dat", **scene.options)
+    assert Path(got.target).read_bytes() == b"moved here"
+    sent = dict(zip(scene.server.paths, scene.server.auth))
+    assert sent["/d/old.dat"] is not None and sent["/d/blob.dat"] is None
+    scene.server.fault("/d/ftp.dat", "redirect", "ftp://127.0.0.1/etc/passwd")
+    with pytest.raises(tokformats.FormatError, match="HTTP 302"):
+        fetch(f"{scene.url}/d/ftp.dat", **scene.options)
+
+
 # -- 7. the shared cache -----------------------------------------------------------------------------------------
 
 

@@ -254,6 +254,28 @@ class Backend(ABC):
         raise RemoteError(f"{type(self).__name__} cannot delete {public_url(url)}; remove it with the store's tools.")
 
 
+class _SafeRedirects(urllib.request.HTTPRedirectHandler):
+    """Redirects to HTTP(S) only (urllib also follows ``ftp://``), and never with the ``Authorization`` header to
+    another host (urllib forwards every header but the body's)."""
+
+    def redirect_request(
+        self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any, newurl: str
+    ) -> urllib.request.Request | None:
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is None:
+            return None
+        target = urllib.parse.urlsplit(newurl)
+        if target.scheme not in ("http", "https"):
+            refused = f"a redirect to {target.scheme}:// is refused"
+            raise urllib.error.HTTPError(req.full_url, code, refused, headers, fp)
+        if target.netloc != urllib.parse.urlsplit(req.full_url).netloc:
+            new.remove_header("Authorization")
+        return new
+
+
+_OPENER = urllib.request.build_opener(_SafeRedirects)
+
+
 class HTTPBackend(Backend):
     """HTTP(S) with ``urllib``: HEAD for the size and ETag, ranged GETs with ``If-Range``, PUT to publish, DELETE to
     prune. User info in a URL (``https://user:token@host/...``) is sent as Basic authentication, never in the URL."""
@@ -279,7 +301,7 @@ class HTTPBackend(Backend):
         ``stall_timeout``), or a :class:`RemoteError` naming :func:`public_url` only, with no foreign context."""
         failure: RemoteError
         try:
-            answer = urllib.request.urlopen(request, timeout=self.limits.connect_timeout)
+            answer = _OPENER.open(request, timeout=self.limits.connect_timeout)
         except urllib.error.HTTPError as error:
             error.close()
             if error.code == 404:
