@@ -18,11 +18,15 @@ stops:
   most :data:`ENDLESS_LIMIT` bytes, or until the client hangs up);
 - ``("stall", seconds)``: send the headers (the file's true length), then nothing for ``seconds`` (slowloris);
 - ``("silent", seconds)``: accept the connection and send nothing at all for ``seconds``;
+- ``("trickle", count, seconds)``: send the body ``count`` bytes at a time, waiting ``seconds`` between them;
 - ``("huge", size)``: announce a ``size``-byte object and stream zeros (at most :data:`ENDLESS_LIMIT` bytes);
-- ``("gzip",)``: send the file gzip-compressed with ``Content-Encoding: gzip`` (a bomb, for a crafted file).
+- ``("gzip",)``: send the file gzip-compressed with ``Content-Encoding: gzip`` (a bomb, for a crafted file);
+- ``("redirect", location)``: answer 302 to ``location``.
 
 ``server.paths`` lists every request's raw path (query included) and ``server.auth`` its Authorization header;
-DELETE removes a file (``server.deletes`` lists them).
+DELETE removes a file (``server.deletes`` lists them). ``server.signatures`` (``{path: query}``) makes the server
+private like a bucket behind presigned URLs: a request is answered only for a path listed there with its exact query
+string, every other request gets 403.
 
 Faults apply to GET unless queued with ``method="HEAD"`` (or PUT). ``server.gets[path]`` counts GET requests per
 path, ``server.ranges`` lists the Range headers received, and ``server.puts`` the paths uploaded, in order.
@@ -57,6 +61,7 @@ class FileServer(ThreadingHTTPServer):
         self.etags: dict[tuple[str, int, int], str] = {}
         self.puts: list[str] = []
         self.deletes: list[str] = []
+        self.signatures: dict[str, str] = {}
         self.paths: list[str] = []
         self.auth: list[str | None] = []
         self.stopping = threading.Event()
@@ -127,7 +132,19 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.paths.append(self.path)
             self.server.auth.append(self.headers.get("Authorization"))
         path = self.path.split("?", 1)[0]
+        signature = self.server.signatures.get(path)
+        if self.server.signatures and (signature is None or self.path != f"{path}?{signature}"):
+            self.send_response(403)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return ("answered",)
         fault = self.server.take_fault(path, self.command)
+        if fault and fault[0] == "redirect":
+            self.send_response(302)
+            self.send_header("Location", fault[1])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return ("answered",)
         if fault and fault[0] == "silent":
             self._wait(fault[1])
             self.close_connection = True
@@ -199,6 +216,18 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body[: fault[1]])
             self.wfile.flush()
             self.connection.shutdown(2)  # the connection drops mid-body
+            return
+        if fault and fault[0] == "trickle":
+            try:
+                for at in range(0, len(body), fault[1]):
+                    if self.server.stopping.is_set():
+                        break
+                    self.wfile.write(body[at : at + fault[1]])
+                    self.wfile.flush()
+                    self._wait(fault[2])
+            except OSError:  # the client gave up: what the test expects
+                pass
+            self.close_connection = True
             return
         if fault and fault[0] == "throttle":
             for at in range(0, len(body), 1 << 16):

@@ -303,9 +303,9 @@ def test_open_fetches_a_shard_on_first_use_and_prefetches_ahead(tmp_path: Path, 
     assert all(v == 1 for k, v in server.gets.items() if k.endswith(".pt"))
 
 
-def _sharded(fmt: str, folder: Path) -> list[np.ndarray]:
+def _sharded(fmt: str, folder: Path, mean_length: int = 30) -> list[np.ndarray]:
     """A corpus of ``fmt`` in three or more data files, and its documents."""
-    _, lengths = random_corpus(np.random.default_rng(11), 300, low=1, high=50_000, mean_length=30)
+    _, lengths = random_corpus(np.random.default_rng(11), 300, low=1, high=50_000, mean_length=mean_length)
     lengths[[0, -1]] += 5  # the first and last documents have tokens (reading them fetches their file)
     if fmt == "litdata":
         lengths[lengths == 0] = 1  # litdata's own writer mishandles empty documents (see the litdata tests)
@@ -328,6 +328,34 @@ def _sharded(fmt: str, folder: Path) -> list[np.ndarray]:
 
 
 _DATA_SUFFIX = {"datatrove": ".ds", "dolma": ".npy", "litdata": ".bin", "timemoe": ".bin"}
+
+
+@pytest.mark.parametrize("fmt", sorted(_DATA_SUFFIX))
+def test_a_killed_fetch_of_each_sharded_format_resumes(tmp_path: Path, server: FileServer, fmt: str) -> None:
+    """The kill suite over every format's remote hooks: a fetch killed in the middle of a data file (the files its
+    index or companions name) resumes that file by range, and the dataset reads whole."""
+    documents = _sharded(fmt, tmp_path / "local", mean_length=3000)
+    publish(tmp_path / "local", f"{server.url}/k/")
+    victim = sorted(p.name for p in (tmp_path / "local").iterdir() if p.name.endswith(_DATA_SUFFIX[fmt]))[0]
+    server.fault(f"/k/{victim}", "throttle", 0.05)
+    child = multiprocessing.get_context("spawn").Process(
+        target=_download_forever, args=(f"{server.url}/k/", str(tmp_path / "cache"))
+    )
+    child.start()
+    deadline = time.monotonic() + 30
+    partial: list[Path] = []
+    while time.monotonic() < deadline and not partial:
+        partial = [p for p in (tmp_path / "cache").rglob(f"{victim}.partial") if p.stat().st_size >= 1 << 16]
+        time.sleep(0.02)
+    assert partial, "the download never started"
+    os.kill(child.pid, signal.SIGKILL)
+    child.join(10)
+    with tokformats.open(f"{server.url}/k/", cache_dir=tmp_path / "cache") as reader:
+        assert len(reader) == len(documents)
+        for k in (0, len(documents) // 2, len(documents) - 1):
+            np.testing.assert_array_equal(reader[k], documents[k])
+        reader.verify()
+    assert any(path == f"/k/{victim}" for path, _ in server.ranges)  # resumed, not downloaded again
 
 
 @pytest.mark.parametrize("fmt", sorted(_DATA_SUFFIX))

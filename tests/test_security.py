@@ -159,6 +159,14 @@ def test_sums_names_leading_outside_the_cache_are_refused(scene: Scene, name: st
     assert not list(scene.root.glob("x.dat")) and not list(scene.cache.rglob("x.dat"))
 
 
+@pytest.mark.parametrize("tail", ["d/a\x00b.bin", "d/a\nb.bin", "d\n/x.bin", "d/x.bin\r\nX-Injected: 1"])
+def test_control_characters_in_a_url_are_a_library_error(scene: Scene, tail: str) -> None:
+    with within(STALL), pytest.raises(tokformats.FormatError) as caught:
+        tokformats.open(f"{scene.url}/{tail}?sig={SECRET}", **scene.options)
+    assert SECRET not in _all_text(caught.value)
+    assert not any("Injected" in str(auth) for auth in scene.server.auth)
+
+
 def test_a_sums_entry_naming_an_existing_local_file_is_refused(scene: Scene) -> None:
     target = scene.home / "important.txt"
     scene.sums("d", [str(target)], data=target.read_bytes())  # the digest matches: the local file would "verify"
@@ -220,6 +228,7 @@ def _dataset_with_journal(scene: Scene, journal: dict[str, Any]) -> Path:
     folder = scene.work / "downloaded"
     with tokformats.create(folder / "d", "megatron", vocab_size=100) as writer:
         writer.write([1, 2, 3])
+    (folder / "notes.txt").write_text("the user's own file beside the dataset")
     (folder / ".tokformats-commit.json").write_text(json.dumps(journal))
     return folder
 
@@ -233,6 +242,7 @@ def _dataset_with_journal(scene: Scene, journal: dict[str, Any]) -> Path:
         {"renames": [[".d.bin.1.0123456789ab.tmp", "../home/important.txt"]], "remove": []},
         {"renames": [["d.idx", "d.bin"]], "remove": []},  # not a temporary: a journal never moves outputs
         {"renames": [], "remove": [".tokformats-commit.json"]},
+        {"renames": [], "remove": ["notes.txt"]},  # inside the folder, but not a file tokformats writes
     ],
 )
 def test_a_journal_in_a_downloaded_folder_touches_nothing_it_should_not(scene: Scene, journal: dict[str, Any]) -> None:
@@ -307,6 +317,15 @@ def test_a_stalled_transfer_fails_after_the_stall_timeout(scene: Scene) -> None:
     with within((RETRIES + 1) * STALL), pytest.raises(RemoteError, match="timed out") as caught:
         fetch(f"{scene.url}/d/blob.dat", **scene.options)
     assert f"{scene.url}/d/blob.dat" in str(caught.value) and "attempts" in str(caught.value)
+
+
+def test_a_trickling_transfer_counts_as_stalled(scene: Scene) -> None:
+    scene.serve("d/blob.dat", b"t" * 100_000)
+    for _ in range(RETRIES + 2):
+        scene.server.fault("/d/blob.dat", "trickle", 20, 0.1)  # 200 bytes a second: never silent, never done
+    with within((RETRIES + 1) * (STALL + 0.2)), pytest.raises(RemoteError, match="trickles") as caught:
+        fetch(f"{scene.url}/d/blob.dat", **scene.options)
+    assert f"{scene.url}/d/blob.dat" in str(caught.value)
 
 
 def test_a_silent_server_fails_after_the_connect_timeout(scene: Scene) -> None:
@@ -417,6 +436,20 @@ def test_a_signed_url_opens_and_its_query_is_sent_never_shown(scene: Scene) -> N
     assert not any(SECRET in str(p) for p in scene.cache.rglob("*"))  # nor in a cache folder or file name
 
 
+def test_a_presigned_url_of_one_file_opens_on_a_private_store(scene: Scene) -> None:
+    folder, docs = scene.llmc("local", 30, seed=13)
+    publish(folder, f"{scene.url}/d/")
+    query = f"X-Amz-Signature={SECRET}&X-Amz-Expires=60"
+    scene.server.signatures = {"/d/c_000000.bin": query}  # nothing else may be read, not even SHA256SUMS
+    with tokformats.open(f"{scene.url}/d/c_000000.bin?{query}", bos=0, **scene.options) as reader:
+        assert reader[0].tolist() == docs[0]
+    assert f"/d/SHA256SUMS?{query}" not in scene.server.paths  # the signature is sent for its own file only
+    fresh = {**scene.options, "cache_dir": scene.cache / "fresh"}
+    with pytest.raises(tokformats.FormatError, match="HTTP 403") as caught:
+        tokformats.open(f"{scene.url}/d/c_000000.bin?X-Amz-Signature=wrong{SECRET}", **fresh)
+    assert SECRET not in _all_text(caught.value)
+
+
 def test_errors_about_a_signed_url_never_quote_its_secret(scene: Scene) -> None:
     failures = []
     for url in (
@@ -433,6 +466,19 @@ def test_errors_about_a_signed_url_never_quote_its_secret(scene: Scene) -> None:
         assert SECRET not in text and PASSWORD not in text and "alice" not in text
         assert "127.0.0.1" in str(error)
     assert any(auth and auth.startswith("Basic ") for auth in scene.server.auth)  # user info: sent as a header
+
+
+def test_credentials_never_follow_a_redirect_to_another_host(scene: Scene) -> None:
+    scene.serve("d/blob.dat", b"moved here")
+    port = scene.server.server_address[1]
+    scene.server.fault("/d/old.dat", "redirect", f"http://localhost:{port}/d/blob.dat")  # another host name
+    got = fetch(f"http://alice:{PASSWORD}@127.0.0.1:{port}/d/old.dat", **scene.options)
+    assert Path(got.target).read_bytes() == b"moved here"
+    sent = dict(zip(scene.server.paths, scene.server.auth))
+    assert sent["/d/old.dat"] is not None and sent["/d/blob.dat"] is None
+    scene.server.fault("/d/ftp.dat", "redirect", "ftp://127.0.0.1/etc/passwd")
+    with pytest.raises(tokformats.FormatError, match="HTTP 302"):
+        fetch(f"{scene.url}/d/ftp.dat", **scene.options)
 
 
 # -- 7. the shared cache -----------------------------------------------------------------------------------------
@@ -464,6 +510,26 @@ def test_a_planted_dataset_folder_link_is_refused(scene: Scene) -> None:
         fetch(f"{scene.url}/d/blob.dat", **scene.options)
     assert f"rm {folder}" in str(caught.value)
     assert Cache(f"{scene.url}/e", cache_dir=scene.cache, max_cache_bytes=0).evict() == []  # nor through the link
+
+
+@pytest.mark.parametrize("planted", [".tokformats-locks", ".tokformats-meta"])
+def test_a_planted_link_for_the_caches_own_folders_is_refused(scene: Scene, planted: str) -> None:
+    scene.serve("d/blob.dat", b"data")
+    folder = Cache(f"{scene.url}/d", cache_dir=scene.cache).folder
+    folder.mkdir(parents=True)
+    os.symlink(scene.home / "dir", folder / planted)
+    with pytest.raises(UnsafeCacheError, match=f"{planted} is a link or a file"):
+        fetch(f"{scene.url}/d/blob.dat", **scene.options)
+
+
+def test_public_url_drops_user_info_query_and_fragment() -> None:
+    from tokformats.fs.paths import public_url, scrub_secrets
+
+    assert public_url(f"https://u:{PASSWORD}@h.example:8443/d/x.bin?sig={SECRET}#f") == "https://h.example:8443/d/x.bin"
+    assert public_url("http://[::1]:8080/x?y=1") == "http://[::1]:8080/x"
+    assert public_url(f"s3://bucket/key?versionId={SECRET}") == "s3://bucket/key"
+    text = scrub_secrets(f"failed: /d/x.bin?sig={SECRET} for u:{PASSWORD}", f"https://u:{PASSWORD}@h/d/x.bin?sig={SECRET}")
+    assert SECRET not in text and PASSWORD not in text
 
 
 def test_a_warm_cache_sees_a_republish_unless_offline(scene: Scene) -> None:
@@ -512,7 +578,6 @@ def test_readers_go_by_sums_not_by_files_it_does_not_name(scene: Scene) -> None:
 @pytest.fixture
 def bucket(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """An S3 bucket on moto's server on 127.0.0.1 (skipped without moto and s3fs)."""
-    pytest.importorskip("s3fs")
     moto_server = pytest.importorskip("moto.server")
     boto3 = pytest.importorskip("boto3")
     running = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
@@ -524,11 +589,10 @@ def bucket(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
                        "AWS_ENDPOINT_URL_S3": endpoint}.items():  # fmt: skip
         monkeypatch.setenv(key, value)
     boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="tokformats-security")
-    import fsspec
-
-    pytest.importorskip("s3fs").S3FileSystem.clear_instance_cache()  # a cached client keeps an earlier test's endpoint
-    fsspec.filesystem("s3").invalidate_cache()
+    s3fs = pytest.importorskip("s3fs")
+    s3fs.S3FileSystem.clear_instance_cache()  # fsspec keeps file systems by arguments: never one of another server's
     yield "s3://tokformats-security"
+    s3fs.S3FileSystem.clear_instance_cache()
     running.stop()
 
 

@@ -13,10 +13,10 @@ remove those whose process is gone (a killed writer's leftovers) without touchin
 
 A journal is found in folders people download, so it is not trusted either: it names files relative to its own
 folder, and recovery carries it out only when every rename moves one of tokformats' temporaries (the pattern above)
-onto a plain name inside the folder, and every removal names a plain file inside the folder (never the journal, a
-temporary of another writer, a link, or anything outside). A journal naming anything else is refused with
-:class:`UnsafeJournalError` before anything is touched. The remote cache never downloads one and ``publish`` never
-uploads one (both skip hidden files).
+onto a plain name inside the folder, and every removal names a dataset file inside the folder (a data or index
+suffix, :data:`REMOVABLE_SUFFIXES`; never the journal, a hidden file, a link, or anything outside). A journal naming
+anything else is refused with :class:`UnsafeJournalError` before anything is touched. The remote cache never
+downloads one and ``publish`` never uploads one (both skip hidden files).
 """
 
 from __future__ import annotations
@@ -230,6 +230,10 @@ def recover(folder: Path) -> list[Path]:
         return _recover_locked(journal)
 
 
+#: What a stale output a commit removes may be called: the data and index files of the formats whose writers remove
+#: an earlier dataset's files (shards, chunks, ``meta.json``, ...). A journal removing anything else is refused.
+REMOVABLE_SUFFIXES = (".bin", ".idx", ".pt", ".json", ".npy", ".gz", ".arrow", ".ds", ".index", ".loss", ".metadata")
+
 #: The largest journal read back (a commit of many shards names each twice).
 MAX_JOURNAL_BYTES = 64 << 20
 
@@ -279,6 +283,12 @@ def read_journal(journal: Path) -> tuple[list[tuple[Path, Path]], list[Path]]:
     remove = [
         _journal_path(folder, p, f"{journal}: remove[{k}]", temporary=False) for k, p in enumerate(entries["remove"])
     ]
+    for k, path in enumerate(remove):
+        if not path.name.endswith(REMOVABLE_SUFFIXES):
+            raise UnsafeJournalError(
+                f"{journal}: remove[{k}] is {path.name!r}, not a dataset file tokformats writes "
+                f"({', '.join(REMOVABLE_SUFFIXES)})."
+            )
     return renames, remove
 
 

@@ -88,6 +88,7 @@ def public_url(url: str) -> str:
     try:
         parts = urllib.parse.urlsplit(url)
         host = parts.hostname or ""
+        host = f"[{host}]" if ":" in host else host  # IPv6
         if parts.port:
             host = f"{host}:{parts.port}"
     except ValueError:  # an unparseable port or bracket: keep only what precedes any secret

@@ -19,10 +19,11 @@ the size and SHA-256 its index records, else ``SHA256SUMS``, else the store's ow
 
 from __future__ import annotations
 
-from .backends import NotFoundError, RemoteError, is_url
-from .cache import Cache, ChecksumError, default_cache_dir
+from .backends import Limits, NotFoundError, OversizeError, RemoteError, StallError, is_url
+from .cache import Cache, ChecksumError, IndexFormatError, UnsafeCacheError, default_cache_dir
 from .datasets import Dataset, fetch, open_url
-from .publish import publish
+from .publish import StaleFilesError, publish
 
-__all__ = ["open_url", "fetch", "publish", "is_url", "Cache", "RemoteError", "NotFoundError", "ChecksumError",
+__all__ = ["open_url", "fetch", "publish", "is_url", "Cache", "Limits", "RemoteError", "NotFoundError", "ChecksumError",
+           "OversizeError", "StallError", "IndexFormatError", "UnsafeCacheError", "StaleFilesError",
            "default_cache_dir", "Dataset"]  # fmt: skip

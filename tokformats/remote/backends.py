@@ -30,8 +30,8 @@ from ..errors import FormatError
 from ..fs.paths import URL_SCHEMES as _SCHEMES
 from ..fs.paths import is_url, public_url, scrub_secrets
 
-__all__ = ["RemoteError", "NotFoundError", "OversizeError", "StallError", "RemoteStat", "Limits", "Backend",
-           "HTTPBackend", "FsspecBackend", "backend_for", "is_url", "RETRIES"]  # fmt: skip
+__all__ = ["RemoteError", "NotFoundError", "DeniedError", "OversizeError", "StallError", "RemoteStat", "Limits",
+           "Backend", "HTTPBackend", "FsspecBackend", "backend_for", "is_url", "RETRIES"]  # fmt: skip
 
 #: Attempts per request before giving up, and the first backoff (doubled each time, capped at 2 s).
 RETRIES = 5
@@ -43,6 +43,8 @@ TIMEOUT = 30.0
 STALL_TIMEOUT = 60.0
 #: The largest index file (``SHA256SUMS``, a manifest, ``index.json``, ``state.json``, ``meta.json``) fetched.
 MAX_INDEX_BYTES = 64 << 20
+#: The fewest bytes a body must deliver per ``stall_timeout`` (a trickle slower than this is a stall).
+MIN_BYTES_PER_STALL = 1024
 _BLOCK = 1 << 20
 _T = TypeVar("_T")
 
@@ -53,6 +55,12 @@ class RemoteError(FormatError):
 
 class NotFoundError(RemoteError):
     """The store has nothing at the URL (HTTP 404, a missing object)."""
+
+
+class DeniedError(RemoteError):
+    """The store refused the request (HTTP 401/403, no permission): another attempt would not change that."""
+
+    transient = False
 
 
 class OversizeError(RemoteError):
@@ -169,11 +177,16 @@ def network_error(what: str, url: str, error: BaseException) -> RemoteError:
     return failure
 
 
-def copy_bounded(url: str, read: Callable[[int], bytes], handle: BinaryIO, expected: int) -> int:
+def copy_bounded(
+    url: str, read: Callable[[int], bytes], handle: BinaryIO, expected: int, stall_timeout: float | None = None
+) -> int:
     """Copy a body from ``read`` to ``handle``, at most ``expected`` bytes (what the store announced): one byte
-    more raises :class:`OversizeError` (a body longer than announced is never stored). Returns the bytes copied
-    (fewer when the connection ended early)."""
+    more raises :class:`OversizeError` (a body longer than announced is never stored). With ``stall_timeout``, a
+    body that trickles (fewer than :data:`MIN_BYTES_PER_STALL` bytes in ``stall_timeout`` seconds) is a
+    :class:`StallError` too: ``read`` must then return what has arrived (``read1``). Returns the bytes copied (fewer
+    when the connection ended early)."""
     left = expected
+    window, arrived = time.monotonic(), 0
     while True:
         try:
             block = read(min(_BLOCK, left + 1))
@@ -188,6 +201,15 @@ def copy_bounded(url: str, read: Callable[[int], bytes], handle: BinaryIO, expec
             )
         handle.write(block)
         left -= len(block)
+        arrived += len(block)
+        if stall_timeout is not None and time.monotonic() - window >= stall_timeout:
+            if arrived < MIN_BYTES_PER_STALL:
+                failure = StallError(
+                    f"GET {public_url(url)} trickles ({arrived:,} bytes in {stall_timeout:g} s, fewer than "
+                    f"{MIN_BYTES_PER_STALL:,}): counted as stalled (stall_timeout= or $TOKFORMATS_STALL_TIMEOUT)."
+                )
+                break
+            window, arrived = time.monotonic(), 0
     raise failure
 
 
@@ -232,6 +254,28 @@ class Backend(ABC):
         raise RemoteError(f"{type(self).__name__} cannot delete {public_url(url)}; remove it with the store's tools.")
 
 
+class _SafeRedirects(urllib.request.HTTPRedirectHandler):
+    """Redirects to HTTP(S) only (urllib also follows ``ftp://``), and never with the ``Authorization`` header to
+    another host (urllib forwards every header but the body's)."""
+
+    def redirect_request(
+        self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any, newurl: str
+    ) -> urllib.request.Request | None:
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is None:
+            return None
+        target = urllib.parse.urlsplit(newurl)
+        if target.scheme not in ("http", "https"):
+            refused = f"a redirect to {target.scheme}:// is refused"
+            raise urllib.error.HTTPError(req.full_url, code, refused, headers, fp)
+        if target.netloc != urllib.parse.urlsplit(req.full_url).netloc:
+            new.remove_header("Authorization")
+        return new
+
+
+_OPENER = urllib.request.build_opener(_SafeRedirects)
+
+
 class HTTPBackend(Backend):
     """HTTP(S) with ``urllib``: HEAD for the size and ETag, ranged GETs with ``If-Range``, PUT to publish, DELETE to
     prune. User info in a URL (``https://user:token@host/...``) is sent as Basic authentication, never in the URL."""
@@ -257,11 +301,13 @@ class HTTPBackend(Backend):
         ``stall_timeout``), or a :class:`RemoteError` naming :func:`public_url` only, with no foreign context."""
         failure: RemoteError
         try:
-            answer = urllib.request.urlopen(request, timeout=self.limits.connect_timeout)
+            answer = _OPENER.open(request, timeout=self.limits.connect_timeout)
         except urllib.error.HTTPError as error:
             error.close()
             if error.code == 404:
                 failure = NotFoundError(f"{public_url(url)} does not exist (HTTP 404).")
+            elif error.code in (401, 403):
+                failure = DeniedError(f"{public_url(url)} answered HTTP {error.code} {str(error.reason)[:200]}.")
             else:
                 failure = RemoteError(f"{public_url(url)} answered HTTP {error.code} {str(error.reason)[:200]}.")
                 failure.transient = error.code >= 500 or error.code == 429  # type: ignore[attr-defined]
@@ -293,7 +339,8 @@ class HTTPBackend(Backend):
             if not whole and not (answer.headers.get("Content-Range") or "").startswith(f"bytes {start}-"):
                 raise RemoteError(f"{public_url(url)} answered a request for bytes {start:,}- with another range.")
             answered(stat, whole)
-            copy_bounded(url, answer.read, handle, stat.size - (0 if whole else start))
+            size = stat.size - (0 if whole else start)
+            copy_bounded(url, answer.read1, handle, size, self.limits.stall_timeout)  # read1: what has arrived
 
     def read_range(self, url: str, start: int, stop: int) -> bytes:
         if stop <= start:
@@ -388,8 +435,7 @@ class FsspecBackend(Backend):
             except FileNotFoundError:
                 failure = NotFoundError(f"{_safe(url)} does not exist.")
             except PermissionError as error:
-                failure = RemoteError(f"{what} {_safe(url)} was refused: {scrub_secrets(str(error), url)}")
-                failure.transient = False  # type: ignore[attr-defined]
+                failure = DeniedError(f"{what} {_safe(url)} was refused: {scrub_secrets(str(error), url)}")
             raise failure
 
         return _retrying(what, url, attempt, self.limits.retries if retries is None else retries)

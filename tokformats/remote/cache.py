@@ -9,6 +9,11 @@ An interrupted download resumes with a Range request when the object is unchange
 Processes on one node (ranks, DataLoader workers) take a file lock per file: one downloads, the others wait and
 then map it. Readers hold a shared lock on each file they use (:class:`Lease`); ``max_cache_bytes`` evicts the
 least recently used files no reader holds. ``offline=True`` (or ``TOKFORMATS_OFFLINE=1``) uses only what is cached.
+
+Nothing found in the cache or sent by a store is trusted: a name becomes a path only after
+:func:`~tokformats.remote.cachefiles.dataset_name`; links planted in a shared root are never followed; a cached file
+is used only when it matches what the dataset's records say now (its SHA-256, recorded at download in
+``.tokformats-meta/``); a cached index file is revalidated with the store once per :class:`Cache`.
 """
 
 from __future__ import annotations
@@ -17,9 +22,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
-import json
 import os
-import queue
 import re
 import stat
 import threading
@@ -27,14 +30,14 @@ import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
 
-from ..fs.journal import fsync_folder, start_writeback
+from ..fs.journal import fsync_folder
 from ..fs.names import safe_relative_name
 from ..fs.paths import public_url, scrub_secrets
 from . import backends
 from .backends import (
     Backend,
+    DeniedError,
     Limits,
     NotFoundError,
     OversizeError,
@@ -47,41 +50,23 @@ from .cachefiles import (
     LOCKS,
     META,
     PARTIAL,
+    UnsafeCacheError,
     clear_non_file,
     dataset_name,
     open_no_follow,
+    own_folder,
     read_meta,
-    read_record,
     regular_file,
     write_meta,
-    write_no_follow,
 )
+from .sums import MAX_SUMS_LINE, SUMS, IndexFormatError, parse_sums_line
+from .transfer import ChecksumError, Hashing, Restart, Transfer
 
 __all__ = ["Cache", "Lease", "ChecksumError", "NotCachedError", "UnsafeCacheError", "default_cache_dir",
-           "offline_default", "file_sha256", "SUMS"]  # fmt: skip
+           "offline_default", "file_sha256", "SUMS", "IndexFormatError"]  # fmt: skip
 
-#: The checksum sidecar ``publish`` writes: ``sha256  name`` lines.
-SUMS = "SHA256SUMS"
-#: The longest ``SHA256SUMS`` line read (a digest, two spaces, a name of at most 4096 bytes).
-_SUMS_LINE = 64 + 3 + 4096 + 2
 _READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
 _HASH_BLOCK = 1 << 22
-#: Bytes a download writes between asking the kernel to start writing them back.
-_WRITEBACK_BYTES = 8 << 20
-
-
-class ChecksumError(RemoteError):
-    """A downloaded file is not what was published (size or SHA-256); it was deleted."""
-
-
-class UnsafeCacheError(RemoteError):
-    """The cache folder of a dataset is a symbolic link (planted in a shared cache root): it is never followed."""
-
-    transient = False
-
-
-class _Restart(Exception):
-    """The object changed since the partial download began: start over."""
 
 
 class NotCachedError(NotFoundError):
@@ -123,56 +108,9 @@ def _folder_name(url: str) -> str:
     return f"{tail}-{hashlib.sha256(base.encode('utf-8')).hexdigest()[:16]}"
 
 
-class _Hashing:
-    """A file handle that hashes what is written through it, in a second thread: reading the next block from the
-    network overlaps hashing and writing the previous one (``hashlib`` and file writes release the GIL). The queue is
-    short, so memory stays a few blocks."""
-
-    def __init__(self, handle: BinaryIO, digest: Any) -> None:
-        self.handle, self.digest = handle, digest
-        self._blocks: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
-        self._error: BaseException | None = None
-        self._worker = threading.Thread(target=self._run, daemon=True)
-        self._worker.start()
-
-    def _run(self) -> None:
-        unsynced = 0
-        while (block := self._blocks.get()) is not None:
-            if self._error is None:
-                try:
-                    self.digest.update(block)
-                    self.handle.write(block)
-                    unsynced += len(block)
-                    if unsynced >= _WRITEBACK_BYTES:  # the disk writes overlap the download; the fsync waits less
-                        self.handle.flush()
-                        start_writeback(self.handle.fileno())
-                        unsynced = 0
-                except BaseException as error:  # handed to the downloading thread
-                    self._error = error
-
-    def write(self, data: bytes) -> int:
-        if self._error is not None:
-            raise self._error
-        self._blocks.put(bytes(data))
-        return len(data)
-
-    def restart(self) -> None:
-        """Empty the file and the hash (before any block of this attempt was written): the store sends the whole
-        object."""
-        self.handle.truncate(0)
-        self.digest = hashlib.sha256()
-
-    def close(self) -> None:
-        """Wait until every block is hashed and written; raise what the worker met."""
-        self._blocks.put(None)
-        self._worker.join()
-        if self._error is not None:
-            raise self._error
-
-
 @contextlib.contextmanager
 def _locked(path: Path, kind: int) -> Iterator[int]:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    own_folder(path.parent)
     descriptor = open_no_follow(path, os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(descriptor, kind)
@@ -194,7 +132,7 @@ class Lease:
     def add(self, lock: Path) -> None:
         """Hold ``lock`` too (nothing to hold in a read-only cache: nobody can evict from it)."""
         try:
-            lock.parent.mkdir(parents=True, exist_ok=True)
+            own_folder(lock.parent)
             descriptor = open_no_follow(lock, os.O_RDWR | os.O_CREAT)
         except OSError as error:
             if error.errno in _READ_ONLY:
@@ -225,7 +163,10 @@ class Cache:
             root holds more.
         offline: never touch the network; a file not cached is an error.
         backend: the store (chosen from the URL's scheme by default).
-        query: a query string sent with every file's URL (a token; a signed URL's own query when it names one file).
+        query: a query string sent with the dataset's requests (a token), or only with ``query_for``'s.
+        query_for: the one file ``query`` is for (a presigned URL signs one object): the other files (its
+            ``SHA256SUMS``, its companions) are asked for without it, and a refusal of an optional one counts as
+            absent.
         connect_timeout, stall_timeout, retries, max_index_bytes: the store's :class:`~tokformats.remote.backends.
             Limits` (None: ``$TOKFORMATS_CONNECT_TIMEOUT``, ... else the defaults).
         revalidate: ask the store once per :class:`Cache` whether a cached index file (``SHA256SUMS``, a manifest)
@@ -242,6 +183,7 @@ class Cache:
         offline: bool | None = None,
         backend: Backend | None = None,
         query: str | None = None,
+        query_for: str | None = None,
         connect_timeout: float | None = None,
         stall_timeout: float | None = None,
         retries: int | None = None,
@@ -251,6 +193,7 @@ class Cache:
         base, _, own_query = url.partition("?")
         self._base = base.rstrip("/")
         self.query = query or own_query or None
+        self.query_for = query_for
         self.url = public_url(self._base)
         self.root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
         self.folder = self.root / _folder_name(self.url)
@@ -281,7 +224,8 @@ class Cache:
     def url_of(self, name: str) -> str:
         """The URL of file ``name`` of the dataset (with the query string: show it with ``_safe`` only)."""
         quoted = urllib.parse.quote(name, safe="/") if self._base.startswith(("http:", "https:")) else name
-        return f"{self._base}/{quoted}" + (f"?{self.query}" if self.query else "")
+        signed = self.query and (self.query_for is None or name == self.query_for)
+        return f"{self._base}/{quoted}" + (f"?{self.query}" if signed else "")
 
     def check_name(self, name: object, where: str | None = None) -> str:
         """``name`` when it may be a file of this dataset (see :func:`~tokformats.remote.cachefiles.dataset_name`);
@@ -374,8 +318,7 @@ class Cache:
             if self._current(name, target, size, sha256):
                 _touch(target)
                 return target
-            index = _is_index(name)
-            self._download(name, target, size, sha256, self.limits.max_index_bytes if index else None)
+            self._download(name, target, size, sha256, self.limits.max_index_bytes if _is_parsed(name) else None)
             self._fresh[name] = True
         return target
 
@@ -478,16 +421,16 @@ class Cache:
         and ``cap`` before the first byte is kept; recorded beside the partial, so that a resume sends ``If-Range``
         with it). A body longer than announced, a wrong size or checksum, or a 404 deletes the partial."""
         target.parent.mkdir(parents=True, exist_ok=True)
-        transfer = _Transfer(self.url_of(name), target, size, cap)
+        transfer = Transfer(self.url_of(name), target, size, cap)
         failure: BaseException | None = None
         for attempt in range(1, self.limits.retries + 2):
             try:
                 complete = self._attempt(transfer)
-            except (NotFoundError, ChecksumError, OversizeError) as error:  # another attempt would not mend them
-                transfer.discard(only_empty=isinstance(error, NotFoundError))
+            except (NotFoundError, DeniedError, ChecksumError, OversizeError) as error:  # no attempt would mend them
+                transfer.discard(only_empty=isinstance(error, (NotFoundError, DeniedError)))
                 failure = error
                 break
-            except _Restart:
+            except Restart:
                 transfer.discard()
                 continue
             except (OSError, RemoteError) as error:
@@ -516,13 +459,13 @@ class Cache:
         transfer.record.unlink(missing_ok=True)
         fsync_folder(target.parent)
 
-    def _attempt(self, transfer: _Transfer) -> bool:
+    def _attempt(self, transfer: Transfer) -> bool:
         """One request of ``transfer``, appended to its partial file (opened without following a link); whether
         the partial now holds the whole object."""
         start = transfer.held()
         descriptor = open_no_follow(transfer.partial, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         with os.fdopen(descriptor, "ab") as handle:
-            sink = _Hashing(handle, transfer.digest)
+            sink = Hashing(handle, transfer.digest)
             try:
                 self.backend.download(transfer.url, sink, start, transfer.recorded.get("etag"),  # type: ignore[arg-type]
                                       lambda stat, whole: transfer.answered(stat, whole, sink, start))  # fmt: skip
@@ -554,11 +497,15 @@ class Cache:
             path = self.fetch(SUMS)
         except NotFoundError:
             return {}
+        except DeniedError:
+            if self.query_for is None:
+                raise
+            return {}  # a presigned URL of one file: the store lets nothing else be read
         where = f"{self.url}/{SUMS}"
         sums: dict[str, str] = {}
         with open(path, "rb") as handle:
-            for number, raw in enumerate(iter(lambda: handle.readline(_SUMS_LINE + 1), b""), 1):
-                line = _sums_line(raw, f"{where}, line {number}")
+            for number, raw in enumerate(iter(lambda: handle.readline(MAX_SUMS_LINE + 1), b""), 1):
+                line = parse_sums_line(raw, f"{where}, line {number}")
                 if line is None:
                     continue
                 digest, name = line
@@ -616,27 +563,11 @@ class Cache:
         return removed
 
 
-class IndexFormatError(RemoteError):
-    """An index file of a remote dataset (``SHA256SUMS``) holds something other than what its format allows."""
-
-    transient = False
-
-
-def _sums_line(raw: bytes, where: str) -> tuple[str, str] | None:
-    """``(digest, name)`` of one ``SHA256SUMS`` line (GNU ``digest  name`` or ``digest *name``), None for a blank
-    line."""
-    if len(raw) > _SUMS_LINE:
-        raise IndexFormatError(f"{where} is longer than {_SUMS_LINE:,} bytes: not a 'sha256  name' line.")
-    try:
-        line = raw.decode("utf-8").rstrip("\r\n")
-    except UnicodeDecodeError:
-        raise IndexFormatError(f"{where} is not UTF-8 text: not a 'sha256  name' line.") from None
-    if not line.strip():
-        return None
-    match = re.fullmatch(r"([0-9a-fA-F]{64}) [ *](.+)", line)
-    if match is None:
-        raise IndexFormatError(f"{where} is {line[:100]!r}, not a 'sha256  name' line.")
-    return match.group(1).lower(), match.group(2)
+def _is_parsed(name: str) -> bool:
+    """Whether ``name`` is an index file read into memory as text (``SHA256SUMS``, a JSON index such as a manifest,
+    ``index.json``, ``state.json``, ``meta.json``): its size is capped by ``max_index_bytes``. Binary indexes that are
+    mapped, never parsed (a Megatron ``.idx``, a datatrove ``.ds.index``), are not."""
+    return name == SUMS or (name.endswith(".json") and _is_index(name))
 
 
 def _is_index(name: str) -> bool:
@@ -655,82 +586,3 @@ def _detached(error: BaseException) -> BaseException:
     if hasattr(error, "transient"):
         clean.transient = error.transient  # type: ignore[attr-defined]
     return clean
-
-
-class _Transfer:
-    """One file's download: its partial file and resume record (never followed when they are links), what the
-    store said of the object, and the SHA-256 of what arrived."""
-
-    def __init__(self, url: str, target: Path, size: int | None, cap: int | None) -> None:
-        self.url, self.size, self.cap = url, size, cap
-        self.partial = target.with_name(target.name + PARTIAL)
-        self.record = target.with_name(target.name + PARTIAL + ".json")
-        self.remote: RemoteStat | None = None
-        self.restarts = 0
-        self.digest: Any = hashlib.sha256()
-        self.recorded: dict[str, Any] = {}
-        self.resume()
-
-    def answer(self) -> RemoteStat:
-        """What the store said of the object (its size, ETag, checksum), once an attempt has been answered."""
-        if self.remote is None:  # answered() runs before the first byte: a backend that never called it is broken
-            raise RemoteError(f"downloading {_safe(self.url)}: the store sent no size or status before its body.")
-        return self.remote
-
-    def held(self) -> int:
-        """Bytes the partial file holds."""
-        info = regular_file(self.partial)
-        return info.st_size if info is not None else 0
-
-    def resume(self) -> None:
-        """Hash what the partial file holds, when it can be resumed (its record names a strong ETag to send with
-        ``If-Range`` and a size it does not exceed); otherwise remove it."""
-        clear_non_file(self.partial)
-        clear_non_file(self.record)
-        self.digest, self.recorded = hashlib.sha256(), {}
-        info = regular_file(self.partial)
-        if info is None:
-            return
-        before = read_record(self.record)
-        etag, size = before.get("etag"), before.get("size")
-        if not isinstance(etag, str) or etag.startswith("W/") or not isinstance(size, int) or info.st_size > size:
-            self.discard()
-            return
-        with os.fdopen(open_no_follow(self.partial, os.O_RDONLY), "rb") as handle:
-            while block := handle.read(_HASH_BLOCK):
-                self.digest.update(block)
-        self.recorded = {"etag": etag, "size": size}
-
-    def discard(self, only_empty: bool = False) -> None:
-        """Delete the partial file and its record (``only_empty``: only when nothing arrived, as after a 404)."""
-        if only_empty and self.held():
-            return
-        self.partial.unlink(missing_ok=True)
-        self.record.unlink(missing_ok=True)
-        self.digest, self.recorded = hashlib.sha256(), {}
-
-    def answered(self, stat: RemoteStat, whole: bool, sink: _Hashing, start: int) -> None:
-        """What the store says of the object, before its first byte: checked against the cap and the records."""
-        if self.cap is not None and stat.size > self.cap:
-            raise OversizeError(
-                f"{_safe(self.url)} is {stat.size:,} bytes, more than the {self.cap:,} allowed for an index file "
-                "(raise the cap with max_index_bytes= or $TOKFORMATS_MAX_INDEX_BYTES)."
-            )
-        if self.size is not None and stat.size != self.size:
-            raise ChecksumError(
-                f"{_safe(self.url)} has {stat.size:,} bytes, but the dataset's records say {self.size:,}: the store "
-                "holds another version of the file (republished?)."
-            )
-        if start and (whole or self.recorded.get("size") != stat.size):  # changed, or Range ignored
-            self.restarts += 1
-            if self.restarts > 2:
-                changing = RemoteError(f"{_safe(self.url)} keeps changing while it downloads.")
-                changing.transient = False  # type: ignore[attr-defined]
-                raise changing
-            if not whole:
-                raise _Restart
-            sink.restart()  # this answer is the whole object: keep it, from its first byte
-        if {"etag": stat.etag, "size": stat.size} != self.recorded:
-            self.recorded = {"etag": stat.etag, "size": stat.size}
-            write_no_follow(self.record, json.dumps(self.recorded))
-        self.remote = stat

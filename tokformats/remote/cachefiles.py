@@ -17,15 +17,33 @@ from pathlib import Path
 from typing import Any
 
 from ..fs.names import UnsafeNameError, safe_relative_name
+from .backends import RemoteError
 
-__all__ = ["LOCKS", "META", "PARTIAL", "dataset_name", "regular_file", "open_no_follow", "write_no_follow",
-           "read_record", "meta_path", "write_meta", "read_meta"]  # fmt: skip
+__all__ = ["LOCKS", "META", "PARTIAL", "UnsafeCacheError", "dataset_name", "regular_file", "own_folder",
+           "open_no_follow", "write_no_follow", "read_record", "meta_path", "write_meta", "read_meta"]  # fmt: skip
 
 LOCKS = ".tokformats-locks"
 META = ".tokformats-meta"
 PARTIAL = ".partial"
 #: The largest record the cache reads back (a few fields).
 _RECORD_BYTES = 64 << 10
+
+
+class UnsafeCacheError(RemoteError):
+    """A folder of the cache is a symbolic link (planted in a shared cache root): it is never followed."""
+
+    transient = False
+
+
+def own_folder(folder: Path) -> Path:
+    """``folder``, made when missing; :class:`UnsafeCacheError` when a link (or a file) is there instead."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if not stat.S_ISDIR(os.lstat(folder).st_mode):
+        raise UnsafeCacheError(
+            f"{folder} is a link or a file, not a folder; tokformats never follows it. Remove it (rm {folder}) and "
+            "open the dataset again."
+        )
+    return folder
 
 
 def dataset_name(name: object, *, where: str, folder: Path | None = None) -> str:
@@ -98,10 +116,12 @@ def meta_path(folder: Path, name: str) -> Path:
 def write_meta(folder: Path, name: str, *, size: int, etag: str | None, sha256: str) -> None:
     """Record what file ``name`` was when it arrived."""
     path = meta_path(folder, name)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    own_folder(path.parent)
     write_no_follow(path, json.dumps({"size": size, "etag": etag, "sha256": sha256}))
 
 
 def read_meta(folder: Path, name: str) -> dict[str, Any]:
-    """The record :func:`write_meta` kept for ``name`` (empty when there is none)."""
+    """The record :func:`write_meta` kept for ``name`` (empty when there is none, or its folder is a link)."""
+    if os.path.islink(folder / META):
+        return {}
     return read_record(meta_path(folder, name))

@@ -17,7 +17,7 @@ from ..core.format_module import PublishedLast, RemoteLazy
 from ..core.registry import FormatDescriptor, formats
 from ..errors import FormatError, HeaderError
 from ..fs.paths import public_url
-from .backends import Backend, NotFoundError, RemoteError
+from .backends import Backend, DeniedError, NotFoundError, RemoteError
 from .cache import SUMS, Cache, IndexFormatError, Lease
 from .hooks import adopted, companions, index_readers, published_last
 from .lazy import RemoteFiles
@@ -187,7 +187,7 @@ def _plan(url: str, **cache_options: Any) -> _Plan:
         cache = Cache(url, query=query, **cache_options)
         return _Plan(url, cache, _entries_with_records(cache, _folder_entries(cache, cache.sums())), cache.folder)
     base, name = url.rsplit("/", 1)
-    cache = Cache(base, query=query, **cache_options)
+    cache = Cache(base, query=query, query_for=name if query else None, **cache_options)
     name = cache.check_name(name, f"the URL {public_url(url)}")
     sums = cache.sums()
     entries = [Entry(name, sha256=sums.get(name), required=False)]
@@ -236,7 +236,7 @@ def _bring(plan: _Plan, names: list[str] | None = None, adopt: dict[str, Path] |
     rest = [e for e in entries if not published_last(e.name)]
     lease = Lease()
     done: dict[str, bool] = {}
-    missing: list[NotFoundError] = []
+    missing: list[RemoteError] = []
     bringing = {cache.path(e.name) for e in entries}  # never evicted by this fetch's own downloads
 
     def get(entry: Entry) -> None:
@@ -244,8 +244,9 @@ def _bring(plan: _Plan, names: list[str] | None = None, adopt: dict[str, Path] |
         try:
             cache.fetch_held(entry.name, lease, size=entry.size, sha256=entry.sha256, adopt=candidate,
                              keep=bringing, listed_by=entry.listed_by)  # fmt: skip
-        except NotFoundError as error:
-            if entry.required:
+        except (NotFoundError, DeniedError) as error:
+            absent = isinstance(error, NotFoundError) or cache.query_for is not None  # a presigned file's neighbours
+            if entry.required or not absent:
                 raise
             missing.append(error)
             return
@@ -315,7 +316,8 @@ def _open_lazily(plan: _Plan, opener: Opener, cache_options: dict[str, Any], opt
                      "maybe": not e.required and e.name not in index.files}
             for e in index.entries
         }  # fmt: skip
-        cache = {**cache_options, "cache_dir": str(index.cache.root)}  # no backend here: it pickles with the reader
+        cache = {**cache_options, "cache_dir": str(index.cache.root),
+                 "query_for": index.cache.query_for}  # no backend here: it pickles with the reader  # fmt: skip
         remote: LazyFiles = RemoteFiles(index.cache.source, index.cache.folder, records, cache, index=index.files)
         index.lease.release()  # the reader's RemoteFiles holds the index files now
         try:

@@ -10,9 +10,10 @@ from typing import Any
 from ..fs.names import UnsafeNameError
 from ..fs.paths import public_url
 from .backends import Backend, Limits, NotFoundError, OversizeError, RemoteError, RemoteStat, backend_for
-from .cache import SUMS, IndexFormatError, _sums_line, file_sha256
+from .cache import file_sha256
 from .cachefiles import dataset_name
 from .hooks import published_last
+from .sums import SUMS, IndexFormatError, parse_sums_line
 
 __all__ = ["publish", "StaleFilesError"]
 
@@ -113,7 +114,7 @@ def _published_sums(store: Backend, url: str) -> dict[str, str]:
         handle.seek(0)
         for number, raw in enumerate(iter(lambda: handle.readline(1 << 13), b""), 1):
             where = f"{public_url(url)}, line {number}"
-            line = _sums_line(raw, where)
+            line = parse_sums_line(raw, where)
             if line is not None:
                 try:
                     sums[dataset_name(line[1], where=where)] = line[0]
