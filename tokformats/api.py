@@ -214,7 +214,6 @@ def convert(
             alternatives=_index_formats(),
         )
         writer = _destination_writer(reader, destination, format, delimiter, writer_options)
-        added = 0
         check = writer_class.boundaries != "index"
         # Formats that can record their convention (llm.c's header, a .pt manifest) do. A source of one document
         # declares nothing: a legacy llm.c stream keeps reading at the family's delimiter.
@@ -224,19 +223,8 @@ def convert(
             writer.declare_delimiter("none", None)
         # What the destination reads back: the bare stream of a delimiter format is one document.
         documents = len(reader) if keep_boundaries or not check else min(len(reader), 1)
-        bar = progress_bar(reader.num_tokens, f"convert -> {format}", enabled=progress)
         with writer:
-            for first, stop in document_runs(reader.offsets, batch_tokens):
-                flat = reader.span(reader.offsets.item(first), reader.offsets.item(stop))
-                lengths = reader.lengths[first:stop]
-                if bar is not None:
-                    bar.update(len(flat))
-                if delimiter is not None:
-                    flat, lengths, inserted = delimit(flat, lengths, delimiter, first, check=check)
-                    added += inserted
-                writer.write_batch(flat, lengths)
-            if bar is not None:
-                bar.close()
+            added = _copy_documents(reader, writer, delimiter, batch_tokens=batch_tokens, progress=progress)
             if (writer.num_documents, writer.num_tokens) != (len(reader), reader.num_tokens + added):
                 raise FormatError(  # a bug, not bad input: refuse to commit rather than publish it
                     f"converting {reader.path} wrote {writer.num_documents:,} documents and {writer.num_tokens:,} "
@@ -251,6 +239,28 @@ def convert(
             "delimiter_moved": bool(delimiter and delimiter.moves),
             "read_with": writer.read_with(),
         }
+
+
+def _copy_documents(
+    reader: TokenReader, writer: TokenWriter, delimiter: Any, *, batch_tokens: int, progress: bool
+) -> int:
+    """Copy every document in runs of about ``batch_tokens``, adding (or moving) the delimiter where the
+    destination splits at one; returns how many tokens were added."""
+    added = 0
+    check = writer.boundaries != "index"
+    bar = progress_bar(reader.num_tokens, f"convert -> {writer.format}", enabled=progress)
+    for first, stop in document_runs(reader.offsets, batch_tokens):
+        flat = reader.span(reader.offsets.item(first), reader.offsets.item(stop))
+        lengths = reader.lengths[first:stop]
+        if bar is not None:
+            bar.update(len(flat))
+        if delimiter is not None:
+            flat, lengths, inserted = delimit(flat, lengths, delimiter, first, check=check)
+            added += inserted
+        writer.write_batch(flat, lengths)
+    if bar is not None:
+        bar.close()
+    return added
 
 
 def _destination_writer(
