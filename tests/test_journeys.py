@@ -660,3 +660,18 @@ def test_convert_and_verify_show_a_bar_after_a_second(tmp_path: Path, capsys: py
     with tokformats.open(tmp_path / "c") as reader:
         assert reader.problems(progress=True) == []
     assert capsys.readouterr().err == ""
+
+
+def test_info_on_a_pt_folder_without_a_recorded_delimiter_says_how_to_split_it(tmp_path: Path) -> None:
+    with tokformats.create(tmp_path / "old", "pt", tokens_per_shard=50, eos=0) as writer:
+        writer.write_batch([5] * 30 + [6] * 30 + [7] * 30, [30, 30, 30])
+    manifest = json.loads((tmp_path / "old" / "manifest.json").read_text())
+    assert manifest.pop("document_delimiter") == {"eos": 0}
+    (tmp_path / "old" / "manifest.json").write_text(json.dumps(manifest))  # as written before it was recorded
+    status, stdout, stderr = cli("info", "old", cwd=tmp_path)
+    assert status == 0 and "documents        2\n" in stdout
+    assert stderr == (
+        "warning: no document delimiter is recorded, so each of the 2 files reads as one document; if documents end "
+        "with an id (the stream ends with 0), pass --eos 0.\n"
+    )
+    assert info("old", tmp_path, "--eos", "0")["documents"] == 3

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..core.arrays import iter_chunks
 from ..core.protocol import Reader, TokenReader
+from ..errors import option
 
 __all__ = ["describe"]
 
@@ -55,6 +56,7 @@ def describe(reader: Reader[Any], *, scan: bool = True, url: str | None = None) 
             info["loss_masks"] = reader.loss_masks is not None  # SFT data: which tokens are trained on is stored
         if scan:
             info["min_id"], info["max_id"] = _extremes(reader)
+        warnings += _undelimited(reader)
         delimiter = next((getattr(reader, k) for k in ("eos", "bos") if getattr(reader, k, None) is not None), None)
         if delimiter is not None and len(reader) <= 1 and reader.num_tokens > 1:
             warnings.append(
@@ -73,6 +75,21 @@ def describe(reader: Reader[Any], *, scan: bool = True, url: str | None = None) 
     info["metadata"] = _jsonable(reader.metadata)
     info["warnings"] = warnings
     return info
+
+
+def _undelimited(reader: TokenReader) -> list[str]:
+    """A stream of several files that takes ``eos=``/``bos=`` but was opened without either reads one document per
+    file (a ``.pt`` folder written before its manifest recorded the delimiter): say so, with the option to pass."""
+    if not (hasattr(reader, "eos") and hasattr(reader, "bos")) or reader.eos is not None or reader.bos is not None:
+        return []
+    files = len(reader.files)
+    if files < 2 or len(reader) != files or reader.num_tokens == 0:
+        return []
+    last = int(reader.tokens[reader.num_tokens - 1])
+    return [
+        f"no document delimiter is recorded, so each of the {files} files reads as one document; if documents end "
+        f"with an id (the stream ends with {last}), pass {option('eos', str(last))}."
+    ]
 
 
 def _jsonable(value: Any) -> Any:

@@ -10,6 +10,7 @@ view of the table.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import glob
 import importlib
 import os
@@ -382,10 +383,8 @@ def detect(path: Any) -> str:
         return found
     _raise_unreadable(probe)  # a file a format looked for but could not read (chmod 000) says so
     if not probe.exists:
-        try:
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             os.stat(first)  # why it cannot be looked at, when that is not its absence (a name too long, EACCES)
-        except (FileNotFoundError, NotADirectoryError):
-            pass
         raise NoFilesError(f"{first} does not exist.{_did_you_mean(first)}")
     hints = []
     for entry in _table().values():

@@ -361,7 +361,8 @@ class Reader(MappedParts):
             self.bos, self.bos_rule = found, "family"
             return
         self.bos, self.bos_rule = None, "unknown"
-        self.warnings.append(self._unknown_convention())
+        self._unknown = self._unknown_convention()
+        self.warnings.append(f"{self._unknown_where()}: {self._unknown}")
         warnings.warn(DataWarning(self.warnings[-1]), stacklevel=4)
 
     def _family_delimiter(self) -> int | None:
@@ -374,13 +375,15 @@ class Reader(MappedParts):
         probe = np.asarray(self.shards[first_shard][:DELIMITER_PROBE])
         return self.family.delimiter if (probe == self.family.delimiter).any() else None
 
+    def _unknown_where(self) -> str:
+        return str(self.path) if self.num_shards == 1 else f"{self.path.parent}/ ({self.num_shards} shards)"
+
     def _unknown_convention(self) -> str:
         """Why the stream reads as one document, and the options that split it, with ids taken from the data."""
         tokens = self.tokens
         first, last = int(tokens[0]), int(tokens[len(tokens) - 1])
-        path = self.path if self.num_shards == 1 else f"{self.path.parent}/ ({self.num_shards} shards)"
         return (
-            f"{path}: the document delimiter is unknown: the header records none and the {self.family.name} "
+            f"the document delimiter is unknown: the header records none and the {self.family.name} "
             f"delimiter {self.family.delimiter} does not occur, so the stream reads as one document. If each "
             f"document starts with an id (this stream starts with {first}), pass {option('bos', str(first))}; if "
             f"each ends with one (it ends with {last}), pass {option('eos', str(last))}."
@@ -392,7 +395,7 @@ class Reader(MappedParts):
 
         if self.bos_rule != "unknown":
             return []
-        return [Problem(str(self.path), "delimiter", self.warnings[0].split(": ", 1)[1])]
+        return [Problem(str(self.path), "delimiter", self._unknown)]
 
     @property
     def num_shards(self) -> int:

@@ -962,10 +962,7 @@ def tokenize(
     work = Path(f"{output}.tokenize")
     with _owned_work_folder(work), _naming_output(output):  # one run at a time: a second one is refused
         _check_outputs(writer_class, targets, work, overwrite=overwrite, resume=resume)
-        named = writer_class.tokenizer_name_option
-        if named and named not in writer_options and isinstance(tokenizer, (str, os.PathLike)):
-            writer_options = {**writer_options, named: os.fspath(tokenizer)}  # as DocumentTokenizer records it
-        _check_writer_options(plan, writer_class, targets, writer_options)
+        writer_options = _checked_writer_options(plan, writer_class, targets, writer_options, tokenizer)
         total_bytes = sum(i.size or 0 for i in resolved) or None
         # By default on a terminal, and in a notebook (where tqdm draws a widget); not in logs.
         show = (sys.stderr.isatty() or "ipykernel" in sys.modules) if progress is None else progress
@@ -1205,13 +1202,22 @@ def _output_writer(
     return writer
 
 
-def _check_writer_options(
-    plan: Plan, writer_class: type[TokenWriter], targets: dict[tuple[str, str], Path], writer_options: dict[str, Any]
-) -> None:
-    """Create (and discard) the first output's writer before encoding, so that a dtype or option the format
-    refuses fails now, not after the whole encode."""
+def _checked_writer_options(
+    plan: Plan,
+    writer_class: type[TokenWriter],
+    targets: dict[tuple[str, str], Path],
+    writer_options: dict[str, Any],
+    tokenizer: Any,
+) -> dict[str, Any]:
+    """The writer options of the run (with the tokenizer's name where the format records it, as datatrove's
+    ``DocumentTokenizer`` does), after creating (and discarding) the first output's writer with them, so that a
+    dtype or option the format refuses fails now, not after the whole encode."""
+    named = writer_class.tokenizer_name_option
+    if named and named not in writer_options and isinstance(tokenizer, (str, os.PathLike)):
+        writer_options = {**writer_options, named: os.fspath(tokenizer)}
     (_, split), target = next(iter(targets.items()))
     _output_writer(plan, writer_class, target, split, writer_options, replace=True).abort()
+    return writer_options
 
 
 def _write_outputs(
