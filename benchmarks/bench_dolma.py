@@ -60,14 +60,18 @@ def child(side: str, folder: Path) -> None:
         first = np.asarray(reader[0][:4]).tolist()
         count = len(reader)
     elif side == "csv rows (0.1)":
-        starts, ends = csv_rows(folder / "dolma" / "part-0-00000.csv.gz")
+        _, ends = csv_rows(folder / "dolma" / "part-0-00000.csv.gz")
         first = np.fromfile(folder / "dolma" / "part-0-00000.npy", dtype=np.uint16, count=4).tolist()
         count = len(ends)
     else:
         dataset = NumpyFSLDataset(
-            str(folder / "dolma" / "part-0-00000.npy"), sequence_length=2048, pad_token_id=0, eos_token_id=0, vocab_size=50257,
+            str(folder / "dolma" / "part-0-00000.npy"),
+            sequence_length=2048,
+            pad_token_id=0,
+            eos_token_id=0,
+            vocab_size=50257,
             dtype=np.uint16,
-        )  # fmt: skip
+        )
         dataset.prepare()
         first = np.asarray(dataset[0]["input_ids"][:4]).tolist()
         count = len(dataset)
