@@ -225,11 +225,12 @@ def _recover_locked(journal: Path) -> list[Path]:
 def recover_near(path: object) -> None:
     """Complete the commits a killed writer left beside (or inside) ``path`` (a file, prefix, folder, glob or
     list), so that what is opened there is read whole, old or new, never half of each. One ``stat`` per folder."""
-    from .paths import folders_near
+    from .paths import folders_near, forget_listings
 
     try:
         folders = folders_near(path)
     except (FormatError, TypeError):  # nothing there (the reader says so), or not a path at all
         return
-    for folder in folders:
-        recover(Path(folder))
+    completed = [journal for folder in folders for journal in recover(Path(folder))]
+    if completed:  # the commit renamed files into place: a listing made before it is stale
+        forget_listings()

@@ -25,6 +25,7 @@ __all__ = [
     "expand_paths",
     "expand_path_texts",
     "folders_near",
+    "forget_listings",
     "is_pattern",
     "is_url",
     "one_expansion",
@@ -86,6 +87,13 @@ def one_expansion() -> Iterator[None]:
         yield
     finally:
         _LISTINGS.reset(token)
+
+
+def forget_listings() -> None:
+    """Drop the listings :func:`one_expansion` holds (a commit completed in between renamed files into place)."""
+    listings = _LISTINGS.get()
+    if listings is not None:
+        listings.clear()
 
 
 def _list_pattern(text: str) -> _Listing:
