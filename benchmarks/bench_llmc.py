@@ -106,9 +106,16 @@ def read_all_limited(pattern: str) -> None:
     print(json.dumps({"seconds": seconds, "sum": total, "documents": documents, "open_fds": descriptors}))
 
 
+def environment() -> dict[str, str]:
+    """Children run with bytecode caching on (a private ``PYTHONPYCACHEPREFIX``), as an installed package would."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(scratch("llmc") / "pycache")
+    return env
+
+
 def timed(command: list[str]) -> tuple[dict[str, float], float]:
     started = time.perf_counter()
-    out = subprocess.run(command, check=True, capture_output=True, text=True, env={**os.environ}).stdout
+    out = subprocess.run(command, check=True, capture_output=True, text=True, env=environment()).stdout
     wall = time.perf_counter() - started
     return json.loads(out.strip().splitlines()[-1]), wall
 
@@ -137,6 +144,7 @@ def main() -> None:
     rows = []
     for count in args.shards:
         pattern = make_shards(folder, count)
+        timed([sys.executable, str(HERE), "--llmc", str(args.llmc), "--child", pattern])  # fills the bytecode cache
         theirs: list[float] = []
         ours: list[float] = []
         walls: dict[str, list[float]] = {"c": [], "py": []}
@@ -165,7 +173,7 @@ def main() -> None:
     print(table(rows))
     pattern = make_shards(folder, max(args.shards))
     command = [sys.executable, str(HERE), "--llmc", str(args.llmc), "--limited", pattern]
-    run = subprocess.run(command, capture_output=True, text=True)
+    run = subprocess.run(command, capture_output=True, text=True, env=environment())
     if run.returncode:
         print(f"ulimit -n 256, {max(args.shards):,} shards: failed: {run.stderr.strip().splitlines()[-1]}")
         return

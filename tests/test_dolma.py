@@ -130,3 +130,63 @@ def test_tokenize_into_dolma(tmp_path: Path, tokenizer_path: Path) -> None:
     tokformats.tokenize(texts, tokenizer_path, tmp_path / "out", "dolma", progress=False)
     with tokformats.open(tmp_path / "out") as reader:
         assert reader.format == "dolma" and len(reader) == 3
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "0,3,a,src,0\r\n3,7,b,src,1\r\n",
+        "0,3,a,src,0\n3,7,b,src,1",  # no final newline, bare \n
+        '0,3,"a,b",src,0\r\n\r\n3,7,"x""y",src,1\r\n',  # quoted commas and quotes, an empty row
+        '0,3,"line\nbreak",src,0\r\n3,7,b,src,1\r\n',  # a quoted newline: rows are not lines
+        "0,3\r\n3,7\r\n",  # two fields only
+        "00,003,a,s,0\r\n3,12345678901234567,a,s,0\r\n",  # leading zeros, 17 digits
+        '"0","3",a,s,0\r\n3,7,b,s,1\r\n',  # quoted numbers: the csv parser reads them
+        " 0,3,a,s,0\r\n",  # a space int() accepts
+        "",
+    ],
+)
+def test_start_end_columns_parse_like_the_csv_reader(tmp_path: Path, text: str) -> None:
+    import gzip
+
+    from tokformats.formats import dolma
+
+    path = tmp_path / "x.csv.gz"
+    path.write_bytes(gzip.compress(text.encode()))
+    starts, ends, _ = dolma.read_metadata(path)
+    fast_starts, fast_ends = dolma.read_start_end(path)
+    assert fast_starts.tolist() == starts.tolist() and fast_ends.tolist() == ends.tolist()
+    assert fast_starts.dtype == fast_ends.dtype == np.int64
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("0,3,a\r\nx,7,b\r\n", "start,end columns must be integers"), ("0,3,a\r\n5\r\n", "row 2 has 1 field")],
+)
+def test_bad_start_end_columns_are_refused(tmp_path: Path, text: str, message: str) -> None:
+    import gzip
+
+    from tokformats.formats import dolma
+
+    path = tmp_path / "x.csv.gz"
+    path.write_bytes(gzip.compress(text.encode()))
+    with pytest.raises(tokformats.FormatError, match=message):
+        dolma.read_start_end(path)
+
+
+@pytest.mark.parametrize("source", ["", "a,b", 'q"x', "line\nbreak", "plain.jsonl"])
+def test_batch_rows_are_what_csv_writes(tmp_path: Path, source: str) -> None:
+    import csv
+    import io
+
+    with tokformats.create(tmp_path / "o", "dolma", vocab_size=1000, source=source) as writer:
+        writer.write_batch(np.arange(10), [3, 0, 7])
+        writer.write([1, 2], id="x,y", loc=9)
+    text = gzip.decompress((tmp_path / "o" / "part-0-00000.csv.gz").read_bytes()).decode()
+    expected = io.StringIO()
+    rows = [(0, 3, 0, source, 0), (3, 3, 1, source, 1), (3, 10, 2, source, 2), (10, 12, "x,y", source, 9)]
+    csv.writer(expected).writerows(rows)
+    assert text == expected.getvalue()
+    with tokformats.open(tmp_path / "o") as reader:
+        assert reader.lengths.tolist() == [3, 0, 7, 2]
+        assert reader.document_metadata(3) == {"id": "x,y", "src": source, "loc": "9"}

@@ -143,7 +143,9 @@ class MappedParts(TokenReader):
     @cached_property
     def shards(self) -> list[np.ndarray]:
         """Each part's tokens as its own read-only memory map (for a dataset opened by URL, a
-        :class:`~tokformats.arrays.LazyArray` that fetches the file on first use)."""
+        :class:`~tokformats.arrays.LazyArray` that fetches the file on first use; for several local parts of a format
+        that maps on use, :class:`~tokformats.core.arrays.LazyShards`: each mapped when first read, at most
+        :attr:`open_maps` at once)."""
         if self._remote is None and self.maps_on_use and len(self._parts) > 1:
             return LazyShards(  # type: ignore[return-value]
                 self._part_counts(),
@@ -197,8 +199,9 @@ class MappedParts(TokenReader):
 
     def _summary(self) -> dict[str, Any]:
         summary = super()._summary()
-        if len(self.files) > 1:
-            summary["files"] = len(self.files)
+        files = len(self._parts) if isinstance(self._parts, PartTable) else len(self.files)  # a table's are distinct
+        if files > 1:
+            summary["files"] = files
         return summary
 
 

@@ -58,6 +58,8 @@ DEFAULT_MAX_TOKENS = 512 * 1024 * 1024
 METADATA_SUFFIX = ".csv.gz"
 #: Replaces ``.npy`` in a memmap's name to name its loss-mask file.
 LABEL_MASK_SUFFIX = ".label_mask.npy"
+#: The gzip level of the rows the writer compresses (any level reads the same).
+ROWS_COMPRESSION = 1
 _ITEMSIZES: dict[int, np.dtype] = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
 _NUMPY_MAGIC = b"\x93NUMPY"
 
@@ -72,9 +74,8 @@ def metadata_path(path: Path) -> Path:
     return path.with_name(path.name[: -len(".npy")] + METADATA_SUFFIX if path.name.endswith(".npy") else path.name)
 
 
-def read_metadata(path: Path) -> tuple[np.ndarray, np.ndarray, list[list[str]]]:
-    """The rows of a ``.csv.gz``: ``(starts, ends, rest)`` where ``rest`` holds each row's other fields
-    (id, src, loc) as text. Decompression is bounded by the file's size (a zip bomb is refused)."""
+def _rows_text(path: Path) -> bytes:
+    """The decompressed ``.csv.gz``, bounded by the file's size (a zip bomb is refused)."""
     try:
         size = require_regular(path)
     except FileNotFoundError:  # listed (a broken link), or gone since
@@ -91,6 +92,87 @@ def read_metadata(path: Path) -> tuple[np.ndarray, np.ndarray, list[list[str]]]:
         raise FormatError(f"{path}: not a readable gzip file ({error}).") from None
     if len(data) > budget:
         raise FormatError(f"{path}: decompresses to more than {budget:,} bytes; refusing it as corrupt.")
+    return data
+
+
+_DIGITS = 19  # an int64 holds every number of up to 18 digits; longer ones go to the csv parser
+_ROWS_PER_STEP = 1 << 18
+_POWERS_OF_TEN = 10 ** np.arange(_DIGITS, dtype=np.int64)
+
+
+def _integer_column(text: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> np.ndarray | None:
+    """The integers written as plain digits at ``text[starts[k]:stops[k]]``, parsed for every row at once: the
+    digits right-aligned in a rows x width matrix (zeros before a field's start), times the powers of ten. None when
+    any field is not 1 to 18 ASCII digits."""
+    widths = stops - starts
+    if not len(widths):
+        return np.zeros(0, dtype=np.int64)
+    if widths.min() < 1 or widths.max() >= _DIGITS:
+        return None
+    width = int(widths.max())
+    places = np.arange(-width, 0)
+    scale = _POWERS_OF_TEN[width - 1 :: -1] if width > 1 else _POWERS_OF_TEN[:1]
+    values = np.empty(len(starts), dtype=np.int64)
+    for first in range(0, len(starts), _ROWS_PER_STEP):  # bounded temporaries: rows x width at a time
+        rows = slice(first, first + _ROWS_PER_STEP)
+        positions = stops[rows, None] + places
+        digits = text[np.maximum(positions, 0)] - np.uint8(ord("0"))  # uint8: below '0' wraps above 9
+        digits *= positions >= starts[rows, None]
+        if (digits > 9).any():
+            return None
+        values[rows] = digits.astype(np.int64) @ scale
+    return values
+
+
+def _start_end_columns(data: bytes) -> tuple[np.ndarray, np.ndarray] | None:
+    """The first two columns of dolma's rows, vectorised: rows are lines, each ``start,end,...`` in plain digits.
+    None when the text is anything else (a quoted field spanning lines, signs, spaces): the csv parser reads it."""
+    text = np.frombuffer(data, dtype=np.uint8)
+    newlines = np.flatnonzero(text == ord("\n"))
+    quotes = np.flatnonzero(text == ord('"'))
+    if quotes.size and (np.searchsorted(quotes, newlines) % 2).any():
+        return None  # a newline inside quotes: rows are not lines
+    line_starts = np.concatenate([[0], newlines + 1])
+    line_ends = np.concatenate([newlines, [len(text)]])
+    carriage = line_ends > line_starts
+    carriage[carriage] = text[line_ends[carriage] - 1] == ord("\r")
+    line_ends = line_ends - carriage
+    keep = line_ends > line_starts  # the csv reader skips empty rows
+    line_starts, line_ends = line_starts[keep], line_ends[keep]
+    commas = np.flatnonzero(text == ord(","))
+    first = np.searchsorted(commas, line_starts)
+    if first.size and (first >= len(commas)).any():
+        return None
+    first_comma = commas[np.minimum(first, len(commas) - 1)]
+    if (first_comma >= line_ends).any():
+        return None  # a row of one field: the csv parser names it
+    second = np.minimum(first + 1, len(commas) - 1)
+    second_comma = np.where((first + 1 < len(commas)) & (commas[second] < line_ends), commas[second], line_ends)
+    starts = _integer_column(text, line_starts, first_comma)
+    ends = _integer_column(text, first_comma + 1, second_comma)
+    if starts is None or ends is None:
+        return None
+    return starts, ends
+
+
+def read_start_end(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """The ``start`` and ``end`` columns of a ``.csv.gz`` (what a reader needs), parsed vectorised; rows the fast
+    parser does not take are read by :func:`read_metadata`, with its checks and messages."""
+    data = _rows_text(path)
+    columns = _start_end_columns(data)
+    if columns is not None:
+        return columns
+    starts, ends, _ = _parse_rows(path, data)
+    return starts, ends
+
+
+def read_metadata(path: Path) -> tuple[np.ndarray, np.ndarray, list[list[str]]]:
+    """The rows of a ``.csv.gz``: ``(starts, ends, rest)`` where ``rest`` holds each row's other fields
+    (id, src, loc) as text. Decompression is bounded by the file's size (a zip bomb is refused)."""
+    return _parse_rows(path, _rows_text(path))
+
+
+def _parse_rows(path: Path, data: bytes) -> tuple[np.ndarray, np.ndarray, list[list[str]]]:
     starts, ends, rest = [], [], []
     try:
         for number, row in enumerate(csv.reader(io.StringIO(data.decode("utf-8")))):
@@ -215,7 +297,9 @@ class Reader(PartsReader):
         else:
             files = expand_paths(path)
         self.eos = eos
-        self._rows: dict[int, tuple[np.ndarray, np.ndarray, list[list[str]]]] = {}
+        #: Each part's (starts, ends) rows; their other fields are read when first used (:meth:`document_metadata`).
+        self._rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._fields: dict[int, list[list[str]]] = {}
         # When some files have their rows, every file must: one without would be split another way, or not at all.
         self._rows_expected = remote is None and any(os.path.lexists(metadata_path(f)) for f in files)
         self._set_parts([self._part(k, file, dtype) for k, file in enumerate(files)])
@@ -224,7 +308,7 @@ class Reader(PartsReader):
     def _part(self, k: int, file: Path, dtype: npt.DTypeLike | None) -> Part:
         metadata = metadata_path(file)
         if os.path.lexists(metadata) or self._rows_expected:
-            self._rows[k] = read_metadata(metadata)  # an unreadable one is an error, not a file without rows
+            self._rows[k] = read_start_end(metadata)  # an unreadable one is an error, not a file without rows
         size = self._data_size(k, file, dtype)
         inferred = None
         if k in self._rows:
@@ -276,7 +360,7 @@ class Reader(PartsReader):
         part = self._parts[index]
         if index not in self._rows:
             return split_offsets(self.shards[index], eos=self.eos)
-        starts, ends, _ = self._rows[index]
+        starts, ends = self._rows[index]
         where = str(metadata_path(part.path))
         if len(starts) and (starts[0] != 0 or (starts[1:] != ends[:-1]).any()):
             bad = 0 if starts[0] != 0 else int(np.argmax(starts[1:] != ends[:-1])) + 1
@@ -306,7 +390,9 @@ class Reader(PartsReader):
             rows = self._rows.get(k)
             count = len(rows[1]) if rows is not None else len(self._part_offsets(k)) - 1
             if position < count:
-                fields = rows[2][position] if rows is not None else []
+                if rows is not None and k not in self._fields:
+                    self._fields[k] = read_metadata(metadata_path(self._parts[k].path))[2]
+                fields = self._fields[k][position] if rows is not None else []
                 padded = [*fields, None, None, None][:3]
                 return {"id": padded[0], "src": padded[1], "loc": padded[2]}
             position -= count
@@ -363,6 +449,10 @@ class Writer(TokenWriter):
         chosen = resolve_dtype(dtype, vocab_size, format=self.format, allowed=tuple(_ITEMSIZES.values()))
         super().__init__(path, dtype=chosen, vocab_size=vocab_size, overwrite=overwrite)
         self.source = source
+        quoted = io.StringIO()
+        csv.writer(quoted).writerow([source])
+        #: ``source`` as csv writes it in a row (quoted when it holds a comma, a quote or a line break).
+        self._quoted_source = quoted.getvalue()[: -len("\r\n")] if source else ""  # a lone "" row reads '""'
         self.eos = check_id(eos, chosen, vocab_size, "eos")
         existing = self.existing_outputs(self.path)
         if existing and not overwrite:
@@ -392,7 +482,8 @@ class Writer(TokenWriter):
             self._files.finish(self._mask)
         final = self.shard_paths[-1]
         rows = self._files.create(final.with_name(final.name[: -len(".npy")] + METADATA_SUFFIX))
-        with gzip.GzipFile(fileobj=rows, mode="wb", mtime=0, filename="") as packed:
+        # level 1: the rows are ~2% of the data and level 9 (gzip's default) spent more time than writing the tokens
+        with gzip.GzipFile(fileobj=rows, mode="wb", mtime=0, filename="", compresslevel=ROWS_COMPRESSION) as packed:
             packed.write(self._rows.getvalue().encode("utf-8"))
         self._files.finish(rows)
 
@@ -435,6 +526,14 @@ class Writer(TokenWriter):
             starts = np.concatenate([[start], ends[:-1]])
             id_, src, loc = self._fields
             number = self.num_documents + first
+            if self._fields == (None, None, None):  # the batch path: every row's text at once, as csv writes it
+                source, numbers = self._quoted_source, range(number, number + len(ends))
+                self._rows.write(
+                    "".join(
+                        f"{a},{b},{n},{source},{n}\r\n" for a, b, n in zip(starts.tolist(), ends.tolist(), numbers)
+                    )
+                )
+                continue
             for k, (row_start, row_end) in enumerate(zip(starts.tolist(), ends.tolist())):
                 self._row_writer.writerow(
                     (

@@ -188,7 +188,9 @@ class Reader(PartsReader):
         parts = []
         try:
             for batch in stream:
-                batch.validate(full=True)  # offsets inside the values, buffers inside the file: O(rows), not O(tokens)
+                # buffers inside the file, O(1) per buffer; the token column's offsets are checked where they are
+                # used (_part_offsets: one vectorised pass), and no other column is read, so none is validated whole
+                batch.validate()
                 rows = batch.column(self.column)
                 values = rows.values  # the child array, already offset into the values buffer
                 if values.null_count:
@@ -201,11 +203,11 @@ class Reader(PartsReader):
                     raw = np.frombuffer(rows.buffers()[1], offsets_type, count=len(rows) + 1, offset=rows.offset * size)
                 except ValueError:
                     raise FormatError(f"{file}: column {self.column!r} has a damaged offsets buffer.") from None
-                offsets = raw.astype(np.int64) - (int(raw[0]) if len(raw) else 0)
-                count = int(offsets[-1]) if len(offsets) else 0
-                if start < 0 or start + count * dtype.itemsize > whole.size:
+                count = int(raw[-1]) - int(raw[0]) if len(raw) else 0
+                if start < 0 or count < 0 or start + count * dtype.itemsize > whole.size:
                     raise FormatError(f"{file}: a record batch's tokens lie outside the file; it is damaged.")
-                self._batch_offsets.append(offsets if len(offsets) else np.zeros(1, dtype=np.int64))
+                # a copy (a memcpy): a view would keep the file mapped after close()
+                self._batch_offsets.append(raw.copy() if len(raw) else np.zeros(1, dtype=np.int64))
                 parts.append(Part(file, start, count, dtype))
                 if masked is not None and self._mask_parts is not None:
                     self._mask_parts.append(self._mask_part(pa, file, whole, batch, raw, masked))
@@ -288,7 +290,9 @@ class Reader(PartsReader):
 
     def _part_offsets(self, index: int) -> np.ndarray:
         part = self._parts[index]
-        return checked_offsets(self._batch_offsets[index], part.tokens, str(part.path), f"{self.column} offsets")
+        raw = self._batch_offsets[index]  # the batch's own offsets as stored (rows may start past 0)
+        offsets = raw.astype(np.int64) - (int(raw[0]) if len(raw) else 0)
+        return checked_offsets(offsets, part.tokens, str(part.path), f"{self.column} offsets")
 
     @property
     def path(self) -> Path:

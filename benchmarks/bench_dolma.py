@@ -1,0 +1,146 @@
+"""dolma memmaps: opening a folder (its ``.csv.gz`` rows parsed) and converting into dolma, against the token copy.
+
+Run: ``python benchmarks/bench_dolma.py [--documents 1000000] [--repeat 3]``. A Megatron dataset of ``--documents``
+documents (~300 uint16 tokens each) is converted to dolma (``tokformats.convert``: tokens, rows, gzip, fsync,
+atomic commit) and, alternately, copied as bare tokens (``ndarray.tofile`` of the same stream + fsync: the token
+copy the conversion cannot beat). The converted folder is then opened in fresh processes, alternating with
+OLMo-core's ``NumpyFSLDataset`` on the same ``.npy`` (which reads no rows: it cuts fixed-length instances), and
+with the row parser of tokformats 0.1 (``csv.reader`` over every row, kept below as ``csv_rows`` for the
+comparison). Times are min/median/max over the alternated runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine, scratch, table
+
+HERE = Path(__file__).resolve()
+
+
+def csv_rows(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """tokformats 0.1's parse of a ``.csv.gz``: ``csv.reader`` over every row, each field kept as text."""
+    starts, ends, rest = [], [], []
+    with gzip.open(path, "rb") as handle:
+        for row in csv.reader(io.StringIO(handle.read().decode("utf-8"))):
+            if row:
+                starts.append(int(row[0]))
+                ends.append(int(row[1]))
+                rest.append(row[2:])
+    return np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64)
+
+
+def child(side: str, folder: Path) -> None:
+    warnings.filterwarnings("ignore")
+    if side == "olmo-core":
+        from olmo_core.data.numpy_dataset import NumpyFSLDataset
+    else:
+        import importlib
+
+        import tokformats
+
+        importlib.import_module("tokformats.formats.dolma")
+    started = time.perf_counter()
+    if side == "tokformats":
+        reader = tokformats.open(folder / "dolma", format="dolma")
+        first = np.asarray(reader[0][:4]).tolist()
+        count = len(reader)
+    elif side == "csv rows (0.1)":
+        _, ends = csv_rows(folder / "dolma" / "part-0-00000.csv.gz")
+        first = np.fromfile(folder / "dolma" / "part-0-00000.npy", dtype=np.uint16, count=4).tolist()
+        count = len(ends)
+    else:
+        dataset = NumpyFSLDataset(
+            str(folder / "dolma" / "part-0-00000.npy"),
+            sequence_length=2048,
+            pad_token_id=0,
+            eos_token_id=0,
+            vocab_size=50257,
+            dtype=np.uint16,
+        )
+        dataset.prepare()
+        first = np.asarray(dataset[0]["input_ids"][:4]).tolist()
+        count = len(dataset)
+    print(json.dumps({"seconds": time.perf_counter() - started, "first": first, "count": count}))
+
+
+def run(side: str, folder: Path) -> dict[str, object]:
+    command = [sys.executable, str(HERE), "--child", side, "--folder", str(folder)]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(folder / "pycache")
+    out = subprocess.run(command, check=True, capture_output=True, text=True, env=env).stdout
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def spread(values: list[float]) -> str:
+    return "/".join(f"{v:.3f}" for v in (min(values), statistics.median(values), max(values)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--documents", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.folder)
+        return
+    import tokformats
+
+    folder = scratch("dolma")
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 600, size=args.documents)
+    flat = rng.integers(0, 50257, size=int(lengths.sum())).astype(np.uint16)
+    with tokformats.create(folder / "source", "megatron", vocab_size=50257, overwrite=True) as writer:
+        writer.write_batch(flat, lengths)
+    copies: list[float] = []
+    converts: list[float] = []
+    for _ in range(args.repeat):
+        started = time.perf_counter()
+        with open(folder / "copy.bin", "wb") as handle:
+            np.asarray(tokformats.open(folder / "source").tokens).tofile(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        copies.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        tokformats.convert(folder / "source", folder / "dolma", "dolma", overwrite=True)
+        converts.append(time.perf_counter() - started)
+    opens: dict[str, list[float]] = {"tokformats": [], "csv rows (0.1)": [], "olmo-core": []}
+    for k in range(args.repeat):
+        for side in list(opens) if k % 2 == 0 else list(opens)[::-1]:
+            opens[side].append(float(run(side, folder)["seconds"]))  # type: ignore[arg-type]
+    ratio = statistics.median(converts) / statistics.median(copies)
+    rows = [
+        {"measure": f"convert {args.documents:,} documents to dolma (s)", "tokformats": spread(converts),
+         "peer": f"token copy (tofile + fsync) {spread(copies)}", "ratio": f"{ratio:.2f}x the copy (goal <= 1.5x)"},
+    ]  # fmt: skip
+    for side in ("csv rows (0.1)", "olmo-core"):
+        rows.append(
+            {
+                "measure": f"open the folder + first document, {args.documents:,} documents (s)",
+                "tokformats": spread(opens["tokformats"]),
+                "peer": f"{side} {spread(opens[side])}",
+                "ratio": f"{statistics.median(opens[side]) / statistics.median(opens['tokformats']):.2f}",
+            }
+        )
+    print(f"{machine()}; load: {os.getloadavg()[0]:.2f}; {args.repeat} alternated runs; min/median/max")
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
