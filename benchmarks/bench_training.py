@@ -10,6 +10,13 @@ Run: ``python benchmarks/bench_training.py [--documents 10000000] [--repeat 3]``
    its token part alone (``_query_document_sample_shuffle_indices``) vs ``GPTSamples[i]``.
 3. Blending 10 datasets to 10 M samples (``Blend``'s index build).
 4. DataLoader throughput with 2 workers, batches of 8 x 2049: ``tokformats.torch.Dataset`` vs ``GPTDataset``.
+5. Dict samples (``GPTSamples(fields=...)``, sequence 4096, documents ending in EOD) vs ``GPTDataset.__getitem__``
+   with the same flags: ``eod_mask_loss`` + ``reset_position_ids`` (+ ``cu_seqlens`` on our side, which 0.16.1
+   lacks), then with the ``(1, L, L)`` ``attention_mask`` and ``reset_attention_mask``; and a DataLoader (2 workers,
+   batches of 8 x 4097) of dicts.
+6. The ``PackedSamples`` plan for 10 M documents of lognormal lengths, rows of 4096: seconds, peak memory and
+   padding waste vs OLMo-core's ``InstancePacker`` on the same pieces, each in a fresh process.
+7. The blending greedy without megatron-core's compiled helper: 10 datasets to 10 M samples.
 """
 
 from __future__ import annotations
@@ -32,6 +39,9 @@ from common import machine, peak_rss_mb, scratch, table
 
 HERE = Path(__file__).resolve()
 SEQUENCE = 2048
+#: Sequence length of the dict-sample and packing rows (the issue's figures).
+LONG = 4096
+PACKED = 4096
 
 
 class LengthsOnly:
@@ -51,6 +61,35 @@ class LengthsOnly:
 def rss_mb() -> float:
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmRSS:"))
+
+
+def pack_task(side: str, lengths_path: Path) -> dict[str, Any]:
+    """One packing plan of rows of ``PACKED`` tokens in this (fresh) process: ours (fragmenting included) or
+    OLMo-core's ``InstancePacker`` over the same pieces (fragmented beforehand, untimed)."""
+    from tokformats.training.packed import pack_plan, plan_pieces
+
+    lengths = np.load(lengths_path)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if side == "olmo":
+        from olmo_core.data.utils import InstancePacker
+
+        starts, pieces, _ = plan_pieces(lengths, offsets, PACKED, "fragment")
+        bounds = np.stack([starts, starts + pieces], axis=1).astype(np.uint64)
+        del starts
+        baseline = rss_mb()
+        started = time.perf_counter()
+        bins, _, _ = InstancePacker(PACKED).pack_documents(bounds)
+        elapsed = time.perf_counter() - started
+        rows, tokens = len(bins), int(pieces.sum())
+    else:
+        baseline = rss_mb()
+        started = time.perf_counter()
+        plan = pack_plan(lengths, offsets, PACKED, "fragment", None, 0)
+        elapsed = time.perf_counter() - started
+        rows, tokens = len(plan["row_offsets"]) - 1, int(plan["piece_lengths"].sum(dtype=np.int64))
+    waste = 100.0 * (rows * PACKED - tokens) / (rows * PACKED)
+    return {"seconds": elapsed, "rss_mb": peak_rss_mb() - baseline, "digest": rows, "waste": waste}
 
 
 def index_task(side: str, lengths_path: Path) -> dict[str, Any]:
@@ -262,15 +301,197 @@ def bench_loader(documents: int, repeat: int, batches: int = 300) -> list[dict[s
     ]
 
 
+def make_eod_dataset(documents: int) -> Path:
+    """A Megatron dataset whose documents end in EOD (id 0), as Megatron's preprocessing writes them."""
+    import tokformats
+
+    prefix = scratch("training") / f"eod-{documents}"
+    if not Path(f"{prefix}.idx").exists():
+        rng = np.random.default_rng(4)
+        lengths = rng.geometric(1 / 300, size=documents)
+        ids = rng.integers(1, 50257, size=int(lengths.sum()), dtype=np.int64)
+        ids[np.cumsum(lengths) - 1] = 0
+        with tokformats.create(prefix, format="megatron", vocab_size=50257) as writer:
+            writer.write_batch(ids, lengths)
+    return prefix
+
+
+def megatron_flags(prefix: Path, sequence_length: int, **flags: bool) -> Any:
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+
+    class Tokenizer:
+        eod, vocab_size = 0, None
+        unique_identifiers = {"class": "bench"}  # noqa: RUF012
+
+    config = GPTDatasetConfig(
+        random_seed=1234,
+        sequence_length=sequence_length,
+        blend=([str(prefix)], None),
+        split="1",
+        tokenizer=Tokenizer(),
+        path_to_cache=None,
+        **flags,
+    )
+    return BlendedMegatronDatasetBuilder(GPTDataset, [None, None, None], lambda: True, config).build()[0]
+
+
+DICT_CASES = {
+    "eod_mask_loss + reset_position_ids (+ cu_seqlens ours)": (
+        {"eod_mask_loss": True, "reset_position_ids": True, "reset_attention_mask": False},
+        {"create_attention_mask": False},
+        {"fields": ("tokens", "labels", "loss_mask", "position_ids", "cu_seqlens")},
+    ),
+    "attention_mask + reset_attention_mask + eod_mask_loss + reset_position_ids": (
+        {"eod_mask_loss": True, "reset_position_ids": True, "reset_attention_mask": True},
+        {"create_attention_mask": True},
+        {"fields": "megatron", "create_attention_mask": True},
+    ),
+}
+
+
+def dict_pair(prefix: Path, case: str) -> tuple[Any, Any]:
+    """megatron-core's GPTDataset and GPTSamples with the flags of ``case``."""
+    import tokformats
+    from tokformats.training import GPTSamples
+
+    flags, theirs_only, ours_only = DICT_CASES[case]
+    theirs = megatron_flags(prefix, LONG, **flags, **theirs_only)
+    ours = GPTSamples(tokformats.open(prefix), LONG, seed=1234, eod_id=0, **flags, **ours_only)
+    return theirs, ours
+
+
+def bench_dicts(documents: int, repeat: int, reads: int = 2_000) -> list[dict[str, Any]]:
+    prefix = make_eod_dataset(documents)
+    rows = []
+    for case in DICT_CASES:
+        theirs, ours = dict_pair(prefix, case)
+        count = reads if "attention_mask" not in case else max(20, reads // 10)  # (1, L, L) masks: 16 MB each
+        picks = np.random.default_rng(5).integers(0, len(ours), size=count).tolist()
+        for i in picks[:20]:  # the same sample, the fields both sides have
+            mine, megatrons = ours[i], theirs[i]
+            for key in megatrons:
+                assert np.array_equal(mine[key], megatrons[key].numpy()), key
+        times: dict[str, list[float]] = {"megatron": [], "ours": []}
+        for _ in range(repeat):
+            for name, dataset in (("megatron", theirs), ("ours", ours)):
+                started = time.perf_counter()
+                for i in picks:
+                    dataset[i]
+                times[name].append(count / (time.perf_counter() - started))
+        rows.append(
+            {
+                "measure": f"dict samples/s, seq {LONG}, {case} (min/med/max)",
+                "megatron-core": spread(times["megatron"], "{:,.0f}"),
+                "tokformats": spread(times["ours"], "{:,.0f}"),
+                "tokformats advantage (x)": spread([o / m for o, m in zip(times["ours"], times["megatron"])]),
+            }
+        )
+    return rows
+
+
+def bench_dict_loader(documents: int, repeat: int, batches: int = 100) -> list[dict[str, Any]]:
+    import torch
+
+    from tokformats import torch as tft
+
+    prefix = make_eod_dataset(documents)
+    theirs, ours = dict_pair(prefix, next(iter(DICT_CASES)))
+    rates: dict[str, list[float]] = {"megatron": [], "ours": []}
+    for _ in range(repeat):
+        for name, dataset in (("megatron", theirs), ("ours", tft.Dataset(ours))):
+            loader = torch.utils.data.DataLoader(dataset, batch_size=8, num_workers=2, shuffle=False)
+            started = time.perf_counter()
+            for k, _batch in enumerate(loader):
+                if k + 1 == batches:
+                    break
+            rates[name].append(batches * 8 / (time.perf_counter() - started))
+    return [
+        {
+            "measure": f"DataLoader, 2 workers, dicts of 8 x {LONG + 1}, eod_mask_loss, reset_position_ids (samples/s)",
+            "megatron-core": spread(rates["megatron"], "{:,.0f}"),
+            "tokformats": spread(rates["ours"], "{:,.0f}"),
+            "tokformats advantage (x)": spread([o / m for o, m in zip(rates["ours"], rates["megatron"])]),
+        }
+    ]
+
+
+def bench_pack(documents: int, repeat: int) -> list[dict[str, Any]]:
+    folder = scratch("training")
+    lengths_path = folder / f"lognormal-{documents}.npy"
+    if not lengths_path.exists():
+        rng = np.random.default_rng(6)
+        np.save(lengths_path, np.maximum(1, rng.lognormal(6.0, 1.2, size=documents)).astype(np.int64))
+    result: dict[str, dict[str, list[float]]] = {
+        s: {"seconds": [], "rss_mb": [], "waste": []} for s in ("olmo", "ours")
+    }
+    digests = set()
+    for _ in range(repeat):
+        for side in ("olmo", "ours"):
+            got = run_child("pack", side, str(lengths_path))
+            for key in ("seconds", "rss_mb", "waste"):
+                result[side][key].append(got[key])
+            digests.add(got["digest"])
+    assert len(digests) == 1, f"the two packers made different numbers of rows: {digests}"
+    olmo, ours = result["olmo"], result["ours"]
+    return [
+        {
+            "measure": f"packing plan, {documents:,} lognormal docs, rows of {PACKED}, BFD (s, min/med/max)",
+            "megatron-core": f"OLMo-core InstancePacker {spread(olmo['seconds'])}",
+            "tokformats": spread(ours["seconds"]),
+            "tokformats advantage (x)": spread([t / o for t, o in zip(olmo["seconds"], ours["seconds"])]),
+        },
+        {
+            "measure": "packing plan peak memory above the input (MB, min/med/max)",
+            "megatron-core": f"OLMo-core {spread(olmo['rss_mb'], '{:.0f}')}",
+            "tokformats": spread(ours["rss_mb"], "{:.0f}"),
+            "tokformats advantage (x)": spread([t / o for t, o in zip(olmo["rss_mb"], ours["rss_mb"])]),
+        },
+        {
+            "measure": f"packing padding waste (% of the rows; {digests.pop():,} rows on both sides)",
+            "megatron-core": f"OLMo-core {olmo['waste'][0]:.4f}",
+            "tokformats": f"{ours['waste'][0]:.4f}",
+            "tokformats advantage (x)": "same rows",
+        },
+    ]
+
+
+def bench_blend_python(repeat: int, datasets: int = 10, size: int = 10_000_000) -> list[dict[str, Any]]:
+    from tokformats.training import indices
+
+    weights = np.random.default_rng(3).uniform(0.5, 2.0, size=datasets)
+    normalized = weights / weights.sum()
+    times = []
+    for _ in range(repeat):
+        index, sample = np.zeros(size, np.int16), np.zeros(size, np.int64)
+        started = time.perf_counter()
+        indices._greedy(normalized, size, None, index, sample)
+        times.append(time.perf_counter() - started)
+    return [
+        {
+            "measure": f"blend {datasets} datasets to {size:,} samples without megatron-core's helper (s)",
+            "megatron-core": "",
+            "tokformats": spread(times),
+            "tokformats advantage (x)": "",
+        }
+    ]
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--child"]:
-        print(json.dumps(index_task(sys.argv[3], Path(sys.argv[4]))))
+        task = pack_task if sys.argv[2] == "pack" else index_task
+        print(json.dumps(task(sys.argv[3], Path(sys.argv[4]))))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--documents", type=int, default=10_000_000, help="documents for the index build")
     parser.add_argument("--read-documents", type=int, default=200_000, help="documents of the dataset read back")
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--only", choices=["index", "reads", "blend", "loader"], help="run one measurement")
+    parser.add_argument("--pack-documents", type=int, default=10_000_000, help="documents for the packing plan")
+    parser.add_argument(
+        "--only",
+        choices=["index", "reads", "blend", "loader", "dicts", "dict-loader", "pack", "blend-python"],
+        help="run one measurement",
+    )
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
@@ -279,6 +500,10 @@ def main() -> None:
         "reads": lambda: bench_reads(args.read_documents, args.repeat),
         "blend": lambda: bench_blend(args.repeat),
         "loader": lambda: bench_loader(args.read_documents, args.repeat),
+        "dicts": lambda: bench_dicts(args.read_documents, args.repeat),
+        "dict-loader": lambda: bench_dict_loader(args.read_documents, args.repeat),
+        "pack": lambda: bench_pack(args.pack_documents, args.repeat),
+        "blend-python": lambda: bench_blend_python(args.repeat),
     }
     rows = [row for name, bench in benches.items() if args.only in (None, name) for row in bench()]
     print(f"machine: {machine()}")

@@ -239,3 +239,44 @@ def test_stored_loss_masks_mask_the_labels(tmp_path: Path) -> None:
         row_mask = np.concatenate([stored[s : s + n] for s, n in zip(starts.tolist(), counts.tolist())])
         row_mask = np.concatenate([row_mask, np.zeros(13 - len(row_mask), np.uint8)])
         np.testing.assert_array_equal(p[i]["loss_mask"], plain[i]["loss_mask"] * row_mask[1:13])
+
+
+def test_bos_aligned_rows_by_hand() -> None:
+    from tokformats.training.packing import bos_aligned_rows
+
+    lengths = np.array([5, 3, 9, 2, 0, 4])
+    documents, pieces, rows = bos_aligned_rows(lengths, 8, 3, np.arange(6))
+    # Buffer {5, 3, 9}: row 1 takes 5 (the longest <= 8), refills 2, takes 3 (the longest <= 3): full. The buffer
+    # refills 4 (the empty document is skipped): {9, 2, 4}; row 2 takes 4, then 2, then nothing fits the room of 2:
+    # the shortest, 9, is cropped to 2.
+    assert documents.tolist() == [0, 1, 5, 3, 2]
+    assert pieces.tolist() == [5, 3, 4, 2, 2]
+    assert rows.tolist() == [0, 2, 5]
+
+
+@pytest.mark.parametrize("buffer", [1, 7, 1000])
+def test_bos_policy_rows_start_at_documents_and_are_full(tmp_path: Path, buffer: int) -> None:
+    rng = np.random.default_rng(buffer)
+    lengths = random_lengths(rng, 300, 60)
+    reader = write(tmp_path, "megatron", lengths)
+    p = training.PackedSamples(reader, 24, seed=7, policy="bos", buffer=buffer)
+    offsets = reader.offsets
+    seen: set[int] = set()
+    for row in range(len(p)):
+        starts, pieces = p.pieces(row)
+        documents = np.searchsorted(offsets, starts, side="right") - 1
+        np.testing.assert_array_equal(starts, offsets[documents])  # every piece starts at its document's start
+        assert (pieces <= reader.lengths[documents]).all()  # a prefix: whole or cropped
+        assert not seen & set(documents.tolist())  # no document twice
+        seen.update(documents.tolist())
+        if row < len(p) - 1:
+            assert int(pieces.sum()) == 25  # no padding but in the last row
+    assert seen == set(np.flatnonzero(reader.lengths > 0).tolist())  # every non-empty document is used
+    report = p.report()
+    assert report["truncated_tokens"] == int(lengths.sum()) - int(p.piece_lengths.sum()) > 0
+    assert report["long_documents_handling"] == "crop"
+    stream = np.asarray(reader.tokens[:], dtype=np.int64)
+    for i in range(0, len(p), 5):
+        check_row(p, i, stream)
+    with pytest.raises(ConfigError, match="window"):
+        training.PackedSamples(reader, 24, policy="bos", window=10)

@@ -21,7 +21,7 @@ import numpy as np
 from ..core.protocol import TokenReader, checked_position
 from ..errors import ConfigError, FormatError
 from .index_cache import IndexCache, cache_key
-from .packing import best_fit_decreasing
+from .packing import best_fit_decreasing, bos_aligned_rows
 from .sample_fields import segment_positions
 from .samples import data_fingerprint
 
@@ -31,8 +31,9 @@ _PLAN_VERSION = 1
 _NAMES = ("piece_starts", "piece_lengths", "row_offsets", "shuffle_index")
 #: What happens to a document longer than a row.
 LONG_DOCUMENTS = ("fragment", "truncate")
-#: How documents are packed: best-fit decreasing (arXiv 2404.10830, OLMo-core's ``InstancePacker``).
-POLICIES = ("bfd",)
+#: How documents are packed: best-fit decreasing (arXiv 2404.10830, OLMo-core's ``InstancePacker``), or
+#: nanochat's BOS-aligned best-fit cropping.
+POLICIES = ("bfd", "bos")
 FIELDS = ("tokens", "labels", "loss_mask", "position_ids", "cu_seqlens", "doc_lens")
 
 
@@ -57,10 +58,25 @@ def plan_pieces(
     return piece_starts, piece_lengths, document
 
 
+def bos_plan(lengths: np.ndarray, offsets: np.ndarray, capacity: int, buffer: int, seed: int) -> dict[str, np.ndarray]:
+    """The plan of nanochat-style rows: documents in a seeded order through a best-fit buffer, each row starting
+    at a document start and filled exactly (cropping); rows are served in the order they were built."""
+    order = np.arange(len(lengths), dtype=np.int64)
+    np.random.RandomState(seed).shuffle(order)
+    documents, pieces, rows = bos_aligned_rows(lengths, capacity, buffer, order)
+    return {
+        "piece_starts": np.asarray(offsets, dtype=np.int64)[documents],
+        "piece_lengths": pieces.astype(np.int32),
+        "row_offsets": rows,
+        "shuffle_index": np.arange(len(rows) - 1, dtype=np.int64),
+    }
+
+
 def pack_plan(
     lengths: np.ndarray, offsets: np.ndarray, capacity: int, long_documents: str, window: int | None, seed: int
 ) -> dict[str, np.ndarray]:
-    """The plan arrays (see the module docstring); documents are packed ``window`` at a time when given."""
+    """The best-fit-decreasing plan arrays (see the module docstring); documents are packed ``window`` at a time
+    when given."""
     piece_starts, piece_lengths, document = plan_pieces(lengths, offsets, capacity, long_documents)
     if window is None or not len(document):
         groups = [(0, len(document))]
@@ -106,12 +122,17 @@ class PackedSamples(Sequence[dict[str, np.ndarray]]):
         reader: any token reader; its documents are packed (a Megatron dataset's documents, not sequences).
         sequence_length: ``L``, the tokens a model sees per row.
         seed: the seed of the row order (NumPy's legacy ``RandomState``).
-        policy: ``"bfd"``: best-fit decreasing with an O(N log N) plan (:mod:`tokformats.training.packing`).
-        long_documents: a document longer than a row is cut into row-long ``"fragment"``s (no token lost) or
-            ``"truncate"``d to its first row (:meth:`report` counts the tokens dropped).
+        policy: ``"bfd"``: best-fit decreasing with an O(N log N) plan (:mod:`tokformats.training.packing`);
+            ``"bos"``: nanochat's BOS-aligned rows: documents in a seeded order pass through a buffer of
+            ``buffer`` documents, each row starts at a document start and takes the longest buffered document
+            that fits, else the shortest cropped to the room left, so rows hold no padding (the cropped tail of a
+            document is dropped; :meth:`report` counts it as truncated).
+        long_documents: with ``"bfd"``, a document longer than a row is cut into row-long ``"fragment"``s (no
+            token lost) or ``"truncate"``d to its first row (:meth:`report` counts the tokens dropped).
         pad_id: the id padding rows (masked in the loss).
         add_extra_token: rows of ``L + 1`` tokens, so that tokens and labels are both ``L`` long.
         window: pack ``window`` documents at a time (OLMo's per-source-window grouping); None packs all together.
+        buffer: documents the ``"bos"`` policy chooses from (nanochat: 1,000).
         cache_dir: keep the plan there as ``.npy`` (built once across processes, memory-mapped after), under a key
             covering every option and the document lengths.
         vocab_size: the vocabulary the ids come from; blends refuse to mix different ones.
@@ -128,6 +149,7 @@ class PackedSamples(Sequence[dict[str, np.ndarray]]):
         pad_id: int = 0,
         add_extra_token: bool = True,
         window: int | None = None,
+        buffer: int = 1000,
         cache_dir: str | os.PathLike[str] | None = None,
         vocab_size: int | None = None,
     ) -> None:
@@ -137,15 +159,17 @@ class PackedSamples(Sequence[dict[str, np.ndarray]]):
             raise ConfigError(f"policy must be one of {POLICIES}, not {policy!r}.")
         if long_documents not in LONG_DOCUMENTS:
             raise ConfigError(f"long_documents must be one of {LONG_DOCUMENTS}, not {long_documents!r}.")
-        if window is not None and window <= 0:
-            raise ConfigError(f"window must be None or a positive number of documents, not {window}.")
+        if window is not None and (window <= 0 or policy != "bfd"):
+            raise ConfigError(f"window must be None or a positive number of documents with policy='bfd', not {window}.")
+        if buffer <= 0:
+            raise ConfigError(f"buffer must be a positive number of documents, not {buffer}.")
         self.reader = reader
         self.sequence_length = int(sequence_length)
         self.add_extra_token = bool(add_extra_token)
         #: Tokens a row holds: ``sequence_length + add_extra_token``.
         self.capacity = self.sequence_length + int(self.add_extra_token)
         self.seed, self.policy, self.long_documents = int(seed), policy, long_documents
-        self.pad_id, self.window = int(pad_id), window
+        self.pad_id, self.window, self.buffer = int(pad_id), window, int(buffer)
         self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
         self.vocab_size = vocab_size if vocab_size is not None else reader.metadata.get("vocab_size")
         self.description = {
@@ -158,6 +182,7 @@ class PackedSamples(Sequence[dict[str, np.ndarray]]):
             "policy": policy,
             "long_documents": long_documents,
             "window": window,
+            "buffer": self.buffer if policy == "bos" else None,
         }
         self.index_key = cache_key(self.description)
         #: A digest of every option, the pad id and the document lengths: equal fingerprints, equal samples.
@@ -165,6 +190,8 @@ class PackedSamples(Sequence[dict[str, np.ndarray]]):
         self._load_plan()
 
     def _build(self) -> dict[str, np.ndarray]:
+        if self.policy == "bos":
+            return bos_plan(self.reader.lengths, self.reader.offsets, self.capacity, self.buffer, self.seed)
         return pack_plan(
             self.reader.lengths, self.reader.offsets, self.capacity, self.long_documents, self.window, self.seed
         )
@@ -268,7 +295,7 @@ class PackedSamples(Sequence[dict[str, np.ndarray]]):
             "documents": len(lengths),
             "empty_documents": int((lengths == 0).sum()),
             "long_documents": int(long.sum()),
-            "long_documents_handling": self.long_documents,
+            "long_documents_handling": self.long_documents if self.policy == "bfd" else "crop",
             "pieces": len(self.piece_lengths),
             "truncated_tokens": int(lengths.sum()) - packed,
             "rows": rows,

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import ConfigError
 
-__all__ = ["best_fit_decreasing"]
+__all__ = ["best_fit_decreasing", "bos_aligned_rows"]
 
 
 class _RoomQueues:
@@ -127,3 +127,46 @@ def best_fit_decreasing(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray,
     offsets = np.zeros(next_row + 1, dtype=np.int64)
     np.cumsum(np.bincount(row_of, minlength=next_row), out=offsets[1:])
     return order[by_row], offsets
+
+
+def bos_aligned_rows(
+    lengths: np.ndarray, capacity: int, buffer: int, order: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """nanochat's BOS-aligned best-fit cropping: every row starts at a document start and is filled exactly.
+
+    Documents enter a buffer of ``buffer`` in ``order``; each row takes, while it has room, the longest buffered
+    document that fits whole, and when none fits, the shortest one cropped to the room left (the rest of that
+    document is dropped). Returns ``(documents, pieces lengths, row_offsets)``: the document of each piece, its
+    length (a prefix of the document), and ``rows + 1`` offsets. Empty documents are skipped; the last row is
+    the only one that can be short (the documents ran out).
+    """
+    import bisect
+
+    lengths = np.asarray(lengths, dtype=np.int64)
+    queue = [int(d) for d in order if lengths[d] > 0]
+    waiting: list[tuple[int, int]] = []  # (length, document), sorted
+    documents: list[int] = []
+    pieces: list[int] = []
+    rows = [0]
+    room = capacity
+    position = 0
+    while position < len(queue) or waiting:
+        while len(waiting) < buffer and position < len(queue):
+            document = queue[position]
+            bisect.insort(waiting, (int(lengths[document]), document))
+            position += 1
+        fits = bisect.bisect_right(waiting, (room, len(lengths))) - 1
+        if fits >= 0:  # the longest that fits whole (on equal lengths, the highest document number)
+            length, document = waiting.pop(fits)
+        else:  # none fits: the shortest, cropped to the room left
+            _, document = waiting.pop(0)
+            length = room
+        documents.append(document)
+        pieces.append(length)
+        room -= length
+        if room == 0:
+            rows.append(len(pieces))
+            room = capacity
+    if room != capacity:
+        rows.append(len(pieces))
+    return np.array(documents, dtype=np.int64), np.array(pieces, dtype=np.int64), np.array(rows, dtype=np.int64)
