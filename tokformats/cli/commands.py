@@ -109,9 +109,9 @@ def _vocab_size(args: argparse.Namespace) -> int | None:
     if args.vocab_size is not None:
         return int(args.vocab_size)
     if args.tokenizer:
-        from ..tokenization.tokenizer import load_tokenizer
+        from ..tokenization.tokenizer import load_tokenizer, vocabulary_size
 
-        return int(load_tokenizer(args.tokenizer).get_vocab_size(with_added_tokens=True))
+        return vocabulary_size(load_tokenizer(args.tokenizer))
     return None
 
 

@@ -83,7 +83,12 @@ def decoder_args(required: bool = False) -> list[Row]:
     return [
         Exclusive(
             [
-                Arg("--tokenizer", "-t", help="decode ids with this tokenizer.json (or its folder)"),
+                Arg(
+                    "--tokenizer",
+                    "-t",
+                    help="decode ids with this tokenizer.json (or its folder, a vocabulary name such as cl100k_base, "
+                    "a .tiktoken file)",
+                ),
                 Arg("--vocab", help="decode ids with this llm.c vocabulary (gpt2_tokenizer.bin format)"),
             ],
             required=required,
@@ -123,7 +128,13 @@ def _tokenize_args() -> list[Row]:
     default = default_corpus_format()
     return [
         TEXT_INPUTS,
-        Arg("--tokenizer", "-t", required=True, help="tokenizer.json or its folder"),
+        Arg(
+            "--tokenizer",
+            "-t",
+            required=True,
+            help="tokenizer.json or its folder, a vocabulary name (cl100k_base, o200k_base, llama3) or a .tiktoken "
+            "file",
+        ),
         Arg("--output", "-o", required=True, help="output path prefix (names: see the README)"),
         Arg("--format", "-f", default=default, choices=sorted(api.corpus_writers()), help=f"output format ({default})"),
         Arg("--text-key", action="append", help="JSON/Parquet key(s) holding the text (default: text)"),
@@ -142,9 +153,9 @@ def _tokenize_args() -> list[Row]:
         Arg("--on-error", choices=["raise", "skip"], default="raise", help="on a bad record: stop (raise) or skip it"),
         Arg(
             "--engine",
-            choices=("auto", "tokenizers", "fastokens"),
+            choices=("auto", "tokenizers", "fastokens", "splintr"),
             default="auto",
-            help="encoder: fastokens where it passes the identity gate (auto, the default), or one of the two",
+            help="encoder: the fastest engine that passes the identity gate (auto, the default), or one by name",
         ),
         Arg(
             "--verify-fraction",
@@ -222,7 +233,7 @@ def commands() -> list[Command]:
                 paths("datasets to check (exit 0: all sound; 1: problems found)"),
                 *reader_args(),
                 Arg("--vocab-size", type=int, help="every id must be below this"),
-                Arg("--tokenizer", "-t", help="take --vocab-size from this tokenizer.json"),
+                Arg("--tokenizer", "-t", help="take --vocab-size from this tokenizer.json (or a vocabulary name)"),
                 JSON,
             ],
         ),

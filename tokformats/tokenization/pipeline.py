@@ -46,11 +46,13 @@ from ..errors import ConfigError, FormatError, OutputExistsError, option
 from ..fs.atomic import AtomicFiles
 from .engines import EngineMismatchError, TokenizersEngine, differing_text, select_engine
 from .sources import Input, Record, SourceError, iter_records, resolve_inputs
-from .tokenizer import END_OF_TEXT, load_tokenizer
+from .tokenizer import END_OF_TEXT, load_tokenizer, vocabulary_size
 
 __all__ = ["tokenize", "parse_split", "output_paths"]
 
 EOS_MODES = ("append", "prepend", "none")
+#: The end-of-document tokens looked up, in order, when no ``eos_id`` is given (GPT's and tiktoken's, Llama 3's).
+END_OF_DOCUMENT = (END_OF_TEXT, "<|end_of_text|>")
 CHECKPOINT = "checkpoint.json"
 _SPOOL_CHUNK = 1 << 24  # tokens per write_batch call when writing the outputs
 
@@ -638,14 +640,15 @@ def tokenize(
     Args:
         inputs: files, globs or folders (``.txt``, ``.json``, ``.jsonl``, ``.parquet``; ``.gz``/``.zst``), or an
             iterable of strings (a ``datasets.Dataset`` column works).
-        tokenizer: a ``tokenizers.Tokenizer``, a ``tokenizer.json``, or a folder holding one.
+        tokenizer: a ``tokenizers.Tokenizer``, a ``tokenizer.json``, a folder holding one, a vocabulary name
+            (``"cl100k_base"``, ``"o200k_base"``, ``"llama3"``; offline) or a ``.tiktoken`` rank file.
         output: the output path prefix (see :func:`output_paths` for the names).
         format: any corpus format with a writer (``tokformats.formats`` lists them); by default the registry's
             default corpus format (Megatron's indexed dataset).
         text_key: JSON/Parquet key(s) holding the text; several keys give several outputs.
         eos: ``append`` the end-of-text id after each document, ``prepend`` it, or ``none``; by default the
             format's own convention (llm.c: ``prepend``, as its writers do; the others: ``append``).
-        eos_id: the id to use; default: the tokenizer's ``<|endoftext|>``.
+        eos_id: the id to use; default: the tokenizer's ``<|endoftext|>`` (Llama 3: ``<|end_of_text|>``).
         split: ``{"train": 0.8, "val": 0.1, "test": 0.1}`` or ``"8:1:1"``: by document, reproducible from ``seed``.
         unit: for ``.txt``: a document per ``line``, per ``file`` or per blank-line ``paragraph``.
         batch_size: documents per ``encode_batch_fast`` call.
@@ -745,7 +748,7 @@ def _make_plan(
     import hashlib
 
     if eos != "none" and eos_id is None:
-        found = loaded.token_to_id(END_OF_TEXT)
+        found = next((i for i in map(loaded.token_to_id, END_OF_DOCUMENT) if i is not None), None)
         if found is None:
             raise FormatError(
                 f"the tokenizer has no {END_OF_TEXT!r} token; pass {option('eos_id', 'ID')} or "
@@ -761,7 +764,7 @@ def _make_plan(
         split=parse_split(split),
         seed=int(seed),
         unit=unit,
-        vocab_size=loaded.get_vocab_size(with_added_tokens=True),
+        vocab_size=vocabulary_size(loaded),
         tokenizer_hash=hashlib.sha256(loaded.to_str().encode("utf-8")).hexdigest(),
         on_error=on_error,
     )

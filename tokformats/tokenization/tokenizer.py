@@ -24,6 +24,7 @@ __all__ = [
     "SPECIAL_TOKENS",
     "END_OF_TEXT",
     "load_tokenizer",
+    "vocabulary_size",
     "train_tokenizer",
     "token_bytes",
     "end_of_text_id",
@@ -74,12 +75,18 @@ def _unicode_to_bytes() -> dict[str, int]:
 
 
 def load_tokenizer(tokenizer: Any) -> Tokenizer:
-    """A ``tokenizers.Tokenizer`` from itself, a ``tokenizer.json`` path, or a folder holding one."""
+    """A ``tokenizers.Tokenizer`` from itself, a ``tokenizer.json`` path, a folder holding one, a vocabulary name
+    (``"cl100k_base"``, ``"o200k_base"``, ``"llama3"``) or a ``.tiktoken`` rank file (see
+    :mod:`tokformats.tokenization.vocabularies`). An existing file or folder wins over a name."""
     from tokenizers import Tokenizer
+
+    from .vocabularies import is_vocabulary_name, load_vocabulary
 
     if isinstance(tokenizer, Tokenizer):
         return tokenizer
     path = Path(os.fspath(tokenizer))
+    if is_vocabulary_name(tokenizer) and not path.is_dir() and not (path.is_file() and path.suffix == ".json"):
+        return load_vocabulary(tokenizer)
     if path.is_dir():
         path = path / "tokenizer.json"
     if not path.is_file():
@@ -88,6 +95,13 @@ def load_tokenizer(tokenizer: Any) -> Tokenizer:
         return Tokenizer.from_file(str(path))
     except Exception as exc:  # tokenizers raises a bare Exception for bad JSON
         raise FormatError(f"{path} is not a tokenizers tokenizer.json ({exc}).") from None
+
+
+def vocabulary_size(tokenizer: Tokenizer) -> int:
+    """The number of ids the tokenizer can produce or decode: its largest id plus one (a vocabulary with unassigned
+    ids, such as cl100k_base's 100256, counts them, as tiktoken's ``n_vocab`` does)."""
+    ids = tokenizer.get_vocab(with_added_tokens=True).values()
+    return max(ids, default=-1) + 1
 
 
 def end_of_text_id(tokenizer: Tokenizer, eot_token: int | str | None = None) -> int:
@@ -250,7 +264,7 @@ def text_decoder(*, tokenizer: Any = None, vocab: Any = None) -> Callable[[Any],
         loaded_vocab = vocab if isinstance(vocab, Vocab) else Vocab(vocab)
         return loaded_vocab.decode
     loaded = load_tokenizer(tokenizer)
-    size = loaded.get_vocab_size(with_added_tokens=True)
+    size = vocabulary_size(loaded)
 
     def decode(ids: Any) -> str:
         array = np.asarray(ids)
