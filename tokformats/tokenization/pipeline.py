@@ -31,7 +31,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Executor
 from dataclasses import asdict, dataclass, field
-from itertools import pairwise
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,8 @@ from ..core.protocol import TokenWriter
 from ..core.registry import default_corpus_format
 from ..errors import ConfigError, FormatError, OutputExistsError, option
 from ..fs.atomic import AtomicFiles
-from .engines import EngineMismatchError, TokenizersEngine, differing_text, select_engine
+from .engines import Engine, EngineMismatchError, TokenizersEngine, differing_text, select_engine
+from .partitions import PARTITION_BYTES, partition_inputs
 from .sources import Input, Record, SourceError, iter_records, resolve_inputs
 from .tokenizer import END_OF_TEXT, load_tokenizer, vocabulary_size
 
@@ -327,9 +328,17 @@ class Encoder:
     #: Text checked at the start of the run, before any random draw.
     FIRST_SAMPLE_BYTES = 1 << 20
 
-    def __init__(self, tokenizer: Any, engine: str, verify_fraction: float, seed: int, partition: int) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        engine: str,
+        verify_fraction: float,
+        seed: int,
+        partition: int,
+        chosen: tuple[Engine, str] | None = None,
+    ) -> None:
         self.reference = TokenizersEngine(tokenizer)
-        self.engine, self.reason = select_engine(tokenizer, engine)
+        self.engine, self.reason = chosen or select_engine(tokenizer, engine)
         self.explicit = engine != "auto"
         self.verify_fraction = verify_fraction
         self._draws = np.random.default_rng([seed, partition])
@@ -578,26 +587,26 @@ def _encode_partition(
 # -- partitions ---------------------------------------------------------------------------------------
 
 
-def _partition(inputs: list[Input], parts: int) -> list[tuple[int, list[Input]]]:
-    """Contiguous groups of inputs of roughly equal size: ``(first input number, inputs)``."""
-    sizes = np.array([i.size or 1 for i in inputs], dtype=np.float64)
-    bounds = np.searchsorted(np.cumsum(sizes), np.linspace(0, sizes.sum(), parts + 1)[1:-1], side="left") + 1
-    cuts = sorted({0, *[int(b) for b in bounds if 0 < b < len(inputs)], len(inputs)})
-    return [(a, inputs[a:b]) for a, b in pairwise(cuts)]
+@lru_cache(maxsize=2)
+def _worker_engine(tokenizer_json: str, engine: str) -> tuple[Any, tuple[Engine, str]]:
+    """The tokenizer and the gated engine of a worker process, built once for all the partitions it encodes."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_str(tokenizer_json)
+    return tokenizer, select_engine(tokenizer, engine)
 
 
 def _partition_job(args: tuple[Any, ...]) -> dict[str, Any]:
     """Run in an executor worker: encode one partition. Module-level, so that it pickles by reference."""
-    plan_dict, tokenizer_json, paths, first_input, folder, batch_size, resume, checkpoint_every, engine = args
-    from tokenizers import Tokenizer
-
+    plan_dict, tokenizer_json, pieces, first_input, folder, batch_size, resume, checkpoint_every, engine = args
     plan = Plan(**plan_dict)
     name, fraction = engine
-    encoder = Encoder(Tokenizer.from_str(tokenizer_json), name, fraction, seed=plan.seed, partition=first_input)
+    tokenizer, chosen = _worker_engine(tokenizer_json, name)
+    encoder = Encoder(tokenizer, name, fraction, seed=plan.seed, partition=first_input, chosen=chosen)
     stats = _encode_partition(
         plan,
         encoder,
-        [Input(Path(p)) for p in paths],
+        [Input(Path(path), start=start, stop=stop, first_record=first) for path, start, stop, first in pieces],
         first_input,
         Path(folder),
         batch_size=batch_size,
@@ -657,7 +666,10 @@ def tokenize(
         on_error: ``raise`` on a bad record (naming file and line), or ``skip`` and count it.
         executor: a ``concurrent.futures.Executor`` (a process pool, dask's ``client.get_executor()``, ...) to
             encode partitions of the inputs in parallel; the result equals a single-process run.
-        partitions: how many partitions (default: one per input file, at most 64).
+        partitions: how many partitions (default: one per input file, and one per 64 MiB where the inputs are
+            larger). Large files are cut at line starts (JSON Lines, text per line) or row groups (Parquet); the
+            output is byte-identical to a single-process run whatever the partitioning
+            (:mod:`tokformats.tokenization.partitions`).
         overwrite: replace existing outputs.
         checkpoint_every: seconds between checkpoints (spools fsynced, position recorded): what a crash can lose.
         engine: ``auto`` (fastokens when installed and it passes the identity gate, else tokenizers),
@@ -800,13 +812,16 @@ def _encode_in_parallel(
     later, so the output equals a single-process run). ``engine``: the one the gate chose here, gated again there."""
     if any(i.path is None for i in resolved):
         raise FormatError("executor= needs file inputs: an in-memory iterable cannot be shipped to workers.")
-    groups = _partition(resolved, min(partitions or len(resolved), 64, len(resolved)))
+    if partitions is not None and partitions < 1:
+        raise ConfigError(f"partitions must be at least 1, found {partitions}.")
+    total = sum(i.size or 0 for i in resolved)
+    groups = partition_inputs(resolved, partitions or max(len(resolved), -(-total // PARTITION_BYTES)), plan.unit)
     parts = [work / f"part-{n:04d}" for n in range(len(groups))]
     batch_size, resume, checkpoint_every = settings
     tokenizer_json = loaded.to_str()
     jobs = [
-        (asdict(plan), tokenizer_json, [str(i.path) for i in group], first, str(part), batch_size, resume,
-         checkpoint_every, engine)
+        (asdict(plan), tokenizer_json, [(str(i.path), i.start, i.stop, i.first_record) for i in group], first,
+         str(part), batch_size, resume, checkpoint_every, engine)
         for (first, group), part in zip(groups, parts)
     ]  # fmt: skip
     return parts, [Stats(**result) for result in executor.map(_partition_job, jobs)]
