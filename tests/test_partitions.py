@@ -136,3 +136,30 @@ def test_ray_pool_and_ray_executor_are_byte_identical(ray_cluster: Any, tmp_path
         tasks = _run(source, tokenizer_path, tmp_path / "tasks", executor, partitions=70)
     assert {name.replace("tasks", "one"): data for name, data in _outputs(tasks).items()} == single
     assert tasks["documents"] == pooled["documents"] == 3000
+
+
+FORKED = r"""
+import multiprocessing, sys
+from concurrent.futures import ProcessPoolExecutor
+import tokformats
+source, tokenizer, out = sys.argv[1:4]
+one = tokformats.tokenize(source, tokenizer, out + "-one", "raw", dtype="uint32", engine="splintr", progress=False)
+with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
+    two = tokformats.tokenize(source, tokenizer, out + "-two", "raw", dtype="uint32", engine="splintr",
+                              progress=False, executor=pool, partitions=4)
+print(one["engine"], two["engine"])
+"""
+
+
+def test_splintr_in_workers_forked_after_the_parent_used_it(tmp_path: Path, tokenizer_path: Path) -> None:
+    """rayon's threads do not survive a fork: the forked workers encode text by text instead of hanging."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("splintr")
+    source = _big_jsonl(tmp_path / "big.jsonl", 4000)
+    done = subprocess.run([sys.executable, "-c", FORKED, str(source), str(tokenizer_path), str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=240)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["splintr", "splintr"]
+    assert (tmp_path / "o-one.bin").read_bytes() == (tmp_path / "o-two.bin").read_bytes()

@@ -199,3 +199,25 @@ def test_command_line_tokenizes_and_decodes_with_a_name(tmp_path: Path, capsys: 
     assert main([*head, "100257"]) == 0
     shown = capsys.readouterr().out
     assert "Hello world" in shown and "naïve café" in shown
+
+
+def test_readme_raw_stream_example_runs_offline(tmp_path: Path) -> None:
+    import os
+    import re
+    import subprocess
+    import sys
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Raw token streams", 1)[1]
+    match = re.search(r"```python\n(.*?)```", section, re.S)
+    assert match, "the README's raw-stream section has no Python example"
+    (tmp_path / "example.py").write_text(match.group(1), encoding="utf-8")
+    # No proxy and no HF/tiktoken network: everything comes from installed wheels.
+    proxy = "http://127.0.0.1:9"  # nothing listens: any download would fail
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "https_proxy": proxy, "http_proxy": proxy}
+    done = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env=environment)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    ids = np.fromfile(tmp_path / "train.bin", "<u4")
+    assert ids.tolist()[:6] == [791, 4062, 14198, 39935, 13, 100257] and ids.tolist().count(100257) == 3
+    assert "The quick brown fox.<|endoftext|>Ünïcödé and 中文 too.<|endoftext|>" in done.stdout

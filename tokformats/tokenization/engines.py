@@ -17,6 +17,7 @@ text (:func:`calibration_texts`), choosing the fastest; the reason names the mea
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -97,10 +98,26 @@ class FastokensEngine(Engine):
         return flat, np.diff(bounds)
 
 
+#: Whether this process used splintr's thread pool, and whether it is a child forked after that: rayon's threads do
+#: not survive a fork, and a batch call in such a child waits for them forever.
+_SPLINTR_POOL = {"started": False, "lost": False}
+
+
+def _after_fork_in_child() -> None:
+    if _SPLINTR_POOL["started"]:
+        _SPLINTR_POOL["lost"] = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class SplintrEngine(Engine):
     """``splintr``'s ``encode_batch_flat`` on the tokenizer's ``tokenizer.json`` (``splintr.from_json_bytes``): the
     same flat layout as fastokens'. splintr's own bundled vocabularies read a special token spelled in the text as
-    that token; loaded from the json, it keeps the file's policy, which the gate checks."""
+    that token; loaded from the json, it keeps the file's policy, which the gate checks.
+
+    In a process forked after splintr's thread pool started (a fork-started process pool's worker), the batch call
+    would hang: there each text is encoded on the calling thread (``encode_flat``), the same ids."""
 
     name = "splintr"
 
@@ -110,6 +127,11 @@ class SplintrEngine(Engine):
         self.tokenizer = splintr.from_json_bytes(tokenizer_json.encode("utf-8"))
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        if _SPLINTR_POOL["lost"]:
+            pieces = [self.tokenizer.encode_flat(text) for text in texts]
+            lengths = np.fromiter((len(p) // 4 for p in pieces), dtype=np.int64, count=len(pieces))
+            return np.frombuffer(b"".join(pieces), dtype="<u4"), lengths
+        _SPLINTR_POOL["started"] = True
         ids, offsets = self.tokenizer.encode_batch_flat(texts)
         flat = np.frombuffer(ids, dtype="<u4")
         bounds = np.frombuffer(offsets, dtype="<u8").astype(np.int64)
