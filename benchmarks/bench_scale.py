@@ -13,7 +13,8 @@ min/median/max seconds.
     (``from_tiktoken`` on bpe-openai's cl100k rank file: fastokens refuses the tokenizer.json, whose specials sit
     past unassigned ids) and ``tiktoken`` (``encode_ordinary_batch``, built from the same rank file). The ids of
     all four are checked equal.
-(f) ``tokenize`` of the ``--megabytes`` JSONL (one file) -> megatron: no executor, a process pool of 1, of 2.
+(f) ``tokenize`` of the ``--megabytes`` JSONL (one file) -> megatron: no executor, a process pool of 1, of 2
+    (spawned workers, default partitions: one per 64 MiB).
 (g) The same with a pool of 2 on the ``--small-megabytes`` file: 2, 16, 64 and 128 partitions.
 (h) ``RayExecutor`` on a local 2-CPU Ray cluster against a process pool of 2, 16 partitions, the small file.
 Every parallel output is checked byte-identical to the single-process one.
@@ -25,6 +26,7 @@ import argparse
 import gzip
 import hashlib
 import json
+import multiprocessing
 import shutil
 import statistics
 import sys
@@ -178,7 +180,9 @@ def main() -> None:
         return tokformats.tokenize(source, "cl100k_base", folder / "out" / name, "megatron", progress=False,
                                    overwrite=True, executor=executor, **options)  # fmt: skip
 
-    with ProcessPoolExecutor(1) as one, ProcessPoolExecutor(2) as two:
+    # spawned workers: a fork-started one inherits no splintr thread pool and encodes on one thread (see engines.py)
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(1, mp_context=spawn) as one, ProcessPoolExecutor(2, mp_context=spawn) as two:
         configurations = {
             "no executor": lambda: tokenize(big, "single"),
             "process pool of 1": lambda: tokenize(big, "pool1", one),

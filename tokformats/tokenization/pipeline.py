@@ -248,8 +248,12 @@ def _discard(work: Path) -> None:
 def _write_json_atomically(path: Path, data: dict[str, Any]) -> None:
     """Replace ``path`` with ``data`` as one commit: the old checkpoint or the new one, never half of either (the
     file and its folder are fsynced)."""
+    _write_bytes_atomically(path, json.dumps(data).encode("utf-8"))
+
+
+def _write_bytes_atomically(path: Path, data: bytes) -> None:
     with AtomicFiles(overwrite=True) as files:
-        files.create(path).write(json.dumps(data).encode("utf-8"))
+        files.create(path).write(data)
 
 
 @dataclass
@@ -588,20 +592,31 @@ def _encode_partition(
 
 
 @lru_cache(maxsize=2)
-def _worker_engine(tokenizer_json: str, engine: str) -> tuple[Any, tuple[Engine, str]]:
-    """The tokenizer and the gated engine of a worker process, built once for all the partitions it encodes."""
+def _worker_engine(tokenizer_path: str, tokenizer_hash: str, engine: str) -> tuple[Any, tuple[Engine, str]]:
+    """The tokenizer and the gated engine of a worker process, built once for all the partitions it encodes, from
+    the run's ``tokenizer.json`` in its work folder (checked against the plan's hash: the file is on a shared file
+    system, and a stale or damaged copy must not encode a single document)."""
+    import hashlib
+
     from tokenizers import Tokenizer
 
-    tokenizer = Tokenizer.from_str(tokenizer_json)
+    text = Path(tokenizer_path).read_text(encoding="utf-8")
+    found = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    if found != tokenizer_hash:
+        raise FormatError(
+            f"{tokenizer_path} has SHA-256 {found}, but the run's tokenizer has {tokenizer_hash}; rerun with "
+            f"{option('overwrite')}."
+        )
+    tokenizer = Tokenizer.from_str(text)
     return tokenizer, select_engine(tokenizer, engine)
 
 
 def _partition_job(args: tuple[Any, ...]) -> dict[str, Any]:
     """Run in an executor worker: encode one partition. Module-level, so that it pickles by reference."""
-    plan_dict, tokenizer_json, pieces, first_input, folder, batch_size, resume, checkpoint_every, engine = args
+    plan_dict, tokenizer_path, pieces, first_input, folder, batch_size, resume, checkpoint_every, engine = args
     plan = Plan(**plan_dict)
     name, fraction = engine
-    tokenizer, chosen = _worker_engine(tokenizer_json, name)
+    tokenizer, chosen = _worker_engine(tokenizer_path, plan.tokenizer_hash, name)
     encoder = Encoder(tokenizer, name, fraction, seed=plan.seed, partition=first_input, chosen=chosen)
     stats = _encode_partition(
         plan,
@@ -818,9 +833,13 @@ def _encode_in_parallel(
     groups = partition_inputs(resolved, partitions or max(len(resolved), -(-total // PARTITION_BYTES)), plan.unit)
     parts = [work / f"part-{n:04d}" for n in range(len(groups))]
     batch_size, resume, checkpoint_every = settings
-    tokenizer_json = loaded.to_str()
+    # Workers read the tokenizer from the work folder (once per process), not from each job: a named vocabulary's
+    # tokenizer.json is megabytes, and a run may have thousands of partitions.
+    tokenizer_file = work / "tokenizer.json"
+    work.mkdir(parents=True, exist_ok=True)
+    _write_bytes_atomically(tokenizer_file, loaded.to_str().encode("utf-8"))
     jobs = [
-        (asdict(plan), tokenizer_json, [(str(i.path), i.start, i.stop, i.first_record) for i in group], first,
+        (asdict(plan), str(tokenizer_file), [(str(i.path), i.start, i.stop, i.first_record) for i in group], first,
          str(part), batch_size, resume, checkpoint_every, engine)
         for (first, group), part in zip(groups, parts)
     ]  # fmt: skip
