@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import json
 import random
 import sysconfig
 import unicodedata
@@ -199,6 +200,12 @@ def test_command_line_tokenizes_and_decodes_with_a_name(tmp_path: Path, capsys: 
     assert main([*head, "100257"]) == 0
     shown = capsys.readouterr().out
     assert "Hello world" in shown and "naïve café" in shown
+    stats = ["stats", f"{out}.bin", "-t", "cl100k_base", "--format", "raw", "--dtype", "uint32", "--eos", "100257"]
+    assert main([*stats, "--top", "3", "--json"]) == 0
+    top = json.loads(capsys.readouterr().out)["top_ids"]
+    assert {row["id"]: row["text"] for row in top}[100257] == "<|endoftext|>"
+    verify = ["verify", f"{out}.bin", "-t", "cl100k_base", "--format", "raw", "--dtype", "uint32", "--json"]
+    assert main(verify) == 0 and json.loads(capsys.readouterr().out)[0]["ok"] is True
 
 
 def test_readme_raw_stream_example_runs_offline(tmp_path: Path) -> None:
