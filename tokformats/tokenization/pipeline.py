@@ -10,9 +10,9 @@ format's writer, whose files appear atomically; then the work folder is removed.
 A run killed at any point resumes with ``resume=True``: spools are cut back to the checkpoint and reading
 restarts after the last checkpointed record, so the final files are byte-identical to an uninterrupted run.
 Documents are assigned to splits by a hash of (seed, input, record position), so the assignment depends on
-nothing else: not on batching, resuming or partitioning. With ``executor=`` the inputs are split into
-partitions encoded in parallel (each into its own spools) and joined in input order: the output equals a
-single-process run.
+nothing else: not on batching, resuming or partitioning. With ``executor=`` the inputs are cut into
+partitions (large files at line starts or row groups, :mod:`.partitions`) encoded in parallel (each into its own
+spools) and joined in input order: the output equals a single-process run.
 
 Empty documents follow each format's owner: Megatron's ``preprocess_data.py`` keeps them as documents
 without sequences and without an end-of-document id; llm.c, nanoGPT and the others still write the delimiter.
