@@ -163,3 +163,17 @@ def test_splintr_in_workers_forked_after_the_parent_used_it(tmp_path: Path, toke
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["splintr", "splintr"]
     assert (tmp_path / "o-one.bin").read_bytes() == (tmp_path / "o-two.bin").read_bytes()
+
+
+def test_command_line_workers_and_partitions(tmp_path: Path, tokenizer_path: Path) -> None:
+    from tokformats.cli import main
+
+    source = _big_jsonl(tmp_path / "big.jsonl", 1500)
+    single = _run(source, tokenizer_path, tmp_path / "one")
+    command = ["tokenize", str(source), "-t", str(tokenizer_path), "-o", str(tmp_path / "cli"), "-f", "megatron",
+               "--split", "8:1:1", "--seed", "3", "--workers", "2", "--partitions", "5", "--no-progress"]  # fmt: skip
+    assert main(command) == 0
+    for name, output in single["outputs"].items():
+        for suffix in (".bin", ".idx"):
+            mine = Path(output["path"].replace("one", "cli") + suffix)
+            assert mine.read_bytes() == Path(output["path"] + suffix).read_bytes(), name

@@ -348,6 +348,7 @@ def run_tokenize(args: argparse.Namespace) -> int:
             resume=args.resume,
             on_error=args.on_error,
             executor=executor,
+            partitions=args.partitions,
             overwrite=args.overwrite,
             engine=args.engine,
             verify_fraction=args.verify_fraction,

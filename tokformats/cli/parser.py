@@ -150,6 +150,13 @@ def _tokenize_args() -> list[Row]:
         UNIT,
         Arg("--batch-size", type=int, default=1000, help="documents per encoder call (default 1000)"),
         Arg("--workers", type=int, default=0, help="encode partitions of the inputs in N processes"),
+        Arg(
+            "--partitions",
+            type=int,
+            metavar="N",
+            help="with --workers: cut the inputs into N partitions (default: one per file and per 64 MiB; large "
+            "JSONL/text files are cut at line starts, Parquet at row groups)",
+        ),
         Arg("--on-error", choices=["raise", "skip"], default="raise", help="on a bad record: stop (raise) or skip it"),
         Arg(
             "--engine",
