@@ -327,7 +327,9 @@ class Encoder:
     """The run's engine, checked against ``tokenizers`` on a sample of the corpus (the first documents, up to
     :attr:`FIRST_SAMPLE_BYTES` of text) and then on a random ``verify_fraction`` of the documents (reproducibly: the
     draw depends on the seed and the partition only). Checking documents rather than whole batches keeps the cost
-    at about ``verify_fraction`` of what ``tokenizers`` alone would take."""
+    at about ``verify_fraction`` of what ``tokenizers`` alone would take. In a partitioned run only the first
+    partition checks the first documents (the others run the engine the gate already chose, explicitly): the
+    sample's cost is paid once per run, not once per partition."""
 
     #: Text checked at the start of the run, before any random draw.
     FIRST_SAMPLE_BYTES = 1 << 20
@@ -347,7 +349,7 @@ class Encoder:
         self.verify_fraction = verify_fraction
         self._draws = np.random.default_rng([seed, partition])
         self.batches = 0
-        self._sampled_bytes = 0
+        self._sampled_bytes = 0 if partition == 0 else self.FIRST_SAMPLE_BYTES
         #: Documents re-encoded with tokenizers to check the engine.
         self.verified = 0
 
@@ -613,11 +615,12 @@ def _worker_engine(tokenizer_path: str, tokenizer_hash: str, engine: str) -> tup
 
 def _partition_job(args: tuple[Any, ...]) -> dict[str, Any]:
     """Run in an executor worker: encode one partition. Module-level, so that it pickles by reference."""
-    plan_dict, tokenizer_path, pieces, first_input, folder, batch_size, resume, checkpoint_every, engine = args
+    plan_dict, tokenizer_path, pieces, first_input, ordinal, folder, settings, engine = args
+    batch_size, resume, checkpoint_every = settings
     plan = Plan(**plan_dict)
     name, fraction = engine
     tokenizer, chosen = _worker_engine(tokenizer_path, plan.tokenizer_hash, name)
-    encoder = Encoder(tokenizer, name, fraction, seed=plan.seed, partition=first_input, chosen=chosen)
+    encoder = Encoder(tokenizer, name, fraction, seed=plan.seed, partition=ordinal, chosen=chosen)
     stats = _encode_partition(
         plan,
         encoder,
@@ -832,7 +835,6 @@ def _encode_in_parallel(
     total = sum(i.size or 0 for i in resolved)
     groups = partition_inputs(resolved, partitions or max(len(resolved), -(-total // PARTITION_BYTES)), plan.unit)
     parts = [work / f"part-{n:04d}" for n in range(len(groups))]
-    batch_size, resume, checkpoint_every = settings
     # Workers read the tokenizer from the work folder (once per process), not from each job: a named vocabulary's
     # tokenizer.json is megabytes, and a run may have thousands of partitions.
     tokenizer_file = work / "tokenizer.json"
@@ -840,8 +842,8 @@ def _encode_in_parallel(
     _write_bytes_atomically(tokenizer_file, loaded.to_str().encode("utf-8"))
     jobs = [
         (asdict(plan), str(tokenizer_file), [(str(i.path), i.start, i.stop, i.first_record) for i in group], first,
-         str(part), batch_size, resume, checkpoint_every, engine)
-        for (first, group), part in zip(groups, parts)
+         ordinal, str(part), settings, engine)
+        for ordinal, ((first, group), part) in enumerate(zip(groups, parts))
     ]  # fmt: skip
     return parts, [Stats(**result) for result in executor.map(_partition_job, jobs)]
 
