@@ -710,8 +710,8 @@ def tokenize(
     _check_outputs(writer_class, targets, work, overwrite=overwrite, resume=resume)
     total_bytes = sum(i.size or 0 for i in resolved) or None
     show = sys.stderr.isatty() if progress is None else progress
-    monitor = Progress(show, total_bytes, [])
     encoder = Encoder(loaded, engine, verify_fraction, seed=plan.seed, partition=0)
+    monitor = Progress(show, total_bytes, [])  # started after the gate and the engines' timing: rates are encoding's
     if show:
         print(f"tokformats: encoding with {encoder.engine.name}: {encoder.reason}", file=sys.stderr)
     settings = (batch_size, resume, checkpoint_every)
