@@ -177,3 +177,21 @@ def test_command_line_workers_and_partitions(tmp_path: Path, tokenizer_path: Pat
         for suffix in (".bin", ".idx"):
             mine = Path(output["path"].replace("one", "cli") + suffix)
             assert mine.read_bytes() == Path(output["path"] + suffix).read_bytes(), name
+
+
+def test_a_worker_refuses_a_tokenizer_file_that_is_not_the_runs(tmp_path: Path, tokenizer_path: Path) -> None:
+    import hashlib
+
+    from tokformats.tokenization import pipeline
+
+    text = tokenizer_path.read_text(encoding="utf-8")
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    copy = tmp_path / "tokenizer.json"
+    copy.write_text(text.replace('"<|endoftext|>"', '"<|endoftexT|>"', 1), encoding="utf-8")  # a damaged copy
+    with pytest.raises(tokformats.FormatError, match=rf"tokenizer\.json has SHA-256 [0-9a-f]{{64}}, but the run's "
+                       rf"tokenizer has {digest}"):  # fmt: skip
+        pipeline._worker_engine(str(copy), digest, "tokenizers")
+    copy.write_text(text, encoding="utf-8")
+    tokenizer, (engine, reason) = pipeline._worker_engine(str(copy), digest, "tokenizers")
+    assert engine.name == "tokenizers" and reason == "asked for"
+    assert pipeline._worker_engine(str(tmp_path / "gone.json"), digest, "tokenizers")[0] is tokenizer  # built once

@@ -31,7 +31,6 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Executor
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -593,11 +592,24 @@ def _encode_partition(
 # -- partitions ---------------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=2)
+#: A worker process's tokenizers and gated engines, by (tokenizer hash, engine): built once for all the partitions
+#: (and runs) it encodes.
+_WORKER_ENGINES: dict[tuple[str, str], tuple[Any, tuple[Engine, str]]] = {}
+
+
 def _worker_engine(tokenizer_path: str, tokenizer_hash: str, engine: str) -> tuple[Any, tuple[Engine, str]]:
-    """The tokenizer and the gated engine of a worker process, built once for all the partitions it encodes, from
-    the run's ``tokenizer.json`` in its work folder (checked against the plan's hash: the file is on a shared file
-    system, and a stale or damaged copy must not encode a single document)."""
+    """The tokenizer and the gated engine of a worker process, from the run's ``tokenizer.json`` in its work folder
+    (checked against the plan's hash: the file is on a shared file system, and a stale or damaged copy must not
+    encode a single document); a tokenizer the process has already built is not read again."""
+    key = (tokenizer_hash, engine)
+    if key not in _WORKER_ENGINES:
+        if len(_WORKER_ENGINES) >= 2:
+            _WORKER_ENGINES.clear()
+        _WORKER_ENGINES[key] = _build_worker_engine(tokenizer_path, tokenizer_hash, engine)
+    return _WORKER_ENGINES[key]
+
+
+def _build_worker_engine(tokenizer_path: str, tokenizer_hash: str, engine: str) -> tuple[Any, tuple[Engine, str]]:
     import hashlib
 
     from tokenizers import Tokenizer
