@@ -193,9 +193,10 @@ def _vocab_size(args: argparse.Namespace) -> int | None:
     if args.vocab_size is not None:
         return int(args.vocab_size)
     if args.tokenizer:
+        from ..core.vocab import vocabulary_size
         from ..tokenization.tokenizer import load_tokenizer
 
-        return int(load_tokenizer(args.tokenizer).get_vocab_size(with_added_tokens=True))
+        return vocabulary_size(load_tokenizer(args.tokenizer))
     return None
 
 
@@ -489,6 +490,7 @@ def run_tokenize(args: argparse.Namespace) -> int:
             resume=args.resume,
             on_error=args.on_error,
             executor=executor,
+            partitions=args.partitions,
             overwrite=args.overwrite,
             engine=args.engine,
             verify_fraction=args.verify_fraction,

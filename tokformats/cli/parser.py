@@ -84,7 +84,12 @@ def decoder_args(required: bool = False) -> list[Row]:
     return [
         Exclusive(
             [
-                Arg("--tokenizer", "-t", help="decode ids with this tokenizer.json (or its folder)"),
+                Arg(
+                    "--tokenizer",
+                    "-t",
+                    help="decode ids with this tokenizer.json (or its folder, a vocabulary name such as cl100k_base, "
+                    "a .tiktoken file)",
+                ),
                 Arg("--vocab", help="decode ids with this llm.c vocabulary (gpt2_tokenizer.bin format)"),
             ],
             required=required,
@@ -130,7 +135,13 @@ def _tokenize_args() -> list[Row]:
     default = default_corpus_format()
     return [
         TEXT_INPUTS,
-        Arg("--tokenizer", "-t", required=True, help="tokenizer.json or its folder"),
+        Arg(
+            "--tokenizer",
+            "-t",
+            required=True,
+            help="tokenizer.json or its folder, a vocabulary name (cl100k_base, o200k_base, llama3) or a .tiktoken "
+            "file",
+        ),
         Arg("--output", "-o", required=True, help="output path prefix (names: see the README)"),
         Arg("--format", "-f", default=default, choices=sorted(api.corpus_writers()), help=f"output format ({default})"),
         Arg("--text-key", action="append", help="JSON/Parquet key(s) holding the text (default: text)"),
@@ -169,12 +180,26 @@ def _tokenize_args() -> list[Row]:
         UNIT,
         Arg("--batch-size", type=int, default=1000, help="documents per encoder call (default 1000)"),
         Arg("--workers", type=int, default=0, help="encode partitions of the inputs in N processes"),
+        Arg(
+            "--partitions",
+            type=int,
+            metavar="N",
+            help="with --workers: cut the inputs into N partitions (default: one per file and per 64 MiB; large "
+            "JSONL/text files are cut at line starts, Parquet at row groups)",
+        ),
         Arg("--on-error", choices=["raise", "skip"], default="raise", help="on a bad record: stop (raise) or skip it"),
+        *_tokenize_run_args(),
+    ]
+
+
+def _tokenize_run_args() -> list[Row]:
+    """How a tokenize run goes: engine, checks, resume, progress, writer options."""
+    return [
         Arg(
             "--engine",
-            choices=("auto", "tokenizers", "fastokens"),
+            choices=("auto", "tokenizers", "fastokens", "splintr"),
             default="auto",
-            help="encoder: fastokens where it passes the identity gate (auto, the default), or one of the two",
+            help="encoder: the fastest engine that passes the identity gate (auto, the default), or one by name",
         ),
         Arg(
             "--verify-fraction",
@@ -262,7 +287,7 @@ def _reading_commands() -> list[Command]:
                 paths("datasets to check (exit 0: all sound; 1: problems found)"),
                 *reader_args(),
                 Arg("--vocab-size", type=int, help="every id must be below this"),
-                Arg("--tokenizer", "-t", help="take --vocab-size from this tokenizer.json"),
+                Arg("--tokenizer", "-t", help="take --vocab-size from this tokenizer.json (or a vocabulary name)"),
                 JSON,
             ],
         ),

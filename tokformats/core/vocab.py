@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import FormatError, NoFilesError, TokenRangeError
+from .byte_level import bytes_to_unicode, unicode_to_bytes
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -28,6 +28,7 @@ __all__ = [
     "bytes_to_unicode",
     "padded_vocab_size",
     "tokenizer_decoder",
+    "vocabulary_size",
 ]
 
 END_OF_TEXT = "<|endoftext|>"
@@ -50,33 +51,19 @@ def padded_vocab_size(vocab_size: int, multiple: int = 64) -> int:
     return (vocab_size + multiple - 1) // multiple * multiple
 
 
-@lru_cache(maxsize=1)
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable character table used by byte-level BPE."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-    printable += list(range(ord("®"), ord("ÿ") + 1))
-    characters = printable[:]
-    extra = 0
-    for byte in range(256):
-        if byte not in printable:
-            printable.append(byte)
-            characters.append(256 + extra)
-            extra += 1
-    return dict(zip(printable, map(chr, characters)))
-
-
-@lru_cache(maxsize=1)
-def _unicode_to_bytes() -> dict[str, int]:
-    return {character: byte for byte, character in bytes_to_unicode().items()}
-
-
 def load_tokenizer(tokenizer: Any) -> Tokenizer:
-    """A ``tokenizers.Tokenizer`` from itself, a ``tokenizer.json`` path, or a folder holding one."""
+    """A ``tokenizers.Tokenizer`` from itself, a ``tokenizer.json`` path, a folder holding one, a vocabulary name
+    (``"cl100k_base"``, ``"o200k_base"``, ``"llama3"``) or a ``.tiktoken`` rank file (see
+    :mod:`tokformats.core.vocabularies`). An existing file or folder wins over a name."""
     from tokenizers import Tokenizer
+
+    from .vocabularies import is_vocabulary_name, load_vocabulary
 
     if isinstance(tokenizer, Tokenizer):
         return tokenizer
     path = Path(os.fspath(tokenizer))
+    if is_vocabulary_name(tokenizer) and not path.is_dir() and not (path.is_file() and path.suffix == ".json"):
+        return load_vocabulary(tokenizer)
     if path.is_dir():
         path = path / "tokenizer.json"
     if not path.is_file():
@@ -85,6 +72,13 @@ def load_tokenizer(tokenizer: Any) -> Tokenizer:
         return Tokenizer.from_file(str(path))
     except Exception as exc:  # tokenizers raises a bare Exception for bad JSON
         raise FormatError(f"{path} is not a tokenizers tokenizer.json ({exc}).") from None
+
+
+def vocabulary_size(tokenizer: Tokenizer) -> int:
+    """The number of ids the tokenizer can produce or decode: its largest id plus one (a vocabulary with unassigned
+    ids, such as cl100k_base's 100256, counts them, as tiktoken's ``n_vocab`` does)."""
+    ids = tokenizer.get_vocab(with_added_tokens=True).values()
+    return max(ids, default=-1) + 1
 
 
 def end_of_text_id(tokenizer: Tokenizer, eot_token: int | str | None = None) -> int:
@@ -139,7 +133,7 @@ def token_bytes(tokenizer: Tokenizer) -> list[bytes]:
             "(Metaspace / byte fallback) decoder: its tokens have no defined raw bytes."
         )
     size = tokenizer.get_vocab_size(with_added_tokens=True)
-    table = _unicode_to_bytes()
+    table = unicode_to_bytes()
     result: list[bytes] = []
     for token_id in range(size):
         if token_id in added:
@@ -164,7 +158,7 @@ def token_bytes(tokenizer: Tokenizer) -> list[bytes]:
 def tokenizer_decoder(tokenizer: Tokenizer) -> Callable[[Any], str]:
     """A function turning ids into text with ``tokenizer`` (specials kept); ids outside its vocabulary raise
     :class:`~tokformats.TokenRangeError` naming the id."""
-    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    size = vocabulary_size(tokenizer)
 
     def decode(ids: Any) -> str:
         array = np.asarray(ids)

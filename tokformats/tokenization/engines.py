@@ -1,23 +1,27 @@
 """Encoding engines for ``tokenize``: HF ``tokenizers`` (the reference) and faster engines proven to give its ids.
 
 An engine turns a batch of texts into one flat id array plus per-text lengths, the shape the writers take; no
-per-document Python list is built. ``fastokens`` (a Rust BPE engine, ``pip install tokformats[fast]``) encodes
-byte-level BPE tokenizers many times faster than ``encode_batch_fast``, but speed without identity is worthless
-here, so it runs only behind the *identity gate*: before a run, a built-in adversarial set (scripts, emoji, ZWJ
-sequences, combining marks, whitespace runs, contractions after tabs, the tokenizer's own added and special
-tokens, replaced surrogates, very long words, empty strings) is encoded by both engines; then the run's first batch,
-and a random ``verify_fraction`` of later batches, are encoded by ``tokenizers`` too and compared. A difference
-before the run falls back to ``tokenizers`` (``engine="auto"``) or refuses (``engine="fastokens"``); during the run
-it stops with :class:`EngineMismatchError` naming the document. Either way the output is what ``tokenizers`` gives,
-so a run can resume after switching engines.
+per-document Python list is built. ``fastokens`` and ``splintr`` (Rust BPE engines, ``pip install tokformats[fast]``)
+encode byte-level BPE tokenizers many times faster than ``encode_batch_fast``, but speed without identity is
+worthless here, so they run only behind the *identity gate*: before a run, a built-in adversarial set (scripts,
+emoji, ZWJ sequences, combining marks, whitespace runs, contractions after tabs, the tokenizer's own added and
+special tokens, replaced surrogates, very long words, empty strings) is encoded by both engines; then the run's
+first batch, and a random ``verify_fraction`` of later batches, are encoded by ``tokenizers`` too and compared. A
+difference before the run falls back to ``tokenizers`` (``engine="auto"``) or refuses (an engine asked for by
+name); during the run it stops with :class:`EngineMismatchError` naming the document. Either way the output is
+what ``tokenizers`` gives, so a run can resume after switching engines.
 
 Chat message text is encoded with ``split_special=True``: special tokens spelled in it are encoded as the text
 they are, never as the special id (``tokenizers``' ``encode_special_tokens``, fastokens' ``split_special_tokens``).
 The gate checks both ways of encoding.
+
+``engine="auto"`` gates every installed fast engine and then *measures* the ones that pass on the same calibration
+text (:func:`calibration_texts`), choosing the fastest; the reason names the measured rates.
 """
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -30,17 +34,21 @@ __all__ = [
     "Engine",
     "TokenizersEngine",
     "FastokensEngine",
+    "SplintrEngine",
     "EngineError",
     "EngineMismatchError",
     "adversarial_texts",
     "first_difference",
     "differing_text",
     "select_engine",
+    "calibration_texts",
     "encoded",
 ]
 
 #: The values of ``tokenize(engine=...)``.
-ENGINES = ("auto", "tokenizers", "fastokens")
+ENGINES = ("auto", "tokenizers", "fastokens", "splintr")
+#: The engines ``auto`` considers, each behind the identity gate.
+FAST_ENGINES = ("fastokens", "splintr")
 
 
 class EngineError(ConfigError):
@@ -105,6 +113,60 @@ class FastokensEngine(Engine):
         return flat, np.diff(bounds)
 
 
+#: Whether this process used splintr's thread pool, and whether it is a child forked after that: rayon's threads do
+#: not survive a fork, and a batch call in such a child waits for them forever.
+_SPLINTR_POOL = {"started": False, "lost": False}
+
+
+def _after_fork_in_child() -> None:
+    if _SPLINTR_POOL["started"]:
+        _SPLINTR_POOL["lost"] = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class SplintrEngine(Engine):
+    """``splintr``'s ``encode_batch_flat`` on the tokenizer's ``tokenizer.json`` (``splintr.from_json_bytes``): the
+    same flat layout as fastokens'. splintr's own bundled vocabularies read a special token spelled in the text as
+    that token; loaded from the json, it keeps the file's policy, which the gate checks.
+
+    In a process forked after splintr's thread pool started (a fork-started process pool's worker), the batch call
+    would hang: there each text is encoded on the calling thread (``encode_flat``), the same ids."""
+
+    name = "splintr"
+
+    def __init__(self, tokenizer_json: str) -> None:
+        import splintr
+
+        self.tokenizer = splintr.from_json_bytes(tokenizer_json.encode("utf-8"))
+        self._json = tokenizer_json
+        self._splitting: TokenizersEngine | None = None
+
+    def encode(self, texts: list[str], split_special: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        if split_special:  # splintr has no way to read a spelled special as text: tokenizers' ids, the same
+            if self._splitting is None:
+                from tokenizers import Tokenizer
+
+                self._splitting = TokenizersEngine(Tokenizer.from_str(self._json))
+            return self._splitting.encode(texts, split_special=True)
+        if _SPLINTR_POOL["lost"]:
+            pieces = [self.tokenizer.encode_flat(text) for text in texts]
+            lengths = np.fromiter((len(p) // 4 for p in pieces), dtype=np.int64, count=len(pieces))
+            return np.frombuffer(b"".join(pieces), dtype="<u4"), lengths
+        _SPLINTR_POOL["started"] = True
+        ids, offsets = self.tokenizer.encode_batch_flat(texts)
+        flat = np.frombuffer(ids, dtype="<u4")
+        bounds = np.frombuffer(offsets, dtype="<u8").astype(np.int64)
+        return flat, np.diff(bounds)
+
+
+_ENGINE_CLASSES: dict[str, type[FastokensEngine] | type[SplintrEngine]] = {
+    "fastokens": FastokensEngine,
+    "splintr": SplintrEngine,
+}
+
+
 def adversarial_texts(tokenizer: Any) -> list[str]:
     """Texts where BPE engines are known to disagree, plus the tokenizer's own added and special tokens alone,
     inside words and repeated."""
@@ -131,9 +193,16 @@ def adversarial_texts(tokenizer: Any) -> list[str]:
         "a\u0000b nul and \u0007 bell",
     ]
     specials = [token.content for token in tokenizer.get_added_tokens_decoder().values()]
+    # Named vocabularies keep their specials in the model's vocabulary (text spelling one stays text): check them too.
+    spelled = sorted((i, t) for t, i in tokenizer.get_vocab(with_added_tokens=False).items() if _looks_special(t))
+    specials += [t for _, t in spelled if t not in specials]
     for token in specials[:64]:
         texts += [token, f"before{token}after", f"{token} {token}{token}", f"\n{token}\n"]
     return texts
+
+
+def _looks_special(token: str) -> bool:
+    return len(token) > 4 and token[:2] in ("<|", "<｜") and token[-2:] in ("|>", "｜>")
 
 
 def differing_text(
@@ -169,39 +238,79 @@ def _describe(text: str) -> str:
     return repr(text if len(text) <= 60 else text[:57] + "...")
 
 
+def calibration_texts() -> list[str]:
+    """The texts ``auto`` times each gated engine on: the package's multi-script sample corpus (about 150 kB)."""
+    from .sample_text import sample_texts
+
+    return sample_texts(1500)
+
+
+def _rate(engine: Engine, texts: list[str], rounds: int = 3) -> float:
+    """``engine``'s best throughput on ``texts`` in MB/s (UTF-8 bytes), over ``rounds`` runs."""
+    import time
+
+    size = sum(len(t.encode("utf-8")) for t in texts)
+    best = float("inf")
+    for _ in range(rounds):
+        started = time.perf_counter()
+        engine.encode(texts)
+        best = min(best, time.perf_counter() - started)
+    return size / max(best, 1e-9) / 1e6
+
+
+def _gated(tokenizer: Any, name: str, reference: Engine, texts: list[str]) -> tuple[Engine | None, str]:
+    """Engine ``name`` on ``tokenizer`` when it is installed, accepts the tokenizer and gives the reference's ids on
+    the adversarial ``texts``, and why; else None and the error an explicit request raises (its message says why)."""
+    try:
+        candidate = _ENGINE_CLASSES[name](tokenizer.to_str())
+    except ImportError:
+        return None, f"engine {name!r} is not installed: pip install 'tokformats[fast]'."
+    except Exception as exc:  # the engines raise their own errors for components they do not implement
+        return None, f"{name} refuses this tokenizer: {exc}"
+    for split_special in (False, True):  # text, and chat message text (specials spelled out stay text)
+        difference = first_difference(reference, candidate, texts, split_special)
+        if difference is not None:
+            shown = _describe(texts[difference])
+            how = " with special tokens split as text" if split_special else ""
+            return None, f"{name} gives other ids than tokenizers{how} for the gate's text {difference} ({shown})"
+    return candidate, f"{name} passed the identity gate ({len(texts)} adversarial texts)"
+
+
 def select_engine(tokenizer: Any, engine: str = "auto") -> tuple[Engine, str]:
     """The engine to encode with, and why (for the progress line and the summary).
 
-    ``"auto"``: fastokens when installed and it passes the identity gate on :func:`adversarial_texts`, else
-    tokenizers. ``"fastokens"``: the same gate, raising :class:`EngineError` when it is missing, refuses the
-    tokenizer, or differs. ``"tokenizers"``: the reference, unchecked.
+    ``"auto"``: of the fast engines (fastokens, splintr) that are installed and pass the identity gate on
+    :func:`adversarial_texts`, the one measured fastest on :func:`calibration_texts`; else tokenizers.
+    ``"fastokens"`` / ``"splintr"``: the same gate, raising :class:`EngineError` when the engine is missing or
+    refuses the tokenizer, :class:`EngineMismatchError` when it differs. ``"tokenizers"``: the reference, unchecked.
     """
     if engine not in ENGINES:
         raise ConfigError(f"engine must be one of {', '.join(ENGINES)}; found {engine!r}.")
     reference = TokenizersEngine(tokenizer)
     if engine == "tokenizers":
         return reference, "asked for"
-    explicit = engine == "fastokens"
-    try:
-        fast = FastokensEngine(tokenizer.to_str())
-    except ImportError:
-        if explicit:
-            raise EngineError("engine 'fastokens' is not installed: pip install 'tokformats[fast]'.") from None
-        return reference, "fastokens is not installed (pip install 'tokformats[fast]')"
-    except Exception as error:  # fastokens raises its own errors for components it does not implement
-        if explicit:
-            raise EngineError(f"fastokens refuses this tokenizer: {error}") from None
-        return reference, f"fastokens refuses this tokenizer ({error})"
     texts = adversarial_texts(tokenizer)
-    for split_special in (False, True):  # text, and chat message text (specials spelled out stay text)
-        difference = first_difference(reference, fast, texts, split_special)
-        if difference is not None:
-            break
-    if difference is not None:
-        shown = _describe(texts[difference])
-        how = " with special tokens split as text" if split_special else ""
-        reason = f"fastokens gives other ids than tokenizers{how} for the gate's text {difference} ({shown})"
-        if explicit:
+    if engine != "auto":
+        chosen, reason = _gated(tokenizer, engine, reference, texts)
+        if chosen is not None:
+            return chosen, reason
+        if " gives other ids " in reason:
             raise EngineMismatchError(f"{reason}; use engine='tokenizers'.")
-        return reference, reason
-    return fast, f"fastokens passed the identity gate ({len(texts)} adversarial texts)"
+        raise EngineError(reason)
+    passed: list[tuple[Engine, str]] = []
+    refused: list[str] = []
+    for name in FAST_ENGINES:
+        chosen, reason = _gated(tokenizer, name, reference, texts)
+        if chosen is None:
+            refused.append(reason)
+        else:
+            passed.append((chosen, reason))
+    if not passed:
+        return reference, "; ".join(refused)
+    if len(passed) == 1:
+        return passed[0]
+    sample = calibration_texts()
+    rates = [(_rate(candidate, sample), candidate, reason) for candidate, reason in passed]
+    _, fastest, reason = max(rates, key=lambda r: r[0])
+    measured = ", ".join(f"{c.name} {r:.0f} MB/s" for r, c, _ in rates)
+    return fastest, f"{reason}; the fastest that passed (measured on the calibration text: {measured})"

@@ -13,9 +13,9 @@ The work folder has one owner at a time (an OS lock that dies with its holder): 
 is refused at once with :class:`~tokformats.errors.FolderBusyError` naming the folder, rather than made to wait,
 and a killed run's pool workers stop with it (:mod:`tokformats.tokenization.workers`).
 Documents are assigned to splits by a hash of (seed, input, record position), so the assignment depends on
-nothing else: not on batching, resuming or partitioning. With ``executor=`` the inputs are split into
-partitions encoded in parallel (each into its own spools) and joined in input order: the output equals a
-single-process run.
+nothing else: not on batching, resuming or partitioning. With ``executor=`` the inputs are cut into
+partitions (large files at line starts or row groups, :mod:`.partitions`) encoded in parallel (each into its own
+spools) and joined in input order: the output equals a single-process run.
 
 Empty documents follow each format's owner: Megatron's ``preprocess_data.py`` keeps them as documents
 without sequences and without an end-of-document id; llm.c, nanoGPT and the others still write the delimiter.
@@ -35,7 +35,6 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Executor
 from dataclasses import asdict, dataclass, field
-from itertools import pairwise
 from pathlib import Path
 from typing import Any, NamedTuple, NoReturn
 
@@ -46,14 +45,15 @@ from ..core.documents import add_delimiter, document_runs, offsets_from_lengths
 from ..core.dtypes import dtype_for_vocab
 from ..core.protocol import TokenWriter
 from ..core.registry import default_corpus_format
-from ..core.vocab import END_OF_TEXT
+from ..core.vocab import END_OF_TEXT, vocabulary_size
 from ..errors import ConfigError, FormatError, OutputExistsError, option
 from ..fs.atomic import AtomicFiles, naming_output
 from ..fs.owner import LOCK_NAME, owned_folder
 from ..fs.untrusted import read_json_object
 from .chat import ChatError, messages_of, schema_name
 from .chat_encoding import ChatSpec
-from .engines import EngineMismatchError, TokenizersEngine, differing_text, encoded, select_engine
+from .engines import Engine, EngineMismatchError, TokenizersEngine, differing_text, encoded, select_engine
+from .partitions import PARTITION_BYTES, partition_inputs
 from .sources import Input, Record, SourceError, iter_records, resolve_inputs
 from .templates import THOUGHT, TRAIN_ON, load_template
 from .tokenizer import load_tokenizer
@@ -62,6 +62,8 @@ from .workers import parent_watch, submitter
 __all__ = ["tokenize", "split_fractions", "output_paths"]
 
 EOS_MODES = ("append", "prepend", "none")
+#: The end-of-document tokens looked up, in order, when no ``eos_id`` is given (GPT's and tiktoken's, Llama 3's).
+END_OF_DOCUMENT = (END_OF_TEXT, "<|end_of_text|>")
 CHECKPOINT = "checkpoint.json"
 PARTITION_WAIT = 60.0  # seconds a partition waits for a killed run's orphaned worker to stop writing it
 _SPOOL_CHUNK = 1 << 24  # tokens per write_batch call when writing the outputs
@@ -366,8 +368,12 @@ def _discard(work: Path) -> None:
 def _write_json_atomically(path: Path, data: dict[str, Any]) -> None:
     """Replace ``path`` with ``data`` as one commit: the old checkpoint or the new one, never half of either (the
     file and its folder are fsynced)."""
+    _write_bytes_atomically(path, json.dumps(data).encode("utf-8"))
+
+
+def _write_bytes_atomically(path: Path, data: bytes) -> None:
     with AtomicFiles(overwrite=True) as files:
-        files.create(path).write(json.dumps(data).encode("utf-8"))
+        files.create(path).write(data)
 
 
 @dataclass
@@ -480,19 +486,29 @@ class Encoder:
     """The run's engine, checked against ``tokenizers`` on a sample of the corpus (the first documents, up to
     :attr:`FIRST_SAMPLE_BYTES` of text) and then on a random ``verify_fraction`` of the documents (reproducibly: the
     draw depends on the seed and the partition only). Checking documents rather than whole batches keeps the cost
-    at about ``verify_fraction`` of what ``tokenizers`` alone would take."""
+    at about ``verify_fraction`` of what ``tokenizers`` alone would take. In a partitioned run only the first
+    partition checks the first documents (the others run the engine the gate already chose, explicitly): the
+    sample's cost is paid once per run, not once per partition."""
 
     #: Text checked at the start of the run, before any random draw.
     FIRST_SAMPLE_BYTES = 1 << 20
 
-    def __init__(self, tokenizer: Any, engine: str, verify_fraction: float, seed: int, partition: int) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        engine: str,
+        verify_fraction: float,
+        seed: int,
+        partition: int,
+        chosen: tuple[Engine, str] | None = None,
+    ) -> None:
         self.reference = TokenizersEngine(tokenizer)
-        self.engine, self.reason = select_engine(tokenizer, engine)
+        self.engine, self.reason = chosen or select_engine(tokenizer, engine)
         self.explicit = engine != "auto"
         self.verify_fraction = verify_fraction
         self._draws = np.random.default_rng([seed, partition])
         self.batches = 0
-        self._sampled_bytes = 0
+        self._sampled_bytes = 0 if partition == 0 else self.FIRST_SAMPLE_BYTES
 
     def encode(
         self, texts: list[str], dtype: np.dtype, where: Any, split_special: bool = False
@@ -841,28 +857,53 @@ def _encode_partition(
 # -- partitions ---------------------------------------------------------------------------------------
 
 
-def _partition(inputs: list[Input], parts: int) -> list[tuple[int, list[Input]]]:
-    """Contiguous groups of inputs of roughly equal size: ``(first input number, inputs)``."""
-    sizes = np.array([i.size or 1 for i in inputs], dtype=np.float64)
-    bounds = np.searchsorted(np.cumsum(sizes), np.linspace(0, sizes.sum(), parts + 1)[1:-1], side="left") + 1
-    cuts = sorted({0, *[int(b) for b in bounds if 0 < b < len(inputs)], len(inputs)})
-    return [(a, inputs[a:b]) for a, b in pairwise(cuts)]
+#: A worker process's tokenizers and gated engines, by (tokenizer hash, engine): built once for all the partitions
+#: (and runs) it encodes.
+_WORKER_ENGINES: dict[tuple[str, str], tuple[Any, tuple[Engine, str]]] = {}
+
+
+def _worker_engine(tokenizer_path: str, tokenizer_hash: str, engine: str) -> tuple[Any, tuple[Engine, str]]:
+    """The tokenizer and the gated engine of a worker process, from the run's ``tokenizer.json`` in its work folder
+    (checked against the plan's hash: the file is on a shared file system, and a stale or damaged copy must not
+    encode a single document); a tokenizer the process has already built is not read again."""
+    key = (tokenizer_hash, engine)
+    if key not in _WORKER_ENGINES:
+        if len(_WORKER_ENGINES) >= 2:
+            _WORKER_ENGINES.clear()
+        _WORKER_ENGINES[key] = _build_worker_engine(tokenizer_path, tokenizer_hash, engine)
+    return _WORKER_ENGINES[key]
+
+
+def _build_worker_engine(tokenizer_path: str, tokenizer_hash: str, engine: str) -> tuple[Any, tuple[Engine, str]]:
+    import hashlib
+
+    from tokenizers import Tokenizer
+
+    text = Path(tokenizer_path).read_text(encoding="utf-8")
+    found = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    if found != tokenizer_hash:
+        raise FormatError(
+            f"{tokenizer_path} has SHA-256 {found}, but the run's tokenizer has {tokenizer_hash}; rerun with "
+            f"{option('overwrite')}."
+        )
+    tokenizer = Tokenizer.from_str(text)
+    return tokenizer, select_engine(tokenizer, engine)
 
 
 def _partition_job(args: tuple[Any, ...]) -> dict[str, Any]:
     """Run in an executor worker: encode one partition. Module-level, so that it pickles by reference."""
-    plan_dict, tokenizer_json, paths, first_input, folder, batch_size, resume, checkpoint_every, engine = args[:9]
-    origin, chat = args[9:]
-    from tokenizers import Tokenizer
-
+    plan_dict, tokenizer_path, pieces, first_input, ordinal, folder, settings, engine = args[:8]
+    origin, chat = args[8:]
+    batch_size, resume, checkpoint_every = settings
     plan = Plan(**plan_dict)
     name, fraction = engine
     with parent_watch(origin):  # an orphan of a killed run stops at once instead of writing on into its spools
-        encoder = Encoder(Tokenizer.from_str(tokenizer_json), name, fraction, seed=plan.seed, partition=first_input)
+        tokenizer, chosen = _worker_engine(tokenizer_path, plan.tokenizer_hash, name)
+        encoder = Encoder(tokenizer, name, fraction, seed=plan.seed, partition=ordinal, chosen=chosen)
         stats = _encode_partition(
             plan,
             encoder,
-            [Input(Path(p)) for p in paths],
+            [Input(Path(path), start=start, stop=stop, first_record=first) for path, start, stop, first in pieces],
             first_input,
             Path(folder),
             batch_size=batch_size,
@@ -911,14 +952,15 @@ def tokenize(
     Args:
         inputs: files, globs or folders (``.txt``, ``.json``, ``.jsonl``, ``.parquet``; ``.gz``/``.zst``), or an
             iterable of strings (a ``datasets.Dataset`` column works).
-        tokenizer: a ``tokenizers.Tokenizer``, a ``tokenizer.json``, or a folder holding one.
+        tokenizer: a ``tokenizers.Tokenizer``, a ``tokenizer.json``, a folder holding one, a vocabulary name
+            (``"cl100k_base"``, ``"o200k_base"``, ``"llama3"``; offline) or a ``.tiktoken`` rank file.
         output: the output path prefix (see :func:`output_paths` for the names).
         format: any corpus format with a writer (``tokformats.formats`` lists them); by default the registry's
             default corpus format (Megatron's indexed dataset).
         text_key: JSON/Parquet key(s) holding the text; several keys give several outputs.
         eos: ``append`` the end-of-text id after each document, ``prepend`` it, or ``none``; by default the
             format's own convention (llm.c: ``prepend``, as its writers do; the others: ``append``).
-        eos_id: the id to use; default: the tokenizer's ``<|endoftext|>``.
+        eos_id: the id to use; default: the tokenizer's ``<|endoftext|>`` (Llama 3: ``<|end_of_text|>``).
         split: ``{"train": 0.8, "val": 0.1, "test": 0.1}`` or ``"8:1:1"``: by document, reproducible from ``seed``.
         unit: for ``.txt``: a document per ``line``, per ``file`` or per blank-line ``paragraph``.
         batch_size: documents per ``encode_batch_fast`` call.
@@ -927,7 +969,10 @@ def tokenize(
         on_error: ``raise`` on a bad record (naming file and line), or ``skip`` and count it.
         executor: a ``concurrent.futures.Executor`` (a process pool, dask's ``client.get_executor()``, ...) to
             encode partitions of the inputs in parallel; the result equals a single-process run.
-        partitions: how many partitions (default: one per input file, at most 64).
+        partitions: how many partitions (default: one per input file, and one per 64 MiB where the inputs are
+            larger). Large files are cut at line starts (JSON Lines, text per line) or row groups (Parquet); the
+            output is byte-identical to a single-process run whatever the partitioning
+            (:mod:`tokformats.tokenization.partitions`).
         overwrite: replace existing outputs.
         checkpoint_every: seconds between checkpoints (spools fsynced, position recorded): what a crash can lose.
         engine: ``auto`` (fastokens when installed and it passes the identity gate, else tokenizers),
@@ -967,9 +1012,9 @@ def tokenize(
         # By default on a terminal, and in a notebook (where tqdm draws a widget); not in logs.
         show = (sys.stderr.isatty() or "ipykernel" in sys.modules) if progress is None else progress
         encoder = Encoder(loaded, engine, verify_fraction, seed=plan.seed, partition=0)
+        monitor = Progress(show, total_bytes, [])  # after the gate and the engines' timing: rates are encoding's
         if show:
             print(f"tokformats: encoding with {encoder.engine.name}: {encoder.reason}", file=sys.stderr)
-        monitor = Progress(show, total_bytes, [])
         settings = (batch_size, resume, checkpoint_every)
         if executor is None:
             parts = [work / "part-0000"]
@@ -1064,7 +1109,7 @@ def _make_plan(
     import hashlib
 
     if eos != "none" and eos_id is None:
-        found = loaded.token_to_id(END_OF_TEXT)
+        found = next((i for i in map(loaded.token_to_id, END_OF_DOCUMENT) if i is not None), None)
         if found is None:
             raise FormatError(
                 f"the tokenizer has no {END_OF_TEXT!r} token; pass {option('eos_id', 'ID')} or "
@@ -1085,7 +1130,7 @@ def _make_plan(
         unit=unit,
         # Every id stored: the tokenizer's, and an end-of-text id given beyond them (cl100k's 100257 with a
         # smaller tokenizer), so that the spools and the writer's dtype hold it from the start.
-        vocab_size=max(loaded.get_vocab_size(with_added_tokens=True), 0 if stored_eos is None else stored_eos + 1),
+        vocab_size=max(vocabulary_size(loaded), 0 if stored_eos is None else stored_eos + 1),
         tokenizer_hash=hashlib.sha256(loaded.to_str().encode("utf-8")).hexdigest(),
         on_error=on_error,
     )
@@ -1164,15 +1209,21 @@ def _encode_in_parallel(
     later, so the output equals a single-process run). ``engine``: the one the gate chose here, gated again there."""
     if any(i.path is None for i in resolved):
         raise FormatError("executor= needs file inputs: an in-memory iterable cannot be shipped to workers.")
-    groups = _partition(resolved, min(partitions or len(resolved), 64, len(resolved)))
+    if partitions is not None and partitions < 1:
+        raise ConfigError(f"partitions must be at least 1, found {partitions}.")
+    total = sum(i.size or 0 for i in resolved)
+    groups = partition_inputs(resolved, partitions or max(len(resolved), -(-total // PARTITION_BYTES)), plan.unit)
     parts = [work / f"part-{n:04d}" for n in range(len(groups))]
-    batch_size, resume, checkpoint_every = settings
-    tokenizer_json = loaded.to_str()
     origin = submitter()
+    # Workers read the tokenizer from the work folder (once per process), not from each job: a named vocabulary's
+    # tokenizer.json is megabytes, and a run may have thousands of partitions.
+    tokenizer_file = work / "tokenizer.json"
+    work.mkdir(parents=True, exist_ok=True)
+    _write_bytes_atomically(tokenizer_file, loaded.to_str().encode("utf-8"))
     jobs = [
-        (asdict(plan), tokenizer_json, [str(i.path) for i in group], first, str(part), batch_size, resume,
-         checkpoint_every, engine, origin, chat)
-        for (first, group), part in zip(groups, parts)
+        (asdict(plan), str(tokenizer_file), [(str(i.path), i.start, i.stop, i.first_record) for i in group], first,
+         ordinal, str(part), settings, engine, origin, chat)
+        for ordinal, ((first, group), part) in enumerate(zip(groups, parts))
     ]  # fmt: skip
     return parts, [Stats(**result) for result in executor.map(_partition_job, jobs)]
 

@@ -34,10 +34,18 @@ class SourceError(FormatError):
 
 @dataclass(frozen=True)
 class Input:
-    """One input: a file path, or an in-memory iterable (``path`` is None)."""
+    """One input: a file path, or an in-memory iterable (``path`` is None).
+
+    A *piece* of a file (a partition of one large input) has ``start``/``stop``: byte offsets at line starts for
+    JSON Lines and text, row-group numbers for Parquet; ``first_record`` is how many records the file has before
+    the piece, so that its records keep their positions in the whole file (``stop`` None: to the end).
+    """
 
     path: Path | None
     iterable: Any = None
+    start: int = 0
+    stop: int | None = None
+    first_record: int = 0
 
     @property
     def name(self) -> str:
@@ -45,7 +53,17 @@ class Input:
 
     @property
     def size(self) -> int | None:
-        return self.path.stat().st_size if self.path is not None else None
+        """Bytes to read (of the piece when a byte range; the whole file's for Parquet row groups)."""
+        if self.path is None:
+            return None
+        if self.stop is not None and _base_suffix(self.path) != ".parquet":
+            return self.stop - self.start
+        return self.path.stat().st_size
+
+    @property
+    def is_piece(self) -> bool:
+        """Whether this is part of a file rather than all of it."""
+        return self.start > 0 or self.stop is not None
 
 
 @dataclass
@@ -133,15 +151,20 @@ def resolve_inputs(inputs: Any) -> list[Input]:
 
 
 class _Counting(io.RawIOBase):
-    """A raw file wrapper counting bytes read from disk (compressed bytes, for progress)."""
+    """A raw file wrapper counting bytes read from disk (compressed bytes, for progress); reads at most ``limit``
+    bytes when given (a piece's byte range)."""
 
-    def __init__(self, raw: IO[bytes]) -> None:
-        self.raw, self.count = raw, 0
+    def __init__(self, raw: IO[bytes], limit: int | None = None) -> None:
+        self.raw, self.count, self.limit = raw, 0, limit
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
+        if self.limit is not None:
+            buffer = memoryview(buffer)[: max(self.limit - self.count, 0)]
+            if not len(buffer):
+                return 0
         n = self.raw.readinto(buffer)  # type: ignore[attr-defined]
         self.count += n or 0
         return n or 0
@@ -151,8 +174,11 @@ class _Counting(io.RawIOBase):
         super().close()
 
 
-def _open_binary(path: Path, counter: list[_Counting]) -> IO[bytes]:
-    raw = _Counting(open(path, "rb", buffering=0))  # noqa: SIM115 - closed with the returned stream
+def _open_binary(path: Path, counter: list[_Counting], start: int = 0, stop: int | None = None) -> IO[bytes]:
+    handle = open(path, "rb", buffering=0)  # noqa: SIM115 - closed with the returned stream
+    if start:
+        handle.seek(start)
+    raw = _Counting(handle, None if stop is None else stop - start)
     counter.append(raw)
     name = path.name.lower()
     if name.endswith(".gz"):
@@ -219,17 +245,23 @@ def _json_texts(path: Path, number: int, value: Any, keys: tuple[str, ...]) -> t
 
 
 def _file_records(
-    input_index: int, path: Path, keys: tuple[str, ...] | None, unit: str, skip: int, counter: list[_Counting]
+    input_index: int, source: Input, keys: tuple[str, ...] | None, unit: str, skip: int, counter: list[_Counting]
 ) -> Iterator[Record]:
+    path = source.path
+    if path is None:  # the caller routes iterables elsewhere
+        raise ValueError("an iterable input has no file records")
     suffix = _base_suffix(path)
     if suffix == ".parquet":
-        yield from _parquet_records(input_index, path, keys, skip)
+        yield from _parquet_records(input_index, source, keys, skip)
         return
-    with _open_binary(path, counter) as stream:
-        # .json is either one JSON array or, as Megatron's preprocess_data reads it, one object per line.
-        array = suffix == ".json" and stream.peek(256).lstrip()[:1] == b"["  # type: ignore[attr-defined]
+    with _open_binary(path, counter, source.start, source.stop) as stream:
+        # .json is either one JSON array or, as Megatron's preprocess_data reads it, one object per line (only
+        # the latter is ever cut into pieces).
+        array = (
+            suffix == ".json" and not source.is_piece and stream.peek(256).lstrip()[:1] == b"["  # type: ignore[attr-defined]
+        )
         if suffix in (".jsonl", ".ndjson", ".json") and not array:
-            for number, line in enumerate(stream, start=1):
+            for number, line in enumerate(stream, start=source.first_record + 1):
                 if number <= skip:
                     continue
                 if not line.strip():
@@ -260,10 +292,12 @@ def _file_records(
         if keys is None:
             kind = suffix or "text"
             raise SourceError(f"{path}: chat data is read from JSON Lines, JSON or Parquet files, not {kind}.")
-        yield from _text_records(input_index, path, stream, unit, skip)
+        yield from _text_records(input_index, path, stream, unit, skip, source.first_record)
 
 
-def _text_records(input_index: int, path: Path, stream: IO[bytes], unit: str, skip: int) -> Iterator[Record]:
+def _text_records(
+    input_index: int, path: Path, stream: IO[bytes], unit: str, skip: int, first_record: int = 0
+) -> Iterator[Record]:
     if unit == "file":
         if skip < 1:
             data = stream.read()
@@ -274,7 +308,7 @@ def _text_records(input_index: int, path: Path, stream: IO[bytes], unit: str, sk
                 yield Record(input_index, 1, None, f"{path}, line {bad_line}: not UTF-8 ({exc.reason}).")
         return
     if unit == "line":
-        for number, line in enumerate(stream, start=1):
+        for number, line in enumerate(stream, start=first_record + 1):
             if number <= skip:
                 continue
             try:
@@ -307,7 +341,10 @@ def _text_records(input_index: int, path: Path, stream: IO[bytes], unit: str, sk
         yield Record(input_index, first, ("\n".join(lines),))
 
 
-def _parquet_records(input_index: int, path: Path, keys: tuple[str, ...] | None, skip: int) -> Iterator[Record]:
+def _parquet_records(
+    input_index: int, source: Input, keys: tuple[str, ...] | None, skip: int
+) -> Iterator[Record]:
+    path = source.path
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -326,8 +363,9 @@ def _parquet_records(input_index: int, path: Path, keys: tuple[str, ...] | None,
         raise SourceError(
             f"{path}: the Parquet file has no column {missing[0]!r} (columns: {table.schema_arrow.names})."
         )
-    row = 0
-    for batch in table.iter_batches(columns=list(keys), batch_size=8192):
+    row = source.first_record
+    groups = range(source.start, table.num_row_groups if source.stop is None else source.stop)
+    for batch in table.iter_batches(columns=list(keys), batch_size=8192, row_groups=groups):
         columns = [batch.column(k).to_pylist() for k in keys]
         for values in zip(*columns):
             row += 1
@@ -376,4 +414,4 @@ def iter_records(
         if source.path is None:
             yield from _iterable_records(index, source.iterable, already, whole=keys is None)
         else:
-            yield from _file_records(index, source.path, keys, unit, already, counters)
+            yield from _file_records(index, source, keys, unit, already, counters)

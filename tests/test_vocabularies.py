@@ -1,0 +1,231 @@
+"""Named vocabularies offline: ids identical to tiktoken built from the shipped, hash-checked rank files, on the
+identity gate's adversarial set and a multilingual corpus; the splintr ids documented; special tokens; the CLI."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import random
+import sysconfig
+import unicodedata
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tokformats
+from tokformats.core.vocab import vocabulary_size
+from tokformats.core.vocabularies import TIKTOKEN_FILES, read_tiktoken_ranks
+from tokformats.tokenization.engines import adversarial_texts, select_engine
+from tokformats.tokenization.tokenizer import load_tokenizer, text_decoder
+
+pytest.importorskip("splintr")
+tiktoken = pytest.importorskip("tiktoken")
+pytest.importorskip("bpe_openai")
+
+_SCRIPTS = ("LATIN", "GREEK", "CYRILLIC", "ARMENIAN", "HEBREW", "ARABIC", "DEVANAGARI", "BENGALI", "TAMIL",
+            "THAI", "GEORGIAN", "HANGUL", "ETHIOPIC", "HIRAGANA", "KATAKANA", "CJK UNIFIED", "TIBETAN",
+            "MONGOLIAN")  # fmt: skip
+
+
+def _letters(script: str) -> list[str]:
+    found = []
+    for code in range(0x20, 0x30000):
+        name = unicodedata.name(chr(code), "")
+        if name.startswith(script) and unicodedata.category(chr(code))[0] in "LM":
+            found.append(chr(code))
+    return found
+
+
+def multilingual_corpus(seed: int = 26) -> list[str]:
+    """Real text from the Python standard library (its CJK codec test texts, its sources' non-ASCII lines) and
+    generated words in 18 scripts, mixed with punctuation, digits, emoji and whitespace runs."""
+    texts: list[str] = []
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for path in sorted((stdlib / "test" / "cjkencodings").glob("*-utf8.txt")):
+        texts.append(path.read_text(encoding="utf-8", errors="replace"))
+    for path in sorted(stdlib.glob("*.py"))[:120]:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        texts.append(text[:20000])
+        texts.extend(line for line in text.splitlines() if not line.isascii())
+    rng = random.Random(seed)
+    glue = [" ", "  ", "\n", "\t", ", ", ". ", "! ", "? ", " 123 ", " 4567.89 ", " 😀 ", " 👩‍👩‍👧 ", "'s ", "\r\n", "—"]
+    for script in _SCRIPTS:
+        letters = _letters(script)
+        for _ in range(25):
+            words = ["".join(rng.choices(letters, k=rng.randint(1, 9))) for _ in range(rng.randint(5, 60))]
+            texts.append("".join(w + rng.choice(glue) for w in words))
+    return texts
+
+
+def _bundled_rank_file(tmp_path: Path, name: str, expected_hash: str) -> Path:
+    """bpe-openai's copy of tiktoken's rank file, decompressed and checked against tiktoken's expected SHA-256."""
+    data = gzip.decompress(resources.files("bpe_openai").joinpath(f"data/{name}.tiktoken.gz").read_bytes())
+    assert hashlib.sha256(data).hexdigest() == expected_hash
+    path = tmp_path / f"{name}.tiktoken"
+    path.write_bytes(data)
+    return path
+
+
+def _tiktoken_reference(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str) -> Any:
+    """tiktoken's own encoding ``name`` (its regex, its specials, its hash check), built offline: the download is
+    replaced by bpe-openai's shipped file, which tiktoken's loader checks against the expected hash."""
+    import tiktoken.load
+    from tiktoken_ext import openai_public
+
+    def offline(url: str, expected_hash: str | None = None) -> dict[bytes, int]:
+        assert expected_hash is not None
+        path = _bundled_rank_file(tmp_path, url.rsplit("/", 1)[-1].removesuffix(".tiktoken"), expected_hash)
+        return tiktoken.load.load_tiktoken_bpe(str(path), expected_hash=expected_hash)
+
+    monkeypatch.setattr(openai_public, "load_tiktoken_bpe", offline)
+    return tiktoken.Encoding(**getattr(openai_public, name)())
+
+
+def _ours(name_or_path: Any, texts: list[str]) -> list[list[int]]:
+    tokenizer = load_tokenizer(name_or_path)
+    return [e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+
+
+@pytest.mark.parametrize("name", ["cl100k_base", "o200k_base"])
+def test_named_vocabulary_ids_equal_tiktoken_from_the_hash_checked_ranks(
+    name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    reference = _tiktoken_reference(monkeypatch, tmp_path, name)
+    tokenizer = load_tokenizer(name)
+    texts = adversarial_texts(tokenizer) + multilingual_corpus()
+    assert sum(len(t.encode()) for t in texts) > 1_000_000
+    assert _ours(name, texts) == reference.encode_ordinary_batch(texts)
+    # The same through the rank file itself (tiktoken's specials only) and through the splintr engine.
+    rank_file = tmp_path / f"{name}.tiktoken"
+    assert _ours(rank_file, texts) == reference.encode_ordinary_batch(texts)
+    flat, lengths = select_engine(tokenizer, "splintr")[0].encode(texts)
+    assert np.array_equal(flat, np.fromiter((i for ids in reference.encode_ordinary_batch(texts) for i in ids), "<u4"))
+    assert lengths.tolist() == [len(ids) for ids in reference.encode_ordinary_batch(texts)]
+
+
+def test_llama3_ids_equal_tiktoken_with_metas_split(tmp_path: Path) -> None:
+    import splintr
+
+    bundled = splintr.Tokenizer.from_pretrained("llama3")
+    specials = bundled.special_tokens()
+    ranks = {bundled.decode_token_bytes(i): i for i in range(128000)}
+    meta_split = (
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+        r"|\s+(?!\S)|\s+"
+    )
+    reference = tiktoken.Encoding("llama3", pat_str=meta_split, mergeable_ranks=ranks, special_tokens=specials)
+    tokenizer = load_tokenizer("llama3")
+    texts = adversarial_texts(tokenizer) + multilingual_corpus()
+    assert _ours("llama3", texts) == reference.encode_ordinary_batch(texts)
+    assert vocabulary_size(tokenizer) == 128354 and tokenizer.token_to_id("<|end_of_text|>") == 128001
+
+
+def test_cl100k_ids_documented(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    reference = _tiktoken_reference(monkeypatch, tmp_path, "cl100k_base")
+    named = load_tokenizer("cl100k_base")
+    plain = load_tokenizer(tmp_path / "cl100k_base.tiktoken")
+    # splintr's 54 agent tokens at 100277-100330 beyond tiktoken's 100,277 ids; 100256 and 100261-100275 unassigned.
+    assert vocabulary_size(named) == 100331 and vocabulary_size(plain) == reference.n_vocab == 100277
+    assert named.token_to_id("<|im_start|>") == 100280 and plain.token_to_id("<|im_start|>") is None
+    agents = [named.id_to_token(i) for i in range(100277, 100331)]
+    assert len(agents) == 54 and all(a and a.startswith("<|") for a in agents)
+    assert named.id_to_token(100256) is None and all(named.id_to_token(i) is None for i in range(100261, 100276))
+    for text, token_id in reference._special_tokens.items():
+        assert named.token_to_id(text) == plain.token_to_id(text) == token_id
+    decode = text_decoder(tokenizer="cl100k_base")
+    assert decode([9906, 100257, 100280]) == "Hello<|endoftext|><|im_start|>"
+
+
+def test_text_spelling_a_special_stays_text_unless_asked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    reference = _tiktoken_reference(monkeypatch, tmp_path, "cl100k_base")
+    text = "a<|endoftext|>b <|im_start|>user"
+    tokenizer = load_tokenizer("cl100k_base")
+    ordinary = tokenizer.encode(text, add_special_tokens=False).ids
+    assert ordinary == reference.encode_ordinary(text) and 100257 not in ordinary and 100280 not in ordinary
+    tokenizer.add_special_tokens(["<|endoftext|>"])  # asked: the same id, now read in text
+    asked = tokenizer.encode(text, add_special_tokens=False).ids
+    assert asked == reference.encode(text, allowed_special={"<|endoftext|>"}) and asked.count(100257) == 1
+
+
+def test_rank_files_are_recognised_by_hash_and_checked(tmp_path: Path) -> None:
+    path = _bundled_rank_file(tmp_path, "cl100k_base", next(iter(TIKTOKEN_FILES)))
+    ranks, digest = read_tiktoken_ranks(path)
+    assert len(ranks) == 100256 and TIKTOKEN_FILES[digest][0] == "cl100k_base"
+    gz = tmp_path / "cl.tiktoken.gz"
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    assert read_tiktoken_ranks(gz) == (ranks, digest)
+    edited = tmp_path / "edited.tiktoken"
+    edited.write_bytes(path.read_bytes() + b"AAB6eg== 100256\n")  # one token more: another file, another hash
+    with pytest.raises(tokformats.ConfigError, match="is not a rank file tokformats knows the split regex of"):
+        load_tokenizer(edited)
+    broken = tmp_path / "broken.tiktoken"
+    broken.write_bytes(b"IQ== 0\nnot-base64! 1\n")
+    with pytest.raises(tokformats.FormatError, match=r"broken\.tiktoken, line 2: expected 'BASE64 RANK'"):
+        load_tokenizer(broken)
+    with pytest.raises(tokformats.FormatError, match="cl100k_base, o200k_base, llama3"):
+        load_tokenizer(tmp_path / "missing.tiktoken")
+
+
+def test_founding_flow_cl100k_u32_eos_after_each_document(tmp_path: Path) -> None:
+    docs = ["The quick brown fox.", "中文 text", "", "<|endoftext|> spelled out"]
+    summary = tokformats.tokenize(docs, "cl100k_base", tmp_path / "train", "raw", dtype="uint32", progress=False)
+    ids = np.fromfile(tmp_path / "train.bin", "<u4")
+    expected: list[int] = []
+    tokenizer = load_tokenizer("cl100k_base")
+    for doc in docs:
+        expected += [*tokenizer.encode(doc, add_special_tokens=False).ids, 100257]
+    assert ids.tolist() == expected and summary["engine"] in ("splintr", "tokenizers")
+    assert summary["tokens"] == len(expected) and ids.tolist().count(100257) == len(docs)
+
+
+def test_auto_measures_and_picks_a_gated_engine_for_a_named_vocabulary() -> None:
+    engine, reason = select_engine(load_tokenizer("cl100k_base"), "auto")
+    # fastokens refuses a vocabulary with unassigned ids; splintr passes the gate on the specials spelled as text.
+    assert engine.name == "splintr" and "splintr passed the identity gate" in reason
+
+
+def test_command_line_tokenizes_and_decodes_with_a_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tokformats.cli import main
+
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text('{"text": "Hello world"}\n{"text": "naïve café"}\n', encoding="utf-8")
+    out = tmp_path / "o"
+    assert main(["tokenize", str(corpus), "-t", "cl100k_base", "-o", str(out), "-f", "raw", "--no-progress"]) == 0
+    assert np.fromfile(f"{out}.bin", "<u4").tolist()[:3] == [9906, 1917, 100257]
+    capsys.readouterr()
+    head = ["head", f"{out}.bin", "-n", "2", "-t", "cl100k_base", "--format", "raw", "--dtype", "uint32", "--eos"]
+    assert main([*head, "100257"]) == 0
+    shown = capsys.readouterr().out
+    assert "Hello world" in shown and "naïve café" in shown
+    stats = ["stats", f"{out}.bin", "-t", "cl100k_base", "--format", "raw", "--dtype", "uint32", "--eos", "100257"]
+    assert main([*stats, "--top", "3", "--json"]) == 0
+    top = json.loads(capsys.readouterr().out)["top_ids"]
+    assert {row["id"]: row["text"] for row in top}[100257] == "<|endoftext|>"
+    verify = ["verify", f"{out}.bin", "-t", "cl100k_base", "--format", "raw", "--dtype", "uint32", "--json"]
+    assert main(verify) == 0 and json.loads(capsys.readouterr().out)[0]["ok"] is True
+
+
+def test_readme_raw_stream_example_runs_offline(tmp_path: Path) -> None:
+    import os
+    import re
+    import subprocess
+    import sys
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Raw token streams", 1)[1]
+    match = re.search(r"```python\n(.*?)```", section, re.S)
+    assert match, "the README's raw-stream section has no Python example"
+    (tmp_path / "example.py").write_text(match.group(1), encoding="utf-8")
+    # No proxy and no HF/tiktoken network: everything comes from installed wheels.
+    proxy = "http://127.0.0.1:9"  # nothing listens: any download would fail
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "https_proxy": proxy, "http_proxy": proxy}
+    done = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env=environment)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    ids = np.fromfile(tmp_path / "train.bin", "<u4")
+    assert ids.tolist()[:6] == [791, 4062, 14198, 39935, 13, 100257] and ids.tolist().count(100257) == 3
+    assert "The quick brown fox.<|endoftext|>Ünïcödé and 中文 too.<|endoftext|>" in done.stdout

@@ -1,0 +1,55 @@
+"""Executors for ``tokenize(executor=...)`` beyond the standard library's: Ray.
+
+Ray has no ``concurrent.futures.Executor`` (ray-project/ray#29456). ``ray.util.multiprocessing.Pool`` works as
+``executor=`` as it is (``tokenize`` only calls ``map``); :class:`RayExecutor` is the full ``Executor``: each
+``submit`` is one Ray task, and its ``ObjectRef.future()`` is the ``Future``. ``tokenize`` ships each task its
+partition (file paths and byte ranges, never data), so every node must see the inputs and the output's work
+folder at the same paths (a shared file system), as with dask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from typing import Any
+
+from ..errors import ConfigError
+
+__all__ = ["RayExecutor"]
+
+
+def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The one Ray task: any callable Ray can pickle (a builtin too, which ``ray.remote`` cannot wrap)."""
+    return fn(*args, **kwargs)
+
+
+class RayExecutor(Executor):
+    """A ``concurrent.futures.Executor`` running each call as a Ray task on the connected cluster.
+
+    Args:
+        num_cpus: CPUs Ray reserves per task (1 by default: one partition per core).
+        address: when Ray is not yet initialised, the cluster to join (``"auto"``, ``"ray://host:10001"``,
+            ``"local"``); by default ``ray.init()``'s own choice.
+    """
+
+    def __init__(self, num_cpus: float = 1, address: str | None = None) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise ConfigError("RayExecutor needs Ray: pip install 'tokformats[ray]'.") from None
+        if not ray.is_initialized():
+            ray.init(address=address)
+        self._ray = ray
+        self._task = ray.remote(num_cpus=num_cpus)(_call)
+        self._shutdown = False
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        """Run ``fn(*args, **kwargs)`` as a Ray task; its result (or exception) arrives in the returned future."""
+        if self._shutdown:
+            raise RuntimeError("cannot submit to a RayExecutor after shutdown")
+        future: Future[Any] = self._task.remote(fn, args, kwargs).future()
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Refuse further tasks (the Ray cluster itself stays up: it is the caller's)."""
+        self._shutdown = True
