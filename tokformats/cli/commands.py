@@ -121,6 +121,8 @@ def run_verify(args: argparse.Namespace) -> int:
     for path in args.path:
         with api.open(path, **_reader_options(args)) as reader:
             found = reader.problems(vocab_size) if hasattr(reader, "problems") else []
+            if getattr(args, "max_duplicate_rate", None) is not None and isinstance(reader, TokenReader):
+                found += _duplicate_problems(reader, args.max_duplicate_rate)
         report.append({"path": path, "ok": not found, "problems": [p._asdict() for p in found]})
     if args.json:
         _print_json(report)
@@ -132,6 +134,27 @@ def run_verify(args: argparse.Namespace) -> int:
                 where = f" document {problem['document']:,}" if problem["document"] is not None else ""
                 print(f"{problem['file']}:{where} {problem['field']}: {problem['message']}")
     return 0 if all(entry["ok"] for entry in report) else 1
+
+
+def _duplicate_problems(reader: TokenReader, limit: float) -> list[Any]:
+    """A problem when more than ``limit`` of the documents are exact copies of another (``verify
+    --max-duplicate-rate``)."""
+    from ..core.duplicates import duplicate_summary
+    from ..core.reports import Problem
+
+    summary = duplicate_summary(reader, reader.duplicates(), top=1)
+    if summary["duplicate_rate"] <= limit:
+        return []
+    top = summary["top"][0]
+    return [
+        Problem(
+            str(reader.path),
+            "duplicates",
+            f"{summary['duplicate_documents']:,} of {summary['documents']:,} documents are exact copies of another "
+            f"({summary['duplicate_rate']:.2%}, above --max-duplicate-rate {limit:g}); the largest group has "
+            f"{top['size']:,} identical documents ( {', '.join(map(str, top['documents']))})",
+        )
+    ]
 
 
 def _histogram_lines(histogram: list[dict[str, int]], width: int = 40) -> list[str]:
@@ -147,6 +170,10 @@ def run_stats(args: argparse.Namespace) -> int:
     decode = _decoder(args)
     with _open_corpus(args) as reader:
         result = reader.stats(top=args.top)
+        if getattr(args, "duplicates", False):
+            from ..core.duplicates import duplicate_summary
+
+            result["duplicates"] = duplicate_summary(reader, reader.duplicates(), top=args.top)
     if decode is not None:
         for row in result.get("top_ids", []):
             row["text"] = decode([row["id"]])
@@ -172,7 +199,26 @@ def run_stats(args: argparse.Namespace) -> int:
         if "tokens" in row:
             facts += [f"{row['tokens']:,} tokens", f"{row['documents_starting']:,} documents start here"]
         print(f"  {row['file']}  " + ", ".join(facts))
+    if "duplicates" in result:
+        _print_duplicates(result["duplicates"])
     return 0
+
+
+def _print_duplicates(summary: dict[str, Any]) -> None:
+    """The ``stats --duplicates`` section: rates, group sizes, the most repeated documents."""
+    print(
+        f"exact duplicates: {summary['duplicate_documents']:,} of {summary['documents']:,} documents are copies "
+        f"({summary['duplicate_rate']:.2%}), {summary['duplicate_tokens']:,} tokens "
+        f"({summary['duplicate_token_share']:.2%}), "
+        f"in {summary['groups']:,} groups"
+    )
+    if summary["group_sizes"]:
+        print("group sizes (documents per group, groups):")
+        rows = [{"from": r["size"], "to": r["size"], "documents": r["groups"]} for r in summary["group_sizes"]]
+        print("\n".join(_histogram_lines(rows)))
+        print("most repeated (documents in the group, tokens each, first indices):")
+        for row in summary["top"]:
+            print(f"  {row['size']:>10,} {row['length']:>10,}  {', '.join(map(str, row['documents']))}")
 
 
 def _plot(result: dict[str, Any], path: str) -> None:
@@ -183,7 +229,17 @@ def _plot(result: dict[str, Any], path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise FormatError("--plot needs matplotlib: pip install matplotlib") from None
-    figure, axis = plt.subplots(figsize=(8, 4))
+    duplicates = result.get("duplicates")
+    figure, axes = plt.subplots(1, 2 if duplicates else 1, figsize=(14 if duplicates else 8, 4), squeeze=False)
+    axis = axes[0][0]
+    if duplicates:  # how many groups have 2, 3, ... copies: a long tail means a document copied many times over
+        sizes = duplicates["group_sizes"]
+        right = axes[0][1]
+        right.bar([str(r["size"]) for r in sizes], [r["groups"] for r in sizes])
+        right.set_xlabel("copies per duplicate group")
+        right.set_ylabel("groups")
+        right.set_yscale("log")
+        right.set_title(f"exact duplicates: {duplicates['duplicate_rate']:.2%} of documents")
     rows = result.get("histogram", [])
     axis.bar([f"{r['from']:,}" for r in rows], [r["documents"] for r in rows])
     axis.set_xlabel("tokens per document (from)")
@@ -193,6 +249,46 @@ def _plot(result: dict[str, Any], path: str) -> None:
     figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)
+
+
+def run_contamination(args: argparse.Namespace) -> int:
+    from ..quality.contamination import contamination, contamination_report, read_eval_file
+    from ..tokenization.sources import TEXT_SUFFIXES
+
+    suffix = "".join(Path(args.eval).suffixes[-2:]).lower().replace(".gz", "").replace(".zst", "")
+    lines: list[int] | None = None
+    if Path(args.eval).is_file() and any(suffix.endswith(s) for s in TEXT_SUFFIXES):
+        if not args.tokenizer:
+            raise FormatError(
+                f"{args.eval} is text: name the corpus's tokenizer, e.g. tokformats contamination {args.path[0]} "
+                f"--eval {args.eval} --tokenizer tokenizer.json"
+            )
+        texts, lines = read_eval_file(args.eval, args.text_key or ("text",))
+        eval_set: Any = texts
+    else:
+        eval_set = api.open(args.eval)
+        if not isinstance(eval_set, TokenReader):
+            raise UnknownFormatError(f"{args.eval} is a {eval_set.format} file, neither eval text nor a corpus.")
+    with _open_corpus(args) as reader:
+        found = contamination(reader, eval_set, tokenizer=args.tokenizer, ngram=args.ngram)
+        report = contamination_report(found, lines, ngram=args.ngram, corpus=str(reader.path), eval_name=args.eval)
+    if isinstance(eval_set, TokenReader):
+        eval_set.close()
+    if args.json:
+        _print_json(report)
+        return 0
+    print(
+        f"{report['contaminated_items']:,} of {report['items']:,} eval items ({report['contaminated_rate']:.2%}) share "
+        f"a {args.ngram}-gram with documents of {report['corpus']}"
+    )
+    if report["matches"]:
+        where = "line" if lines is not None else "item"
+        print(f"  {where:>8} {'documents':>10}  document indices")
+        for row in report["matches"]:
+            shown = row["document_indices"][: args.show]
+            more = f" ... (+{row['documents'] - len(shown):,})" if row["documents"] > len(shown) else ""
+            print(f"  {row.get('line', row['item']):>8} {row['documents']:>10,}  {', '.join(map(str, shown))}{more}")
+    return 0
 
 
 def _print_documents(args: argparse.Namespace, pick: Callable[[int], list[int]]) -> int:

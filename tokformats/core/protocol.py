@@ -337,6 +337,15 @@ class TokenReader(Reader[np.ndarray]):
 
         return stats(self, top=top)
 
+    def duplicates(self) -> list[np.ndarray]:
+        """Groups of identical documents (the same ids in the same order): each a sorted int64 array of the indices
+        of >= 2 documents, groups ordered by their first index; empty when every document is unique. One
+        vectorised, memory-bounded pass hashes every document (128 bits), then candidates are compared id by id,
+        so a group never holds two different documents (see :mod:`tokformats.core.duplicates`)."""
+        from .duplicates import duplicate_groups
+
+        return duplicate_groups(self)
+
     def decode(self, index: int, tokenizer: Any) -> str:
         """Document ``index`` as text, with a ``tokenizers.Tokenizer`` (or a tokenizer.json path or folder), or
         anything with ``decode(ids) -> str`` (an llm.c :class:`~tokformats.formats.llmc_vocab.Vocab`, ...)."""
