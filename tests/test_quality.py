@@ -263,7 +263,8 @@ def test_cli_contamination_reads_jsonl_and_prints_a_table_and_json(
     tokenizer = Tokenizer.from_file(str(tokenizer_path))
     questions = ["The quick brown fox jumps over the lazy dog near the river bank.", "Nothing matches this line!"]
     eval_file = tmp_path / "eval.jsonl"
-    eval_file.write_text(json.dumps({"question": questions[0]}) + "\n\n" + json.dumps({"question": questions[1]}) + "\n")
+    lines = [json.dumps({"question": questions[0]}), "", json.dumps({"question": questions[1]})]
+    eval_file.write_text("\n".join(lines) + "\n")  # a blank line is no item
     documents = [np.array(tokenizer.encode(t, add_special_tokens=False).ids) for t in ("hello there", questions[0])]
     corpus = str(_write(tmp_path / "c", documents))
     args = ["contamination", corpus, "--eval", str(eval_file), "-t", str(tokenizer_path), "--text-key", "question"]

@@ -255,6 +255,27 @@ def _reading_commands() -> list[Command]:
                 JSON,
             ],
         ),
+        _documents_command(
+            "head", "the first documents", "tokformats head data/owt_text_document -n 3 -t tokenizer.json", run.run_head
+        ),
+        _documents_command(
+            "tail",
+            "the last documents",
+            "tokformats tail data/fineweb_train_000001.bin -n 2 --vocab tok.bin",
+            run.run_tail,
+        ),
+        _documents_command(
+            "sample",
+            "random documents",
+            "tokformats sample data/owt_text_document -n 5 --seed 1 -t tok.json",
+            run.run_sample,
+        ),
+    ]
+
+
+def _quality_commands() -> list[Command]:
+    """Commands that look at what is in the data (``stats --duplicates`` and ``explain`` sit with the others)."""
+    return [
         Command(
             "contamination",
             "eval items sharing an n-gram of token ids with corpus documents (benchmark contamination)",
@@ -279,21 +300,6 @@ def _reading_commands() -> list[Command]:
                 Arg("--show", type=int, default=10, help="document indices shown per item in the table (default 10)"),
                 JSON,
             ],
-        ),
-        _documents_command(
-            "head", "the first documents", "tokformats head data/owt_text_document -n 3 -t tokenizer.json", run.run_head
-        ),
-        _documents_command(
-            "tail",
-            "the last documents",
-            "tokformats tail data/fineweb_train_000001.bin -n 2 --vocab tok.bin",
-            run.run_tail,
-        ),
-        _documents_command(
-            "sample",
-            "random documents",
-            "tokformats sample data/owt_text_document -n 5 --seed 1 -t tok.json",
-            run.run_sample,
         ),
     ]
 
@@ -400,7 +406,7 @@ def _tokenizing_commands() -> list[Command]:
 
 def commands() -> list[Command]:
     """Every subcommand, in the order ``tokformats --help`` lists them."""
-    return [*_reading_commands(), *_writing_commands(), *_tokenizing_commands()]
+    return [*_reading_commands(), *_quality_commands(), *_writing_commands(), *_tokenizing_commands()]
 
 
 def build_parser(table: Sequence[Command] | None = None) -> argparse.ArgumentParser:
