@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -10,8 +11,9 @@ from .core.boundaries import choose_delimiter, delimit
 from .core.documents import document_runs
 from .core.format_module import ExportsTokenizer, Merges
 from .core.protocol import PathLike, Reader, TokenReader, TokenWriter, Writer
+from .core.provenance import Provenance, save_provenance
 from .core.registry import descriptor, detect, formats
-from .errors import DTypeError, FormatError, NoFilesError, UnknownFormatError
+from .errors import DataWarning, DTypeError, FormatError, NoFilesError, UnknownFormatError
 from .fs.journal import one_recovery, recover_near
 from .fs.paths import is_url
 
@@ -24,6 +26,7 @@ __all__ = [
     "export_tokenizer",
     "vocabulary_formats",
     "corpus_writers",
+    "written_dataset_path",
 ]
 
 
@@ -93,6 +96,21 @@ def corpus_writer(format: str) -> type[TokenWriter]:
         names = ", ".join(corpus_writers())
         raise UnknownFormatError(f"format {format!r} does not store token corpora; use one of {names}.")
     return writer_class
+
+
+def written_dataset_path(writer: TokenWriter, format: str) -> Path:
+    """The path a reader of the dataset ``writer`` committed reports (``reader.path``: where its sidecars go), found
+    by opening it the way a user would: by the writer's path or its first file, with the dtype when the format's
+    files do not record it."""
+    reader_class = descriptor(format).reader
+    for candidate in (writer.path, *writer.written):
+        for options in ({}, {"dtype": writer.dtype}):
+            try:
+                with reader_class(candidate, **options) as reader:
+                    return Path(reader.path)
+            except (FormatError, TypeError, OSError):
+                continue
+    return Path(writer.path)
 
 
 def _index_formats() -> str:
@@ -177,14 +195,29 @@ def convert(
                     f"tokens, expected {len(reader):,} and {reader.num_tokens + added:,}; nothing was written."
                 )
         read_with = delimiter.option if delimiter is not None and check else {}
+        sources = _provenance_of(reader) if documents == len(reader) else None
+        files = list(writer.written)
+        if sources is not None:  # the same documents in the same order: the same sources
+            files.append(save_provenance(sources, written_dataset_path(writer, format)))
         return {
             "documents": documents,
             "tokens": reader.num_tokens + added,
             "dtype": writer.dtype.name,
-            "files": writer.written,
+            "files": files,
             "delimiters_added": added,
             "read_with": read_with,
         }
+
+
+def _provenance_of(reader: TokenReader) -> Provenance | None:
+    """``reader``'s provenance sidecar, or None; a sidecar that does not fit the documents as opened is left behind
+    with a :class:`DataWarning` rather than failing the copy."""
+    try:
+        table: Provenance | None = reader.provenance_table()
+    except FormatError as error:
+        warnings.warn(f"the provenance sidecar is not carried over: {error}", DataWarning, stacklevel=3)
+        return None
+    return table
 
 
 def vocabulary_formats() -> list[str]:
@@ -217,7 +250,7 @@ def merge(
     name = detect(sources[0])
     merging = descriptor(name).capability(Merges)
     if merging is not None:
-        return merging.merge(sources, destination, overwrite=overwrite)
+        return _merge_provenance(sources, merging.merge(sources, destination, overwrite=overwrite))
     readers = [open(source) for source in sources]
     try:
         others = {r.format for r in readers} - {name}
@@ -234,4 +267,20 @@ def merge(
         for reader in readers:
             reader.close()
     path = destination if Path(destination).exists() else writer.written[0]
-    return open(path)
+    return _merge_provenance(sources, open(path))
+
+
+def _merge_provenance(sources: Sequence[Any], merged: Reader[Any]) -> Reader[Any]:
+    """Give ``merged`` the sources' provenance sidecars end to end (documents of a source without one: unknown)."""
+    if not isinstance(merged, TokenReader):
+        return merged
+    tables = []
+    for source in sources:
+        with open(source) as reader:
+            if not isinstance(reader, TokenReader):
+                return merged
+            table = _provenance_of(reader)
+            tables.append(table if table is not None else Provenance.unknown(len(reader)))
+    if any(t.files for t in tables) and sum(map(len, tables)) == len(merged):
+        save_provenance(Provenance.concatenate(tables), merged.path)
+    return merged

@@ -55,6 +55,9 @@ class Record:
     index: int
     texts: tuple[str, ...] | None
     error: str | None = None
+    #: Byte offset of the record's first byte in the (decompressed) input; -1 where bytes have no meaning (Parquet
+    #: rows, JSON arrays, in-memory texts). What ``tokenize``'s provenance sidecar records.
+    offset: int = -1
 
 
 def _base_suffix(path: Path) -> str:
@@ -216,7 +219,9 @@ def _file_records(
         # .json is either one JSON array or, as Megatron's preprocess_data reads it, one object per line.
         array = suffix == ".json" and stream.peek(256).lstrip()[:1] == b"["  # type: ignore[attr-defined]
         if suffix in (".jsonl", ".ndjson", ".json") and not array:
+            offset = 0
             for number, line in enumerate(stream, start=1):
+                at, offset = offset, offset + len(line)
                 if number <= skip:
                     continue
                 if not line.strip():
@@ -231,7 +236,7 @@ def _file_records(
                     yield Record(input_index, number, None, str(exc))
                     continue
                 try:
-                    yield Record(input_index, number, _json_texts(path, number, value, keys))
+                    yield Record(input_index, number, _json_texts(path, number, value, keys), offset=at)
                 except SourceError as exc:
                     yield Record(input_index, number, None, str(exc))
             return
@@ -255,13 +260,15 @@ def _text_records(input_index: int, path: Path, stream: IO[bytes], unit: str, sk
         if skip < 1:
             data = stream.read()
             try:
-                yield Record(input_index, 1, (data.decode("utf-8"),))
+                yield Record(input_index, 1, (data.decode("utf-8"),), offset=0)
             except UnicodeDecodeError as exc:
                 bad_line = data[: exc.start].count(b"\n") + 1
                 yield Record(input_index, 1, None, f"{path}, line {bad_line}: not UTF-8 ({exc.reason}).")
         return
     if unit == "line":
+        offset = 0
         for number, line in enumerate(stream, start=1):
+            at, offset = offset, offset + len(line)
             if number <= skip:
                 continue
             try:
@@ -269,12 +276,13 @@ def _text_records(input_index: int, path: Path, stream: IO[bytes], unit: str, sk
             except SourceError as exc:
                 yield Record(input_index, number, None, str(exc))
                 continue
-            yield Record(input_index, number, (text,) if text else None)
+            yield Record(input_index, number, (text,) if text else None, offset=at)
         return
     # paragraphs: blank-line separated; a record's index is the line number of its first line
     lines: list[str] = []
-    first = 0
+    first = first_offset = offset = 0
     for number, line in enumerate(stream, start=1):
+        at, offset = offset, offset + len(line)
         try:
             text = _decode(path, number, line).rstrip("\r\n")
         except SourceError as exc:
@@ -284,14 +292,14 @@ def _text_records(input_index: int, path: Path, stream: IO[bytes], unit: str, sk
             continue
         if text.strip():
             if not lines:
-                first = number
+                first, first_offset = number, at
             lines.append(text)
         elif lines:
             if first > skip:
-                yield Record(input_index, first, ("\n".join(lines),))
+                yield Record(input_index, first, ("\n".join(lines),), offset=first_offset)
             lines, first = [], 0
     if lines and first > skip:
-        yield Record(input_index, first, ("\n".join(lines),))
+        yield Record(input_index, first, ("\n".join(lines),), offset=first_offset)
 
 
 def _parquet_records(input_index: int, path: Path, keys: tuple[str, ...], skip: int) -> Iterator[Record]:
