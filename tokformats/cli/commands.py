@@ -291,6 +291,60 @@ def run_contamination(args: argparse.Namespace) -> int:
     return 0
 
 
+def _explained_samples(args: argparse.Namespace, readers: list[TokenReader]) -> Any:
+    """The GPTSamples (one path) or Blend (several) the training run built, from the command's options."""
+    from ..training import Blend, GPTSamples
+
+    datasets = [
+        GPTSamples(
+            reader,
+            args.sequence_length,
+            seed=args.seed,
+            num_samples=args.num_samples,
+            split=args.split,
+            split_name=args.split_name,
+            add_extra_token=not args.no_extra_token,
+        )
+        for reader in readers
+    ]
+    if len(datasets) == 1 and args.weights is None:
+        return datasets[0]
+    return Blend(datasets, args.weights, args.size)
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    from ..training.explain import sample_sources
+
+    decode = _decoder(args)
+    readers = [api.open(path, **_reader_options(args)) for path in args.path]
+    try:
+        corpora = [r for r in readers if isinstance(r, TokenReader)]
+        if len(corpora) != len(readers):
+            raise UnknownFormatError("explain reads corpora of documents; one of the paths is not one.")
+        samples = _explained_samples(args, corpora)
+        rows = sample_sources(samples, args.sample)
+        if decode is not None:
+            by_path = {str(r.path): r for r in readers}
+            for row in rows:
+                row["text"] = decode(by_path[row["path"]][row["document"]][row["start"] : row["stop"]])
+    finally:
+        for reader in readers:
+            reader.close()
+    if args.json:
+        _print_json({"sample": args.sample, "samples": len(samples), "ranges": rows})
+        return 0
+    print(f"sample {args.sample:,} of {len(samples):,} holds {sum(r['stop'] - r['start'] for r in rows):,} tokens of:")
+    for row in rows:
+        where = f"dataset {row['dataset']} " if "dataset" in row else ""
+        source = row["source"]
+        place = next((f"{k} {v:,}" for k, v in (source or {}).items() if k in ("line", "row", "item")), "")
+        origin = f"  <- {source['file']} {place}" if source else ""
+        print(f"  {where}{row['path']} document {row['document']:,} tokens {row['start']:,}:{row['stop']:,}{origin}")
+        if "text" in row:
+            print(f"    {_truncate(row['text'], args.max_chars)!r}")
+    return 0
+
+
 def _print_documents(args: argparse.Namespace, pick: Callable[[int], list[int]]) -> int:
     decode = _decoder(args)
     with _open_corpus(args) as reader:

@@ -273,9 +273,35 @@ def _reading_commands() -> list[Command]:
     ]
 
 
-def _quality_commands() -> list[Command]:
-    """Commands that look at what is in the data (``stats --duplicates`` and ``explain`` sit with the others)."""
+def _explain_args() -> list[Row]:
     return [
+        paths("the corpus (several: a blend of them, with --weights)"),
+        *reader_args(),
+        Arg("--sample", type=int, required=True, metavar="I", help="the sample's index (as samples[I] takes it)"),
+        Arg("--sequence-length", type=int, required=True, metavar="L", help="tokens per sample, as in training"),
+        Arg("--seed", type=int, default=1234, help="the samples' seed, as in training (default 1234)"),
+        Arg("--num-samples", type=int, help="samples built per dataset, as in training (default: one epoch)"),
+        Arg("--split", default="1", help="train/valid/test weights, as Megatron's --split (default 1)"),
+        Arg("--split-name", default="train", choices=["train", "valid", "test"], help="the split (default train)"),
+        Arg("--no-extra-token", action="store_true", help="samples hold L ids, not L + 1"),
+        Arg("--weights", type=float, nargs="+", help="blend weights, one per path"),
+        Arg("--size", type=int, help="samples in the blend (default: every sample of every dataset)"),
+        *decoder_args(),
+        Arg("--max-chars", type=int, default=200, help="cut each range's text after this many characters (0: all)"),
+        JSON,
+    ]
+
+
+def _quality_commands() -> list[Command]:
+    """Commands that look at what is in the data (``stats --duplicates`` sits with the reading commands)."""
+    return [
+        Command(
+            "explain",
+            "which documents, token ranges and source lines a training sample holds",
+            "tokformats explain data/owt_text_document --sample 123456 --sequence-length 2048 --seed 1234",
+            run.run_explain,
+            _explain_args(),
+        ),
         Command(
             "contamination",
             "eval items sharing an n-gram of token ids with corpus documents (benchmark contamination)",
