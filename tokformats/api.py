@@ -148,7 +148,7 @@ def convert(
     Returns:
         ``{"documents", "tokens", "dtype", "files", "delimiters_added", "read_with"}``: what the destination reads
         back, its token dtype, and the reader options to open it with (``{"eos": 50256}``, ...; empty when none
-        are needed).
+        are needed); plus ``"provenance"``, the sidecar's path, when the source's documents had one.
     """
     writer_class = corpus_writer(format)
     reader = open(source, format=source_format, **(source_options or {}))
@@ -196,17 +196,17 @@ def convert(
                 )
         read_with = delimiter.option if delimiter is not None and check else {}
         sources = _provenance_of(reader) if documents == len(reader) else None
-        files = list(writer.written)
-        if sources is not None:  # the same documents in the same order: the same sources
-            files.append(save_provenance(sources, written_dataset_path(writer, format)))
-        return {
+        summary: dict[str, Any] = {
             "documents": documents,
             "tokens": reader.num_tokens + added,
             "dtype": writer.dtype.name,
-            "files": files,
+            "files": writer.written,
             "delimiters_added": added,
             "read_with": read_with,
         }
+        if sources is not None:  # the same documents in the same order: the same sources
+            summary["provenance"] = save_provenance(sources, written_dataset_path(writer, format))
+        return summary
 
 
 def _provenance_of(reader: TokenReader) -> Provenance | None:

@@ -115,13 +115,19 @@ class Provenance:
 def save_provenance(provenance: Provenance, dataset_path: str | Path, *, overwrite: bool = True) -> Path:
     """Write ``provenance`` as the sidecar of the dataset whose reader reports ``dataset_path``, atomically."""
     path = sidecar_path(dataset_path)
+    arrays = {
+        "files": np.array(provenance.files, dtype=str).reshape(-1),
+        "units": np.array(provenance.units, dtype=str).reshape(-1),
+        "rows": np.ascontiguousarray(provenance.rows, dtype=ROW_DTYPE),
+    }
     buffer = io.BytesIO()
-    np.savez(
-        buffer,
-        files=np.array(provenance.files, dtype=str).reshape(-1),
-        units=np.array(provenance.units, dtype=str).reshape(-1),
-        rows=np.ascontiguousarray(provenance.rows, dtype=ROW_DTYPE),
-    )
+    # What np.savez writes, with a fixed timestamp: the same sources give the same bytes (a resumed run's sidecar
+    # equals an uninterrupted run's).
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+        for name, array in arrays.items():
+            member = io.BytesIO()
+            np.lib.format.write_array(member, array, allow_pickle=False)
+            archive.writestr(zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0)), member.getvalue())
     with AtomicFiles(overwrite=overwrite) as files:
         files.create(path).write(buffer.getvalue())
     return path

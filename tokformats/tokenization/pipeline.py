@@ -861,7 +861,7 @@ def _write_outputs(
     replace: bool,
 ) -> dict[str, Any]:
     """Feed each stream's spools, partition by partition, to the format's writer; each output appears atomically."""
-    outputs: dict[str, dict[str, Any]] = {}
+    outputs = {}
     dtype = dtype_for_vocab(plan.vocab_size)
     for (key, split), target in targets.items():
         name = _stream_name(key, split)
@@ -884,7 +884,7 @@ def _write_outputs(
         sources = _provenance(plan, parts, name, writer.num_documents) if plan.provenance else None
         if sources is not None:
             sidecar = save_provenance(sources, api.written_dataset_path(writer, plan.format))
-            outputs[name]["files"].append(str(sidecar))
+            outputs[name]["provenance"] = str(sidecar)  # beside the dataset, not one of its files
     return outputs
 
 
