@@ -3,18 +3,22 @@
 
 Two passes, both vectorised NumPy and memory-bounded:
 
-1. **Hash.** The token stream is read in chunks of :data:`CHUNK_TOKENS` tokens (any chunk boundary, a document may
-   span several chunks). Each token is mixed with its position inside its document, ``fmix64(position * P + id +
-   seed)`` (MurmurHash3's 64-bit finaliser, a bijection), and a document's hash is the wrapping 64-bit sum of its
-   tokens' mixes, finalised once more with the document's length. A sum is split across chunks by adding partial
-   sums, which is what lets a document span chunk boundaries; position inside the mix makes the order of tokens
-   count. Two such hashes with independent seeds and multipliers give 128 bits per document.
+1. **Hash.** The token stream is read in chunks of :data:`CHUNK_TOKENS` tokens (any chunk boundary: a document may
+   span several chunks). Each document gets two polynomial hashes of its ids over their positions inside it,
+   ``sum(id_p * B**p) mod 2**64`` with two odd bases (so the order of ids counts), each finalised with the
+   document's length by MurmurHash3's 64-bit finaliser: 128 bits per document. Per chunk and hash that is one
+   multiply by a fixed table of powers and one segmented sum, then one factor per document that moves its partial
+   sum to its own positions (see :func:`document_hashes`).
 2. **Compare.** Documents are sorted by (length, hash, hash); a run of equal keys is a *candidate* group. Every
    member's tokens are compared with the run's first member's, in batches of at most :data:`CHUNK_TOKENS` tokens;
    members that differ (a hash collision: about ``D**2 / 2**129`` expected pairs for ``D`` documents) are regrouped
    by their exact bytes. A reported group therefore only ever holds identical documents.
 
-Memory: four 64-bit arrays of a chunk (~128 MiB at the default), plus 3 x 8 bytes per document.
+Memory: a few 64-bit arrays of a chunk (~32 MiB at the default: small chunks stay in the CPU cache), plus 3 x 8
+bytes per document.
+
+A polynomial hash mod 2**64 has known colliding inputs (Thue-Morse sequences of a few thousand ids collide for
+every odd base); real documents are not built that way, and a collision only costs the exact comparison's time.
 """
 
 from __future__ import annotations
@@ -30,11 +34,11 @@ if TYPE_CHECKING:
 __all__ = ["CHUNK_TOKENS", "document_hashes", "duplicate_groups", "duplicate_summary"]
 
 #: Tokens hashed (and compared) per step: bounds the working memory.
-CHUNK_TOKENS = 1 << 22
+CHUNK_TOKENS = 1 << 20
 
-# Odd 64-bit multipliers of the two hashes (digits of pi and e) and their seeds: any fixed odd values will do.
-_POSITION_MULTIPLIERS = (np.uint64(0x243F6A8885A308D3), np.uint64(0xB7E151628AED2A6B))
-_SEEDS = (np.uint64(0x13198A2E03707345), np.uint64(0x9E3779B97F4A7C15))
+# The odd bases of the two polynomial hashes (hex digits of pi and e) and their inverses mod 2**64.
+_BASES = (0x243F6A8885A308D3, 0xB7E151628AED2A6B)
+_INVERSES = tuple(pow(base, -1, 1 << 64) for base in _BASES)
 _LENGTH_MULTIPLIER = np.uint64(0xC2B2AE3D27D4EB4F)
 _FMIX1, _FMIX2 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53)
 _S33 = np.uint64(33)
@@ -52,40 +56,74 @@ def _fmix64(values: np.ndarray) -> np.ndarray:
 
 def _chunk_segments(offsets: np.ndarray, start: int, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For tokens ``start:stop`` of the stream: the documents with tokens there, where each one's tokens begin in
-    the chunk, and each token's position inside its document."""
+    the chunk, and where each document begins in the stream (before the chunk for the first, possibly)."""
     first = int(np.searchsorted(offsets, start, side="right")) - 1
     last = int(np.searchsorted(offsets, stop - 1, side="right")) - 1
     doc_starts = offsets[first : last + 1]
     lo = np.maximum(doc_starts, start)
-    hi = np.minimum(offsets[first + 1 : last + 2], stop)
-    counts = hi - lo
-    present = counts > 0  # empty documents own no token
-    positions = np.arange(start, stop, dtype=np.int64) - np.repeat(doc_starts[present], counts[present])
-    documents = np.flatnonzero(present) + first
-    return documents, lo[present] - start, positions
+    present = np.minimum(offsets[first + 1 : last + 2], stop) > lo  # empty documents own no token
+    return np.flatnonzero(present) + first, lo[present] - start, doc_starts[present]
+
+
+def _powers(base: int, count: int) -> np.ndarray:
+    """``base**0 .. base**(count-1)`` mod 2**64 (uint64 products wrap)."""
+    values = np.full(count, base, dtype=np.uint64)
+    values[:1] = 1
+    return np.cumprod(values, dtype=np.uint64)
+
+
+def _power(base: int, exponents: np.ndarray) -> np.ndarray:
+    """``base**e`` mod 2**64 for every non-negative ``e`` (square and multiply, vectorised over ``exponents``)."""
+    result = np.ones(len(exponents), dtype=np.uint64)
+    remaining = exponents.astype(np.uint64)
+    square = base % (1 << 64)
+    while remaining.any():
+        odd = (remaining & np.uint64(1)).astype(bool)
+        result[odd] *= np.uint64(square)
+        remaining >>= np.uint64(1)
+        square = square * square % (1 << 64)  # Python ints: NumPy scalars warn on the wrap
+    return result
+
+
+def _id_values(ids: np.ndarray) -> np.ndarray:
+    """Ids in a dtype whose product with uint64 stays uint64 and keeps every distinct id distinct: unsigned ids as
+    they are, signed ids by their two's complement, floats by their bit pattern."""
+    if ids.dtype.kind == "u":
+        return ids
+    return _as_uint64(ids)
 
 
 def document_hashes(reader: TokenReader, chunk_tokens: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Two independent 64-bit hashes of every document's ids (uint64 arrays, one value per document); equal
     documents hash equal, and the order of ids counts. The stream is read ``chunk_tokens`` at a time (default
-    :data:`CHUNK_TOKENS`)."""
+    :data:`CHUNK_TOKENS`).
+
+    Hash ``k`` of a document is ``fmix64(sum(id_p * B_k**p) + length * L)``, a polynomial in the ids over their
+    positions ``p`` inside the document, mod 2**64, with odd bases ``B_k``. Per chunk it costs one multiply by a
+    fixed table of powers ``B**j`` (``j`` the position in the chunk) and one segmented sum per hash: a document's
+    partial sum is then moved to its own positions by one factor ``B**(chunk start - document start)`` (an
+    inverse power for a document starting inside the chunk), so documents may span any chunk boundary.
+    """
     chunk_tokens = chunk_tokens or CHUNK_TOKENS
     offsets = np.asarray(reader.offsets, dtype=np.int64)
     count = len(offsets) - 1
-    sums = [np.zeros(count, dtype=np.uint64), np.zeros(count, dtype=np.uint64)]
     total = int(offsets[-1]) if count else 0
+    size = min(chunk_tokens, max(total, 1))
+    tables = [(_powers(base, size), base, inverse) for base, inverse in zip(_BASES, _INVERSES)]
+    sums = [np.zeros(count, dtype=np.uint64), np.zeros(count, dtype=np.uint64)]
     tokens = reader.tokens
-    for start in range(0, total, chunk_tokens):
-        stop = min(start + chunk_tokens, total)
-        documents, segment_starts, positions = _chunk_segments(offsets, start, stop)
-        # Ids as their 64-bit pattern: a negative id or a float value hashes by its bits, never wraps to another.
-        ids = _as_uint64(np.asarray(tokens[start:stop]))
-        base = positions.view(np.uint64)
-        for sums_k, multiplier, seed in zip(sums, _POSITION_MULTIPLIERS, _SEEDS):
-            mixed = base * multiplier
-            mixed += ids
-            mixed += seed
-            sums_k[documents] += np.add.reduceat(_fmix64(mixed), segment_starts)
+    for start in range(0, total, size):
+        stop = min(start + size, total)
+        documents, segment_starts, document_starts = _chunk_segments(offsets, start, stop)
+        ids = _id_values(np.asarray(tokens[start:stop]))
+        before = document_starts < start  # only the first document can begin before the chunk
+        for sums_k, (powers, base, inverse) in zip(sums, tables):
+            partial = np.add.reduceat(np.multiply(ids, powers[: stop - start], dtype=np.uint64), segment_starts)
+            factor = _power(inverse, segment_starts.astype(np.uint64))
+            if before[:1].any():
+                factor[0] = _power(base, np.array([start - int(document_starts[0])]))[0]
+            partial *= factor
+            sums_k[documents] += partial
     lengths = np.diff(offsets).view(np.uint64)
     return tuple(_fmix64(s + lengths * _LENGTH_MULTIPLIER) for s in sums)  # type: ignore[return-value]
 
