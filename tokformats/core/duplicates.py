@@ -246,7 +246,7 @@ def duplicate_summary(reader: TokenReader, groups: list[np.ndarray], top: int = 
     copies = sum(len(g) - 1 for g in groups)
     copy_tokens = sum(int(lengths[g[0]]) * (len(g) - 1) for g in groups)
     sizes = np.array([len(g) for g in groups], dtype=np.int64)
-    histogram = [{"size": int(s), "groups": int(c)} for s, c in zip(*np.unique(sizes, return_counts=True))]
+    histogram = [{"size": int(s), "groups": int(c)} for s, c in enumerate(np.bincount(sizes)) if c]
     ranked = sorted(groups, key=lambda g: (-len(g), int(g[0])))[:top]
     return {
         "documents": documents,
