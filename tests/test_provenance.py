@@ -201,7 +201,7 @@ def test_cli_explain_prints_ranges_and_sources(
     args = ["explain", path, "--sample", "7", "--sequence-length", "32", "--seed", "5"]
     assert main([*args, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["ranges"] == expected and report["sample"] == 7
+    assert report["ranges"] == [dict(row, sample=7) for row in expected] and report["sample"] == 7
     assert main([*args, "-t", str(tokenizer_path)]) == 0
     out = capsys.readouterr().out.splitlines()
     first = expected[0]
@@ -210,3 +210,29 @@ def test_cli_explain_prints_ranges_and_sources(
         f"  {path} document {first['document']:,} tokens {first['start']:,}:{first['stop']:,}  <- "
         f"{first['source']['file']} line {first['source']['line']:,}"
     )
+
+
+def test_explain_a_step_of_the_batch_sampler(
+    tmp_path: Path, inputs: list[Path], tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tokformats.training import BatchSampler
+    from tokformats.training.explain import step_samples
+
+    tokformats.tokenize(inputs, tokenizer_path, tmp_path / "c", "megatron", progress=False)
+    path = str(tmp_path / "c_text_document")
+    with tokformats.open(path) as reader:
+        samples = GPTSamples(reader, 32, seed=5)
+        sampler = BatchSampler(samples, 8, 2, rank=0, world_size=2)
+        served = [i for batch in sampler for i in batch]  # rank 0 of 2: the first half of every micro-step
+        assert step_samples(sampler, 1) == list(range(8, 16))
+        assert served[4:8] == [8, 9, 12, 13] and set(served[4:8]) <= set(step_samples(sampler, 1))
+        shuffled = BatchSampler(samples, 8, 8, shuffle=True, seed=3)
+        assert step_samples(shuffled, 0) == next(iter(shuffled))
+        with pytest.raises(tokformats.ConfigError, match="step 99 is outside"):
+            step_samples(sampler, 99)
+        expected = [dict(row, sample=i) for i in range(8, 16) for row in sample_sources(samples, i)]
+    args = ["explain", path, "--step", "1", "--global-batch-size", "8", "--sequence-length", "32", "--seed", "5"]
+    assert main([*args, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ranges"] == expected
+    assert main([*args[:3], *args[5:]]) == 2  # --step without --global-batch-size
+    assert "--step needs --global-batch-size" in capsys.readouterr().err

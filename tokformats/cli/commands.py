@@ -312,6 +312,19 @@ def _explained_samples(args: argparse.Namespace, readers: list[TokenReader]) -> 
     return Blend(datasets, args.weights, args.size)
 
 
+def _samples_to_explain(args: argparse.Namespace, samples: Any) -> list[int]:
+    """``--sample I``, or the samples of ``--step S`` (Megatron's sampler order, ``--global-batch-size``)."""
+    if args.sample is not None:
+        return [args.sample]
+    if not args.global_batch_size:
+        raise FormatError(f"--step needs --global-batch-size, e.g. --step {args.step} --global-batch-size 512")
+    from ..training import BatchSampler
+    from ..training.explain import step_samples
+
+    sampler = BatchSampler(samples, args.global_batch_size, args.global_batch_size)
+    return step_samples(sampler, args.step)
+
+
 def run_explain(args: argparse.Namespace) -> int:
     from ..training.explain import sample_sources
 
@@ -322,7 +335,7 @@ def run_explain(args: argparse.Namespace) -> int:
         if len(corpora) != len(readers):
             raise UnknownFormatError("explain reads corpora of documents; one of the paths is not one.")
         samples = _explained_samples(args, corpora)
-        rows = sample_sources(samples, args.sample)
+        rows = [dict(row, sample=i) for i in _samples_to_explain(args, samples) for row in sample_sources(samples, i)]
         if decode is not None:
             by_path = {str(r.path): r for r in readers}
             for row in rows:
@@ -331,10 +344,14 @@ def run_explain(args: argparse.Namespace) -> int:
         for reader in readers:
             reader.close()
     if args.json:
-        _print_json({"sample": args.sample, "samples": len(samples), "ranges": rows})
+        _print_json({"sample": args.sample, "step": args.step, "samples": len(samples), "ranges": rows})
         return 0
-    print(f"sample {args.sample:,} of {len(samples):,} holds {sum(r['stop'] - r['start'] for r in rows):,} tokens of:")
+    held: dict[int, int] = {}
     for row in rows:
+        held[row["sample"]] = held.get(row["sample"], 0) + row["stop"] - row["start"]
+    for k, row in enumerate(rows):
+        if k == 0 or row["sample"] != rows[k - 1]["sample"]:
+            print(f"sample {row['sample']:,} of {len(samples):,} holds {held[row['sample']]:,} tokens of:")
         where = f"dataset {row['dataset']} " if "dataset" in row else ""
         source = row["source"]
         place = next((f"{k} {v:,}" for k, v in (source or {}).items() if k in ("line", "row", "item")), "")

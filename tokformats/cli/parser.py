@@ -277,7 +277,14 @@ def _explain_args() -> list[Row]:
     return [
         paths("the corpus (several: a blend of them, with --weights)"),
         *reader_args(),
-        Arg("--sample", type=int, required=True, metavar="I", help="the sample's index (as samples[I] takes it)"),
+        Exclusive(
+            [
+                Arg("--sample", type=int, metavar="I", help="the sample's index (as samples[I] takes it)"),
+                Arg("--step", type=int, metavar="S", help="the samples of optimizer step S (--global-batch-size)"),
+            ],
+            required=True,
+        ),
+        Arg("--global-batch-size", type=int, metavar="B", help="samples per optimizer step (for --step)"),
         Arg("--sequence-length", type=int, required=True, metavar="L", help="tokens per sample, as in training"),
         Arg("--seed", type=int, default=1234, help="the samples' seed, as in training (default 1234)"),
         Arg("--num-samples", type=int, help="samples built per dataset, as in training (default: one epoch)"),

@@ -13,10 +13,12 @@ from typing import Any
 import numpy as np
 
 from ..core.protocol import TokenReader, checked_position
+from ..errors import ConfigError
 from .blend import Blend
+from .sampler import BatchSampler
 from .samples import GPTSamples
 
-__all__ = ["explain_sample", "sample_sources"]
+__all__ = ["explain_sample", "sample_sources", "step_samples"]
 
 
 def _document_ranges(reader: TokenReader, start: int, stop: int) -> list[tuple[int, int, int]]:
@@ -97,3 +99,16 @@ def sample_sources(samples: Any, index: int) -> list[dict[str, Any]]:
         row["source"] = reader.provenance(document)
         rows.append(row)
     return rows
+
+
+def step_samples(sampler: BatchSampler, step: int, epoch: int | None = None) -> list[int]:
+    """The sample indices of optimizer step ``step`` (0-based, all ranks together: global batch ``step``) of
+    ``sampler``'s ``epoch`` (default: its current one), in the order the ranks' micro-batches take them. After a
+    resume, the step a state dict continues at is ``state["consumed_samples"] // global_batch_size``."""
+    size = sampler.global_batch_size
+    start, stop = step * size, min((step + 1) * size, sampler.end)
+    if step < 0 or start >= stop:
+        raise ConfigError(f"step {step} is outside the {sampler.end // size:,} global batches of an epoch.")
+    positions = np.arange(start, stop)
+    order = sampler.order(epoch)
+    return (positions if order is None else order[positions]).tolist()
