@@ -276,3 +276,11 @@ def test_cli_contamination_reads_jsonl_and_prints_a_table_and_json(
     status, out = _cli([*args, "--ngram", "6"], capsys)
     assert out.splitlines()[0] == f"1 of 2 eval items (50.00%) share a 6-gram with documents of {corpus}"
     assert out.splitlines()[2].split() == ["1", "1", "1"]
+
+
+def test_cli_stats_plot_draws_duplicate_group_sizes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib", reason="--plot draws with matplotlib, an optional extra")
+    documents = [np.array([7, 8, 9]), np.array([1, 2]), np.array([7, 8, 9]), np.array([3, 4, 5, 6])]
+    path = str(_write(tmp_path / "c", documents))
+    status, _ = _cli(["stats", path, "--duplicates", "--plot", str(tmp_path / "p.png")], capsys)
+    assert status == 0 and (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
