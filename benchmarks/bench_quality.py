@@ -10,9 +10,10 @@ Run: ``python benchmarks/bench_quality.py [--tokens 1e9] [--documents 3e6] [--ev
    the planted ones.
 2. ``tokformats.contamination`` of ``--eval-items`` eval items (20-300 ids; 100 of them cut from corpus documents)
    against the same corpus, n = 13, in fresh processes: seconds and peak RSS; every planted item must be found.
-3. ``tokformats.tokenize`` of ``--tokenize-megabytes`` of JSONL text (Python's own library sources, as
-   ``bench_tokenize.py``) into Megatron with ``provenance=True`` and ``False``, alternating, ``--repeat`` times:
-   seconds min/median/max and the overhead of the median.
+3. ``tokformats.tokenize`` of a JSONL of short documents (each line of ``--tokenize-megabytes`` of Python's own
+   library sources, as ``bench_tokenize.py`` picks them: provenance costs per document) into Megatron with
+   ``provenance=True`` and ``False``, alternating, ``--repeat`` times: seconds min/median/max and the overhead of
+   the median. ``--only-provenance`` runs this part alone.
 """
 
 from __future__ import annotations
@@ -141,12 +142,17 @@ def bench_contamination(prefix: Path, folder: Path, items: int, repeat: int) -> 
 
 def bench_provenance(folder: Path, megabytes: float, repeat: int) -> list[dict[str, Any]]:
     from bench_tokenize import corpus_files
-    from bench_tokenize import write_corpus as write_text
 
     from tokformats.tokenization.sample_text import sample_texts
     from tokformats.tokenization.tokenizer import train_tokenizer
 
-    source, _, _ = write_text(folder, corpus_files(megabytes))
+    # Short documents (each non-blank line of Python's library sources): provenance's cost is per document.
+    source = folder / "lines.jsonl"
+    with source.open("w", encoding="utf-8") as out:
+        for path in corpus_files(megabytes):
+            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+                if line.strip() and "<|" not in line:
+                    out.write(json.dumps({"text": line}) + "\n")
     tokenizer = folder / "tokenizer.json"
     train_tokenizer(sample_texts(3000), 8000, progress=False).save(str(tokenizer))
     times: dict[bool, list[float]] = {True: [], False: []}
@@ -159,9 +165,11 @@ def bench_provenance(folder: Path, megabytes: float, repeat: int) -> list[dict[s
             times[provenance].append(time.perf_counter() - started)
     overhead = statistics.median(times[True]) / statistics.median(times[False]) - 1
     size = source.stat().st_size / 1e6
+    with tokformats.open(folder / "out_text_document") as reader:
+        documents = len(reader)
     return [
         {
-            "figure": f"tokenize {size:.0f} MB JSONL -> megatron, provenance=True",
+            "figure": f"tokenize {size:.0f} MB JSONL ({documents:,} documents) -> megatron, provenance=True",
             "min / median / max": spread(times[True]),
             "peak RSS": "",
             "peer": f"provenance=False {spread(times[False])}",
@@ -178,12 +186,16 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--contamination-repeat", type=int, default=1)
     parser.add_argument("--tokenize-megabytes", type=float, default=40)
+    parser.add_argument("--only-provenance", action="store_true", help="measure only tokenize's provenance cost")
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(*args.worker)
         return
     folder = scratch("quality")
+    if args.only_provenance:
+        print(table(bench_provenance(folder, args.tokenize_megabytes, args.repeat)))
+        return
     prefix = folder / "corpus"
     started = time.perf_counter()
     corpus = write_corpus(prefix, int(args.tokens), int(args.documents))
