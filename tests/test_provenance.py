@@ -236,3 +236,17 @@ def test_explain_a_step_of_the_batch_sampler(
     assert json.loads(capsys.readouterr().out)["ranges"] == expected
     assert main([*args[:3], *args[5:]]) == 2  # --step without --global-batch-size
     assert "--step needs --global-batch-size" in capsys.readouterr().err
+
+
+def test_cli_tokenize_records_provenance_unless_told_not_to(
+    tmp_path: Path, inputs: list[Path], tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    common = ["tokenize", str(inputs[0]), "-t", str(tokenizer_path), "--format", "megatron", "--json", "-q"]
+    assert main([*common, "-o", str(tmp_path / "on")]) == 0
+    assert json.loads(capsys.readouterr().out)["outputs"]["text"]["provenance"] == str(
+        tmp_path / "on_text_document.provenance.npz"
+    )
+    assert main([*common, "-o", str(tmp_path / "off"), "--no-provenance"]) == 0
+    assert "provenance" not in json.loads(capsys.readouterr().out)["outputs"]["text"]
+    with tokformats.open(tmp_path / "on_text_document") as reader:
+        assert reader.provenance(0) == {"file": str(inputs[0]), "line": 1, "byte_offset": 0}

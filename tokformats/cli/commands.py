@@ -519,6 +519,7 @@ def run_tokenize(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             engine=args.engine,
             verify_fraction=args.verify_fraction,
+            provenance=getattr(args, "provenance", True),
             **{k: _number(v) for k, v in writer_options.items()},
         )
     except KeyboardInterrupt:

@@ -153,6 +153,12 @@ def _tokenize_args() -> list[Row]:
             metavar="F",
             help="fraction of batches a faster engine's ids are checked against tokenizers' during the run (0.01)",
         ),
+        Arg(
+            "--provenance",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="record each document's file, line and byte offset in OUTPUT.provenance.npz (default: on)",
+        ),
         Arg("--resume", action="store_true", help="continue an interrupted run"),
         Arg("--overwrite", action="store_true", help="replace existing outputs and a failed run's work"),
         Arg(
