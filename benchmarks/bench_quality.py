@@ -13,7 +13,10 @@ Run: ``python benchmarks/bench_quality.py [--tokens 1e9] [--documents 3e6] [--ev
 3. ``tokformats.tokenize`` of a JSONL of short documents (each line of ``--tokenize-megabytes`` of Python's own
    library sources, as ``bench_tokenize.py`` picks them: provenance costs per document) into Megatron with
    ``provenance=True`` and ``False``, alternating, ``--repeat`` times: seconds min/median/max and the overhead of
-   the median. ``--only-provenance`` runs this part alone.
+   the median.
+
+``--parts duplicates,contamination,provenance`` picks the figures; ``--reuse-corpus`` keeps the corpus an earlier
+run of the same size wrote.
 """
 
 from __future__ import annotations
@@ -189,25 +192,36 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--contamination-repeat", type=int, default=1)
     parser.add_argument("--tokenize-megabytes", type=float, default=40)
-    parser.add_argument("--only-provenance", action="store_true", help="measure only tokenize's provenance cost")
+    parser.add_argument("--parts", default="duplicates,contamination,provenance", help="which figures (comma list)")
+    parser.add_argument("--reuse-corpus", action="store_true", help="keep a corpus an earlier run wrote")
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(*args.worker)
         return
     folder = scratch("quality")
-    if args.only_provenance:
-        print(table(bench_provenance(folder, args.tokenize_megabytes, args.repeat)))
-        return
-    prefix = folder / "corpus"
-    started = time.perf_counter()
-    corpus = write_corpus(prefix, int(args.tokens), int(args.documents))
-    print(f"corpus written in {time.perf_counter() - started:.0f} s: {corpus['tokens']:,} tokens", file=sys.stderr)
-    rows = bench_duplicates(prefix, corpus, args.repeat)
-    print(table(rows), file=sys.stderr)
-    rows += bench_contamination(prefix, folder, args.eval_items, args.contamination_repeat)
-    print(table(rows[-1:]), file=sys.stderr)
-    rows += bench_provenance(folder, args.tokenize_megabytes, args.repeat)
+    parts = set(args.parts.split(","))
+    rows: list[dict[str, Any]] = []
+    if parts & {"duplicates", "contamination"}:
+        prefix, facts = folder / "corpus", folder / "corpus.json"
+        wanted = [int(args.tokens), int(args.documents)]
+        known = json.loads(facts.read_text()) if args.reuse_corpus and facts.exists() else {}
+        if known.get("asked") == wanted and Path(f"{prefix}.idx").exists():
+            corpus = known
+        else:
+            started = time.perf_counter()
+            corpus = {**write_corpus(prefix, *wanted), "asked": wanted}
+            facts.write_text(json.dumps(corpus))
+            seconds = time.perf_counter() - started
+            print(f"corpus written in {seconds:.0f} s: {corpus['tokens']:,} tokens", file=sys.stderr)
+        if "duplicates" in parts:
+            rows += bench_duplicates(prefix, corpus, args.repeat)
+            print(table(rows[-1:]), file=sys.stderr)
+        if "contamination" in parts:
+            rows += bench_contamination(prefix, folder, args.eval_items, args.contamination_repeat)
+            print(table(rows[-1:]), file=sys.stderr)
+    if "provenance" in parts:
+        rows += bench_provenance(folder, args.tokenize_megabytes, args.repeat)
     print(f"\n{machine()}\n")
     print(table(rows))
 
