@@ -40,6 +40,7 @@ __version__ = "0.1.0"
 _moved.install()  # the module paths of 0.1, for one release
 
 if TYPE_CHECKING:
+    from .quality.contamination import contamination
     from .remote import publish
     from .tokenization.pipeline import tokenize
     from .tokenization.tokenizer import train_tokenizer
@@ -54,6 +55,10 @@ def __getattr__(name: str) -> Any:
         from .tokenization.pipeline import tokenize
 
         return tokenize
+    if name == "contamination":  # the eval side needs a tokenizer: imported only when asked for
+        from .quality.contamination import contamination
+
+        return contamination
     if name == "publish":
         from .remote import publish
 
@@ -102,5 +107,6 @@ __all__ = [
     "train_tokenizer",
     "tokenize",
     "publish",
+    "contamination",
     "__version__",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -13,8 +14,9 @@ from .core.documents import document_runs
 from .core.format_module import ExportsTokenizer, Merges
 from .core.progress import progress_bar
 from .core.protocol import PathLike, Reader, TokenReader, TokenWriter, Writer, loss_mask_formats
+from .core.provenance import Provenance, save_provenance
 from .core.registry import descriptor, detect, formats
-from .errors import ConfigError, DTypeError, FormatError, NoFilesError, UnknownFormatError, option
+from .errors import ConfigError, DataWarning, DTypeError, FormatError, NoFilesError, UnknownFormatError, option
 from .fs.journal import one_recovery, recover_near
 from .fs.paths import is_url, names_checked, one_expansion
 
@@ -27,6 +29,7 @@ __all__ = [
     "export_tokenizer",
     "vocabulary_formats",
     "corpus_writers",
+    "written_dataset_path",
 ]
 
 
@@ -163,6 +166,21 @@ def corpus_writer(format: str) -> type[TokenWriter]:
     return writer_class
 
 
+def written_dataset_path(writer: TokenWriter, format: str) -> Path:
+    """The path a reader of the dataset ``writer`` committed reports (``reader.path``: where its sidecars go), found
+    by opening it the way a user would: by the writer's path or its first file, with the dtype when the format's
+    files do not record it."""
+    reader_class = descriptor(format).reader
+    for candidate in (writer.path, *writer.written):
+        for options in ({}, {"dtype": writer.dtype}):
+            try:
+                with reader_class(candidate, **options) as reader:
+                    return Path(reader.path)
+            except (FormatError, TypeError, OSError):
+                continue
+    return Path(writer.path)
+
+
 def _index_formats() -> str:
     """Names of the corpus formats that store document boundaries (for messages)."""
     return ", ".join(name for name, writer in corpus_writers().items() if writer.boundaries == "index")
@@ -209,7 +227,8 @@ def convert(
     Returns:
         ``{"documents", "tokens", "dtype", "files", "delimiters_added", "delimiter_moved", "read_with"}``: what the
         destination reads back, its token dtype, and the reader options to open it with (``{"format": "raw",
-        "dtype": "uint16", "eos": 50256}``, ...; empty when the files record everything).
+        "dtype": "uint16", "eos": 50256}``, ...; empty when the files record everything); plus ``"provenance"``,
+        the sidecar's path, when the source's documents had one.
     """
     writer_class = corpus_writer(format)
     reader = open(source, format=source_format, **(source_options or {}))
@@ -263,7 +282,7 @@ def convert(
                     f"converting {reader.path} wrote {writer.num_documents:,} documents and {writer.num_tokens:,} "
                     f"tokens, expected {len(reader):,} and {reader.num_tokens + added:,}; nothing was written."
                 )
-        return {
+        summary: dict[str, Any] = {
             "documents": documents,
             "tokens": reader.num_tokens + added,
             "dtype": writer.dtype.name,
@@ -273,6 +292,27 @@ def convert(
             "read_with": writer.read_with(),
             "loss_masks": masks is not None,
         }
+        _carry_provenance(summary, reader, writer, format)
+        return summary
+
+
+def _carry_provenance(summary: dict[str, Any], reader: TokenReader, writer: TokenWriter, format: str) -> None:
+    """Write the source's provenance beside the destination when it holds the same documents in the same order
+    (``summary["provenance"]``: the sidecar's path)."""
+    sources = _provenance_of(reader) if summary["documents"] == len(reader) else None
+    if sources is not None:
+        summary["provenance"] = save_provenance(sources, written_dataset_path(writer, format))
+
+
+def _provenance_of(reader: TokenReader) -> Provenance | None:
+    """``reader``'s provenance sidecar, or None; a sidecar that does not fit the documents as opened is left behind
+    with a :class:`DataWarning` rather than failing the copy."""
+    try:
+        table: Provenance | None = reader.provenance_table()
+    except FormatError as error:
+        warnings.warn(f"the provenance sidecar is not carried over: {error}", DataWarning, stacklevel=3)
+        return None
+    return table
 
 
 class _CopiedRun:
@@ -386,7 +426,7 @@ def merge(
     name = detect(sources[0])
     merging = descriptor(name).capability(Merges)
     if merging is not None:
-        return merging.merge(sources, destination, overwrite=overwrite)
+        return _merge_provenance(sources, merging.merge(sources, destination, overwrite=overwrite))
     readers = [open(source) for source in sources]
     try:
         others = {r.format for r in readers} - {name}
@@ -407,4 +447,20 @@ def merge(
         for reader in readers:
             reader.close()
     path = destination if Path(destination).exists() else writer.written[0]
-    return open(path)
+    return _merge_provenance(sources, open(path))
+
+
+def _merge_provenance(sources: Sequence[Any], merged: Reader[Any]) -> Reader[Any]:
+    """Give ``merged`` the sources' provenance sidecars end to end (documents of a source without one: unknown)."""
+    if not isinstance(merged, TokenReader):
+        return merged
+    tables = []
+    for source in sources:
+        with open(source) as reader:
+            if not isinstance(reader, TokenReader):
+                return merged
+            table = _provenance_of(reader)
+            tables.append(table if table is not None else Provenance.unknown(len(reader)))
+    if any(t.files for t in tables) and sum(map(len, tables)) == len(merged):
+        save_provenance(Provenance.concatenate(tables), merged.path)
+    return merged

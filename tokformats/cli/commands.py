@@ -207,6 +207,8 @@ def run_verify(args: argparse.Namespace) -> int:
         with api.open(path, **_reader_options(args), **_url_options(args, path)) as reader:
             shown = sys.stderr.isatty() or "ipykernel" in sys.modules
             found = reader.problems(vocab_size, progress=shown) if hasattr(reader, "problems") else []
+            if getattr(args, "max_duplicate_rate", None) is not None and isinstance(reader, TokenReader):
+                found += _duplicate_problems(reader, args.max_duplicate_rate)
         report.append({"path": path, "ok": not found, "problems": [p._asdict() for p in found]})
     if args.json:
         _print_json(report)
@@ -218,6 +220,27 @@ def run_verify(args: argparse.Namespace) -> int:
                 where = f" document {problem['document']:,}" if problem["document"] is not None else ""
                 print(f"{problem['file']}:{where} {problem['field']}: {problem['message']}")
     return 0 if all(entry["ok"] for entry in report) else 1
+
+
+def _duplicate_problems(reader: TokenReader, limit: float) -> list[Any]:
+    """A problem when more than ``limit`` of the documents are exact copies of another (``verify
+    --max-duplicate-rate``)."""
+    from ..core.duplicates import duplicate_summary
+    from ..core.reports import Problem
+
+    summary = duplicate_summary(reader, reader.duplicates(), top=1)
+    if summary["duplicate_rate"] <= limit:
+        return []
+    top = summary["top"][0]
+    return [
+        Problem(
+            str(reader.path),
+            "duplicates",
+            f"{summary['duplicate_documents']:,} of {summary['documents']:,} documents are exact copies of another "
+            f"({summary['duplicate_rate']:.2%}, above --max-duplicate-rate {limit:g}); the largest group has "
+            f"{top['size']:,} identical documents ( {', '.join(map(str, top['documents']))})",
+        )
+    ]
 
 
 def _histogram_lines(histogram: list[dict[str, int]], width: int = 40) -> list[str]:
@@ -233,6 +256,10 @@ def run_stats(args: argparse.Namespace) -> int:
     decode = _decoder(args)
     with _open_corpus(args) as reader:
         result = reader.stats(top=args.top)
+        if getattr(args, "duplicates", False):
+            from ..core.duplicates import duplicate_summary
+
+            result["duplicates"] = duplicate_summary(reader, reader.duplicates(), top=args.top)
     if decode is not None:
         for row in result.get("top_ids", []):
             row["text"] = decode([row["id"]])
@@ -260,7 +287,26 @@ def run_stats(args: argparse.Namespace) -> int:
         if "tokens" in row:
             facts += [f"{row['tokens']:,} tokens", f"{row['documents_starting']:,} documents start here"]
         print(f"  {row['file']}  " + ", ".join(facts))
+    if "duplicates" in result:
+        _print_duplicates(result["duplicates"])
     return 0
+
+
+def _print_duplicates(summary: dict[str, Any]) -> None:
+    """The ``stats --duplicates`` section: rates, group sizes, the most repeated documents."""
+    print(
+        f"exact duplicates: {summary['duplicate_documents']:,} of {summary['documents']:,} documents are copies "
+        f"({summary['duplicate_rate']:.2%}), {summary['duplicate_tokens']:,} tokens "
+        f"({summary['duplicate_token_share']:.2%}), "
+        f"in {summary['groups']:,} groups"
+    )
+    if summary["group_sizes"]:
+        print("group sizes (documents per group, groups):")
+        rows = [{"from": r["size"], "to": r["size"], "documents": r["groups"]} for r in summary["group_sizes"]]
+        print("\n".join(_histogram_lines(rows)))
+        print("most repeated (documents in the group, tokens each, first indices):")
+        for row in summary["top"]:
+            print(f"  {row['size']:>10,} {row['length']:>10,}  {', '.join(map(str, row['documents']))}")
 
 
 def _plot(result: dict[str, Any], path: str) -> None:
@@ -271,7 +317,17 @@ def _plot(result: dict[str, Any], path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise FormatError("--plot needs matplotlib: pip install 'tokformats[plot]'") from None
-    figure, axis = plt.subplots(figsize=(8, 4))
+    duplicates = result.get("duplicates")
+    figure, axes = plt.subplots(1, 2 if duplicates else 1, figsize=(14 if duplicates else 8, 4), squeeze=False)
+    axis = axes[0][0]
+    if duplicates:  # how many groups have 2, 3, ... copies: a long tail means a document copied many times over
+        sizes = duplicates["group_sizes"]
+        right = axes[0][1]
+        right.bar([str(r["size"]) for r in sizes], [r["groups"] for r in sizes])
+        right.set_xlabel("copies per duplicate group")
+        right.set_ylabel("groups")
+        right.set_yscale("log")
+        right.set_title(f"exact duplicates: {duplicates['duplicate_rate']:.2%} of documents")
     rows = result.get("histogram", [])
     axis.bar([f"{r['from']:,}" for r in rows], [r["documents"] for r in rows])
     axis.set_xlabel("tokens per document (from)")
@@ -289,6 +345,117 @@ def _document_json(index: int, document: Any, decode: Callable[[Any], str] | Non
     if decode is not None:
         found["text"] = decode(document)
     return found
+
+
+def run_contamination(args: argparse.Namespace) -> int:
+    from ..quality.contamination import contamination, contamination_report, read_eval_file
+    from ..tokenization.sources import TEXT_SUFFIXES
+
+    suffix = "".join(Path(args.eval).suffixes[-2:]).lower().replace(".gz", "").replace(".zst", "")
+    lines: list[int] | None = None
+    if Path(args.eval).is_file() and any(suffix.endswith(s) for s in TEXT_SUFFIXES):
+        if not args.tokenizer:
+            raise FormatError(
+                f"{args.eval} is text: name the corpus's tokenizer, e.g. tokformats contamination {args.path[0]} "
+                f"--eval {args.eval} --tokenizer tokenizer.json"
+            )
+        texts, lines = read_eval_file(args.eval, args.text_key or ("text",))
+        eval_set: Any = texts
+    else:
+        eval_set = api.open(args.eval)
+        if not isinstance(eval_set, TokenReader):
+            raise UnknownFormatError(f"{args.eval} is a {eval_set.format} file, neither eval text nor a corpus.")
+    with _open_corpus(args) as reader:
+        found = contamination(reader, eval_set, tokenizer=args.tokenizer, ngram=args.ngram)
+        report = contamination_report(found, lines, ngram=args.ngram, corpus=str(reader.path), eval_name=args.eval)
+    if isinstance(eval_set, TokenReader):
+        eval_set.close()
+    if args.json:
+        _print_json(report)
+        return 0
+    print(
+        f"{report['contaminated_items']:,} of {report['items']:,} eval items ({report['contaminated_rate']:.2%}) share "
+        f"a {args.ngram}-gram with documents of {report['corpus']}"
+    )
+    if report["matches"]:
+        where = "line" if lines is not None else "item"
+        print(f"  {where:>8} {'documents':>10}  document indices")
+        for row in report["matches"]:
+            shown = row["document_indices"][: args.show]
+            more = f" ... (+{row['documents'] - len(shown):,})" if row["documents"] > len(shown) else ""
+            print(f"  {row.get('line', row['item']):>8} {row['documents']:>10,}  {', '.join(map(str, shown))}{more}")
+    return 0
+
+
+def _explained_samples(args: argparse.Namespace, readers: list[TokenReader]) -> Any:
+    """The GPTSamples (one path) or Blend (several) the training run built, from the command's options."""
+    from ..training import Blend, GPTSamples
+
+    datasets = [
+        GPTSamples(
+            reader,
+            args.sequence_length,
+            seed=args.seed,
+            num_samples=args.num_samples,
+            split=args.split,
+            split_name=args.split_name,
+            add_extra_token=not args.no_extra_token,
+        )
+        for reader in readers
+    ]
+    if len(datasets) == 1 and args.weights is None:
+        return datasets[0]
+    return Blend(datasets, args.weights, args.size)
+
+
+def _samples_to_explain(args: argparse.Namespace, samples: Any) -> list[int]:
+    """``--sample I``, or the samples of ``--step S`` (Megatron's sampler order, ``--global-batch-size``)."""
+    if args.sample is not None:
+        return [args.sample]
+    if not args.global_batch_size:
+        raise FormatError(f"--step needs --global-batch-size, e.g. --step {args.step} --global-batch-size 512")
+    from ..training import BatchSampler
+    from ..training.explain import step_samples
+
+    sampler = BatchSampler(samples, args.global_batch_size, args.global_batch_size)
+    return step_samples(sampler, args.step)
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    from ..training.explain import sample_sources
+
+    decode = _decoder(args)
+    readers = [api.open(path, **_reader_options(args)) for path in args.path]
+    try:
+        corpora = [r for r in readers if isinstance(r, TokenReader)]
+        if len(corpora) != len(readers):
+            raise UnknownFormatError("explain reads corpora of documents; one of the paths is not one.")
+        samples = _explained_samples(args, corpora)
+        rows = [dict(row, sample=i) for i in _samples_to_explain(args, samples) for row in sample_sources(samples, i)]
+        if decode is not None:
+            by_path = {str(r.path): r for r in readers}
+            for row in rows:
+                row["text"] = decode(by_path[row["path"]][row["document"]][row["start"] : row["stop"]])
+    finally:
+        for reader in readers:
+            reader.close()
+    if args.json:
+        _print_json({"sample": args.sample, "step": args.step, "samples": len(samples), "ranges": rows})
+        return 0
+    held: dict[int, int] = {}
+    for row in rows:
+        held[row["sample"]] = held.get(row["sample"], 0) + row["stop"] - row["start"]
+    for k, row in enumerate(rows):
+        if k == 0 or row["sample"] != rows[k - 1]["sample"]:
+            print(f"sample {row['sample']:,} of {len(samples):,} holds {held[row['sample']]:,} tokens of:")
+        where = f"dataset {row['dataset']} " if "dataset" in row else ""
+        source = row["source"]
+        place = next((f"{k} {v:,}" for k, v in (source or {}).items() if k in ("line", "row", "item")), "")
+        origin = f"  <- {source['file']} {place}" if source else ""
+        print(f"  {where}{row['path']} document {row['document']:,} tokens {row['start']:,}:{row['stop']:,}{origin}")
+        if "text" in row:
+            print(f"    {_truncate(row['text'], args.max_chars)!r}")
+    return 0
 
 
 def _print_documents(args: argparse.Namespace, pick: Callable[[int], list[int]]) -> int:
@@ -498,6 +665,7 @@ def run_tokenize(args: argparse.Namespace) -> int:
             template=args.template,
             train_on=args.train_on,
             thought=args.thought,
+            provenance=getattr(args, "provenance", True),
             **{k: _number(v) for k, v in writer_options.items()},
         )
     except KeyboardInterrupt:

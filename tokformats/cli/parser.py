@@ -208,6 +208,12 @@ def _tokenize_run_args() -> list[Row]:
             metavar="F",
             help="fraction of batches a faster engine's ids are checked against tokenizers' during the run (0.01)",
         ),
+        Arg(
+            "--provenance",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="record each document's file, line and byte offset in OUTPUT.provenance.npz (default: on)",
+        ),
         Arg("--resume", action="store_true", help="continue an interrupted run"),
         Arg("--overwrite", action="store_true", help="replace existing outputs and a failed run's work"),
         Arg(
@@ -288,6 +294,12 @@ def _reading_commands() -> list[Command]:
                 *reader_args(),
                 Arg("--vocab-size", type=int, help="every id must be below this"),
                 Arg("--tokenizer", "-t", help="take --vocab-size from this tokenizer.json (or a vocabulary name)"),
+                Arg(
+                    "--max-duplicate-rate",
+                    type=float,
+                    metavar="F",
+                    help="also fail when more than this fraction of documents are exact copies of another (0.01)",
+                ),
                 JSON,
             ],
         ),
@@ -301,7 +313,16 @@ def _reading_commands() -> list[Command]:
                 *reader_args(),
                 *decoder_args(),
                 Arg("--top", type=int, default=20, help="how many of the most frequent ids (default 20)"),
-                Arg("--plot", metavar="FILE.png", help="also draw the length histogram (needs matplotlib)"),
+                Arg(
+                    "--plot",
+                    metavar="FILE.png",
+                    help="also draw the length histogram (and group sizes with --duplicates); needs matplotlib",
+                ),
+                Arg(
+                    "--duplicates",
+                    action="store_true",
+                    help="also find exact duplicate documents: rate, token share, groups, the most repeated",
+                ),
                 JSON,
             ],
         ),
@@ -319,6 +340,70 @@ def _reading_commands() -> list[Command]:
             "random documents",
             "tokformats sample data/owt_text_document -n 5 --seed 1 -t tok.json",
             run.run_sample,
+        ),
+    ]
+
+
+def _explain_args() -> list[Row]:
+    return [
+        paths("the corpus (several: a blend of them, with --weights)"),
+        *reader_args(),
+        Exclusive(
+            [
+                Arg("--sample", type=int, metavar="I", help="the sample's index (as samples[I] takes it)"),
+                Arg("--step", type=int, metavar="S", help="the samples of optimizer step S (--global-batch-size)"),
+            ],
+            required=True,
+        ),
+        Arg("--global-batch-size", type=int, metavar="B", help="samples per optimizer step (for --step)"),
+        Arg("--sequence-length", type=int, required=True, metavar="L", help="tokens per sample, as in training"),
+        Arg("--seed", type=int, default=1234, help="the samples' seed, as in training (default 1234)"),
+        Arg("--num-samples", type=int, help="samples built per dataset, as in training (default: one epoch)"),
+        Arg("--split", default="1", help="train/valid/test weights, as Megatron's --split (default 1)"),
+        Arg("--split-name", default="train", choices=["train", "valid", "test"], help="the split (default train)"),
+        Arg("--no-extra-token", action="store_true", help="samples hold L ids, not L + 1"),
+        Arg("--weights", type=float, nargs="+", help="blend weights, one per path"),
+        Arg("--size", type=int, help="samples in the blend (default: every sample of every dataset)"),
+        *decoder_args(),
+        Arg("--max-chars", type=int, default=200, help="cut each range's text after this many characters (0: all)"),
+        JSON,
+    ]
+
+
+def _quality_commands() -> list[Command]:
+    """Commands that look at what is in the data (``stats --duplicates`` sits with the reading commands)."""
+    return [
+        Command(
+            "explain",
+            "which documents, token ranges and source lines a training sample holds",
+            "tokformats explain data/owt_text_document --sample 123456 --sequence-length 2048 --seed 1234",
+            run.run_explain,
+            _explain_args(),
+        ),
+        Command(
+            "contamination",
+            "eval items sharing an n-gram of token ids with corpus documents (benchmark contamination)",
+            "tokformats contamination data/owt_text_document --eval mmlu.jsonl --tokenizer tok.json --ngram 13",
+            run.run_contamination,
+            [
+                paths("the corpus"),
+                *reader_args("the corpus"),
+                Arg(
+                    "--eval",
+                    required=True,
+                    metavar="FILE",
+                    help="the eval set: a .jsonl/.json/.parquet/.txt file (with --tokenizer), or a tokenized corpus",
+                ),
+                Arg("--tokenizer", "-t", help="tokenizer.json (or its folder) the corpus was tokenized with"),
+                Arg(
+                    "--text-key",
+                    action="append",
+                    help="JSON/Parquet key(s) of an eval item's text, joined by newlines (default: text)",
+                ),
+                Arg("--ngram", type=int, default=13, help="n-gram length in tokens (default 13)"),
+                Arg("--show", type=int, default=10, help="document indices shown per item in the table (default 10)"),
+                JSON,
+            ],
         ),
     ]
 
@@ -431,7 +516,7 @@ def _tokenizing_commands() -> list[Command]:
 
 def commands() -> list[Command]:
     """Every subcommand, in the order ``tokformats --help`` lists them."""
-    return [*_reading_commands(), *_writing_commands(), *_tokenizing_commands()]
+    return [*_reading_commands(), *_quality_commands(), *_writing_commands(), *_tokenizing_commands()]
 
 
 def build_parser(table: Sequence[Command] | None = None) -> argparse.ArgumentParser:

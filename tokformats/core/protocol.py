@@ -350,6 +350,32 @@ class TokenReader(Reader[np.ndarray]):
 
         return plot_lengths(self, ax=ax, path=path)
 
+    def duplicates(self) -> list[np.ndarray]:
+        """Groups of identical documents (the same ids in the same order): each a sorted int64 array of the indices
+        of >= 2 documents, groups ordered by their first index; empty when every document is unique. One
+        vectorised, memory-bounded pass hashes every document (128 bits), then candidates are compared id by id,
+        so a group never holds two different documents (see :mod:`tokformats.core.duplicates`)."""
+        from .duplicates import duplicate_groups
+
+        return duplicate_groups(self)
+
+    def provenance(self, index: int) -> dict[str, Any] | None:
+        """Where document ``index`` came from, when ``tokenize`` recorded it (the sidecar
+        :mod:`tokformats.core.provenance` describes): ``{"file", "line"`` (or ``"row"``, ``"item"``) ``,
+        "byte_offset"}``; None when the dataset has no sidecar or the document's source is not known."""
+        position = checked_position(index, len(self), "document", "documents", f" in {self.path}")
+        table = self.provenance_table()
+        return None if table is None else table.entry(position)
+
+    def provenance_table(self) -> Any:
+        """Every document's source (a :class:`tokformats.core.provenance.Provenance`), loaded once; None when the
+        dataset has no provenance sidecar."""
+        if "_provenance" not in self.__dict__:
+            from .provenance import load_provenance
+
+            self.__dict__["_provenance"] = load_provenance(self.path, len(self))
+        return self.__dict__["_provenance"]
+
     def decode(self, index: int, tokenizer: Any) -> str:
         """Document ``index`` as text, with a ``tokenizers.Tokenizer`` (or a tokenizer.json path or folder), or
         anything with ``decode(ids) -> str`` (an llm.c :class:`~tokformats.formats.llmc_vocab.Vocab`, ...)."""

@@ -44,6 +44,7 @@ from .. import api
 from ..core.documents import add_delimiter, document_runs, offsets_from_lengths
 from ..core.dtypes import dtype_for_vocab
 from ..core.protocol import TokenWriter
+from ..core.provenance import ROW_DTYPE, Provenance, RowSpool, read_rows, save_provenance
 from ..core.registry import default_corpus_format
 from ..core.vocab import END_OF_TEXT, vocabulary_size
 from ..errors import ConfigError, FormatError, OutputExistsError, option
@@ -131,6 +132,8 @@ class Plan:
     template: str | None = None
     train_on: str | None = None
     thought: str | None = None
+    #: Record each document's source (input, record, byte offset) in a sidecar (:mod:`tokformats.core.provenance`).
+    provenance: bool = True
 
     @property
     def splits(self) -> list[str]:
@@ -656,6 +659,11 @@ class _PartitionRun:
         input_number, record = state.get("position", (first_input, 0))
         self.position = (int(input_number), int(record))
         self.done = bool(state.get("done"))
+        # One provenance row per spooled document, beside each spool (empty when provenance is off).
+        self.sources = {
+            stream: RowSpool(folder / f"{_stream_name(*stream)}.provenance", self.spools[stream].num_documents)
+            for stream in (plan.streams if plan.provenance else [])
+        }
         self.delimit_empty = api.corpus_writer(plan.format).delimit_empty_documents
         self.fractions = list(plan.split.values()) if plan.split else [1.0]
 
@@ -663,6 +671,8 @@ class _PartitionRun:
         """Checkpoint: every spool fsynced, then the counts and the position committed in one step."""
         for spool in self.spools.values():
             spool.sync()
+        for rows in self.sources.values():
+            rows.sync()
         stats = self.stats
         _write_json_atomically(
             self.checkpoint,
@@ -688,6 +698,22 @@ class _PartitionRun:
         """Close every spool."""
         for spool in self.spools.values():
             spool.close()
+        for rows in self.sources.values():
+            rows.close()
+
+    def _spool_sources(self, key: str, good: list[Record], split_of: np.ndarray) -> None:
+        """Append the good records' sources (global input number, record number, byte offset) to the provenance
+        spools of their splits, in the order :meth:`_spool` appends their documents."""
+        if not self.sources:
+            return
+        rows = np.empty(len(good), dtype=ROW_DTYPE)
+        rows["input"] = [r.input + self.first_input for r in good]  # three comprehensions: faster than tuples
+        rows["record"] = [r.index for r in good]
+        rows["offset"] = [r.offset for r in good]
+        for s, split in enumerate(self.plan.splits):
+            chosen = rows if len(self.fractions) == 1 else rows[split_of == s]
+            if len(chosen):
+                self.sources[(key, split)].append(chosen)
 
     def _good_records(self, batch: list[Record]) -> list[Record]:
         """The batch's records that hold text; bad ones raise, or are counted and skipped with ``on_error="skip"``."""
@@ -786,6 +812,7 @@ class _PartitionRun:
                 )
                 flat, lengths = _add_eos(self.plan, flat, lengths, self.delimit_empty)
                 self._spool(key, flat, lengths, split_of)
+                self._spool_sources(key, good, split_of)
                 if k == 0:
                     self.stats.documents += len(good)
                 self.stats.text += sum(len(r.texts[k]) for r in good if r.texts)
@@ -944,6 +971,7 @@ def tokenize(
     template: str = "chatml",
     train_on: str = "assistant",
     thought: str = "train",
+    provenance: bool = True,
     **writer_options: Any,
 ) -> dict[str, Any]:
     """Tokenize text (or conversations, with ``chat=``) into ``format`` files; returns a summary (documents, tokens,
@@ -991,6 +1019,8 @@ def tokenize(
         train_on: which tokens the mask trains on: the ``"assistant"``'s turns, ``"all"``, or the ``"last"``
             assistant turn only.
         thought: ``"train"`` on assistants' thoughts or ``"mask"`` them.
+        provenance: record each document's source (input file, line or row, byte offset) in a sidecar beside each
+            output (``OUTPUT.provenance.npz``, see :mod:`tokformats.core.provenance`), read by ``r.provenance(i)``.
         **writer_options: passed to the format's writer (``shard_size``, ``tokens_per_shard``, ``dtype``, ...).
     """
     started = time.perf_counter()
@@ -1003,6 +1033,7 @@ def tokenize(
     spec = None
     if chat is not None:
         plan, spec = _chat_plan(plan, writer_class, chat, template, train_on, thought, tokenizer, loaded)
+    plan.provenance = bool(provenance)
     targets = output_paths(output, format, plan.keys, plan.splits)
     work = Path(f"{output}.tokenize")
     with _owned_work_folder(work), _naming_output(output):  # one run at a time: a second one is refused
@@ -1298,4 +1329,30 @@ def _write_outputs(
         }
         if writer.loss_masked:
             outputs[name]["trained_tokens"] = writer.num_trained_tokens
+        sources = _provenance(plan, parts, name, writer.num_documents) if plan.provenance else None
+        if sources is not None:
+            sidecar = save_provenance(sources, api.written_dataset_path(writer, plan.format))
+            outputs[name]["provenance"] = str(sidecar)  # beside the dataset, not one of its files
     return outputs
+
+
+def _provenance(plan: Plan, parts: list[Path], name: str, documents: int) -> Provenance | None:
+    """The sources of one stream's documents, from every partition's row spool in order; None when a spool is
+    incomplete (a resumed run that began without provenance)."""
+    pieces = []
+    for part in parts:
+        count = json.loads((part / CHECKPOINT).read_text(encoding="utf-8"))["spools"][name]["documents"]
+        rows = read_rows(part / f"{name}.provenance", count)
+        if rows is None:
+            return None
+        pieces.append(rows)
+    rows = np.concatenate(pieces) if pieces else np.zeros(0, dtype=ROW_DTYPE)
+    if len(rows) != documents:
+        return None
+    units = []
+    for k, source in enumerate(plan.inputs):
+        suffix = source.lower().removesuffix(".gz").removesuffix(".zst")
+        # A JSON array's records are items: its rows carry no byte offset.
+        array = suffix.endswith(".json") and bool((rows["offset"][rows["input"] == k] < 0).any())
+        units.append("row" if suffix.endswith(".parquet") else "item" if source == "<iterable>" or array else "line")
+    return Provenance(list(plan.inputs), units, rows)

@@ -76,6 +76,9 @@ class Record:
     texts: tuple[str, ...] | None
     error: str | None = None
     value: Any = None
+    #: Byte offset of the record's first byte in the (decompressed) input; -1 where bytes have no meaning (Parquet
+    #: rows, JSON arrays, in-memory texts). What ``tokenize``'s provenance sidecar records.
+    offset: int = -1
 
 
 def _base_suffix(path: Path) -> str:
@@ -261,7 +264,9 @@ def _file_records(
             suffix == ".json" and not source.is_piece and stream.peek(256).lstrip()[:1] == b"["  # type: ignore[attr-defined]
         )
         if suffix in (".jsonl", ".ndjson", ".json") and not array:
+            offset = source.start  # a piece of a file starts at its byte offset (only uncompressed files are cut)
             for number, line in enumerate(stream, start=source.first_record + 1):
+                at, offset = offset, offset + len(line)
                 if number <= skip:
                     continue
                 if not line.strip():
@@ -275,7 +280,9 @@ def _file_records(
                 except SourceError as exc:
                     yield Record(input_index, number, None, str(exc))
                     continue
-                yield _json_record(input_index, path, number, value, keys)
+                record = _json_record(input_index, path, number, value, keys)
+                record.offset = at
+                yield record
             return
         if array:
             try:
@@ -292,23 +299,31 @@ def _file_records(
         if keys is None:
             kind = suffix or "text"
             raise SourceError(f"{path}: chat data is read from JSON Lines, JSON or Parquet files, not {kind}.")
-        yield from _text_records(input_index, path, stream, unit, skip, source.first_record)
+        yield from _text_records(input_index, path, stream, unit, skip, source.first_record, source.start)
 
 
 def _text_records(
-    input_index: int, path: Path, stream: IO[bytes], unit: str, skip: int, first_record: int = 0
+    input_index: int,
+    path: Path,
+    stream: IO[bytes],
+    unit: str,
+    skip: int,
+    first_record: int = 0,
+    first_offset: int = 0,
 ) -> Iterator[Record]:
     if unit == "file":
         if skip < 1:
             data = stream.read()
             try:
-                yield Record(input_index, 1, (data.decode("utf-8"),))
+                yield Record(input_index, 1, (data.decode("utf-8"),), offset=0)
             except UnicodeDecodeError as exc:
                 bad_line = data[: exc.start].count(b"\n") + 1
                 yield Record(input_index, 1, None, f"{path}, line {bad_line}: not UTF-8 ({exc.reason}).")
         return
     if unit == "line":
+        offset = first_offset
         for number, line in enumerate(stream, start=first_record + 1):
+            at, offset = offset, offset + len(line)
             if number <= skip:
                 continue
             try:
@@ -316,12 +331,13 @@ def _text_records(
             except SourceError as exc:
                 yield Record(input_index, number, None, str(exc))
                 continue
-            yield Record(input_index, number, (text,) if text else None)
+            yield Record(input_index, number, (text,) if text else None, offset=at)
         return
     # paragraphs: blank-line separated; a record's index is the line number of its first line
     lines: list[str] = []
-    first = 0
+    first = first_offset = offset = 0
     for number, line in enumerate(stream, start=1):
+        at, offset = offset, offset + len(line)
         try:
             text = _decode(path, number, line).rstrip("\r\n")
         except SourceError as exc:
@@ -331,14 +347,14 @@ def _text_records(
             continue
         if text.strip():
             if not lines:
-                first = number
+                first, first_offset = number, at
             lines.append(text)
         elif lines:
             if first > skip:
-                yield Record(input_index, first, ("\n".join(lines),))
+                yield Record(input_index, first, ("\n".join(lines),), offset=first_offset)
             lines, first = [], 0
     if lines and first > skip:
-        yield Record(input_index, first, ("\n".join(lines),))
+        yield Record(input_index, first, ("\n".join(lines),), offset=first_offset)
 
 
 def _parquet_records(
