@@ -250,3 +250,28 @@ def test_cli_tokenize_records_provenance_unless_told_not_to(
     assert "provenance" not in json.loads(capsys.readouterr().out)["outputs"]["text"]
     with tokformats.open(tmp_path / "on_text_document") as reader:
         assert reader.provenance(0) == {"file": str(inputs[0]), "line": 1, "byte_offset": 0}
+
+
+def test_explain_is_a_method_of_samples_packed_rows_and_blends(tmp_path: Path) -> None:
+    """``s.explain(i)`` on every kind of samples names ranges whose ids, end to end, are the sample's."""
+    from tokformats import training
+    from tokformats.testing import random_corpus
+
+    flat, lengths = random_corpus(np.random.default_rng(3), 120, low=1, high=900)
+    with tokformats.create(tmp_path / "m", "megatron", vocab_size=1000) as writer:
+        writer.write_batch(flat, lengths)
+    with tokformats.open(tmp_path / "m") as reader:
+        samples = training.GPTSamples(reader, 16, seed=1)
+        packed = training.PackedSamples(reader, 16, seed=1)
+        blend = training.Blend([samples, training.GPTSamples(reader, 16, seed=2)], [0.5, 0.5], size=20)
+        for index in (0, 3, -1):
+            ids = np.concatenate([reader[d][a:b] for d, a, b in samples.explain(index)])
+            np.testing.assert_array_equal(ids, samples[index][: len(ids)])
+            row = packed[index]
+            pieces = packed.explain(index)
+            ids = np.concatenate([reader[d][a:b] for d, a, b in pieces])
+            assert sum(row["doc_lens"][row["doc_lens"] > 0]) == len(ids)  # the row's documents, and nothing else
+            shown = min(len(ids), len(row["tokens"]))  # a row of L + 1 tokens gives L as inputs
+            np.testing.assert_array_equal(ids[:shown], row["tokens"][:shown])
+            source, *rest = blend.explain(index)[0]
+            assert source in (0, 1) and len(rest) == 3

@@ -12,6 +12,7 @@ import numpy as np
 from ..core.protocol import TokenReader, checked_position
 from ..errors import ConfigError
 from . import budgets, indices
+from .explain import explain_sample
 from .index_cache import IndexCache, cache_key
 from .samples import GPTSamples
 
@@ -170,6 +171,12 @@ class Blend(Sequence[Any]):
         return cls(datasets, None, size, cache_dir=cache_dir)
 
     # -- the samples ---------------------------------------------------------------------------------
+    def explain(self, index: int) -> list[tuple[int, ...]]:
+        """The token ranges of the reader's documents that sample ``index`` holds, in order: ``[(document_index,
+        start, stop), ...]`` (a :class:`Blend` adds the source's position first); see
+        :func:`tokformats.training.explain.explain_sample`."""
+        return explain_sample(self, index)
+
     def __len__(self) -> int:
         return len(self.dataset_index)
 

@@ -14,9 +14,7 @@ import numpy as np
 
 from ..core.protocol import TokenReader, checked_position
 from ..errors import ConfigError
-from .blend import Blend
 from .sampler import BatchSampler
-from .samples import GPTSamples
 
 __all__ = ["explain_sample", "sample_sources", "step_samples"]
 
@@ -37,7 +35,7 @@ def _document_ranges(reader: TokenReader, start: int, stop: int) -> list[tuple[i
     return ranges
 
 
-def _explain_gpt(samples: GPTSamples, index: int) -> list[tuple[int, int, int]]:
+def _explain_gpt(samples: Any, index: int) -> list[tuple[int, int, int]]:
     position = checked_position(index, len(samples), "sample", "samples")
     j = int(samples.shuffle_index[position])
     extra = int(samples.add_extra_token)
@@ -57,7 +55,8 @@ def explain_sample(samples: Any, index: int) -> list[tuple[int, ...]]:
     """The token ranges of the reader's documents that sample ``index`` holds, in order.
 
     Args:
-        samples: a :class:`GPTSamples` (ranges ``(document_index, start, stop)``) or a :class:`Blend` of them
+        samples: a :class:`GPTSamples` or :class:`PackedSamples` (ranges ``(document_index, start, stop)``; a packed
+            row's pieces in row order), or a :class:`Blend` of them
             (``(dataset, document_index, start, stop)``, ``dataset`` the blend's position of the source; nested
             blends add one position per level).
         index: the sample, as ``samples[index]`` takes it (negative counts from the end).
@@ -66,14 +65,27 @@ def explain_sample(samples: Any, index: int) -> list[tuple[int, ...]]:
         ``start:stop`` are positions inside the document: ``reader[document_index][start:stop]`` are the ids, and
         the ranges' ids laid end to end are the sample (without the padding of a kept partial last sample).
     """
-    if isinstance(samples, Blend):
+    # By what each kind holds (this module is what their explain() methods call, so it cannot import them).
+    if hasattr(samples, "dataset_index") and hasattr(samples, "datasets"):  # a Blend
         position = checked_position(index, len(samples), "sample", "samples")
         dataset = int(samples.dataset_index[position])
         inner = explain_sample(samples.datasets[dataset], int(samples.dataset_sample_index[position]))
         return [(dataset, *piece) for piece in inner]
-    if isinstance(samples, GPTSamples):
+    if hasattr(samples, "sample_index") and hasattr(samples, "document_index"):  # GPTSamples
         return list(_explain_gpt(samples, index))
-    raise TypeError(f"explain_sample takes GPTSamples or a Blend of them, not {type(samples).__name__}.")
+    if hasattr(samples, "piece_starts") and hasattr(samples, "pieces"):  # PackedSamples
+        return list(_explain_packed(samples, index))
+    raise TypeError(f"explain_sample takes GPTSamples, PackedSamples or a Blend of them, not {type(samples).__name__}.")
+
+
+def _explain_packed(samples: Any, index: int) -> list[tuple[int, int, int]]:
+    """A packed row's pieces (whole documents, or fragments of long ones) as document ranges, in row order."""
+    position = checked_position(index, len(samples), "row", "rows")
+    starts, lengths = samples.pieces(int(samples.shuffle_index[position]))
+    ranges: list[tuple[int, int, int]] = []
+    for start, length in zip(starts.tolist(), lengths.tolist()):
+        ranges += _document_ranges(samples.reader, start, start + length)
+    return ranges
 
 
 def _reader_of(samples: Any, path: tuple[int, ...]) -> TokenReader:

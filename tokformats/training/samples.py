@@ -12,6 +12,7 @@ import numpy as np
 from ..core.protocol import TokenReader, checked_position
 from ..errors import ConfigError, FormatError
 from . import indices
+from .explain import explain_sample
 from .index_cache import IndexCache, cache_key
 from .sample_fields import SampleFields, megatron_sample
 
@@ -244,6 +245,12 @@ class GPTSamples(Sequence[Any]):
             )
 
     # -- the samples ---------------------------------------------------------------------------------
+    def explain(self, index: int) -> list[tuple[int, ...]]:
+        """The token ranges of the reader's documents that sample ``index`` holds, in order: ``[(document_index,
+        start, stop), ...]`` (a :class:`Blend` adds the source's position first); see
+        :func:`tokformats.training.explain.explain_sample`."""
+        return explain_sample(self, index)
+
     def __len__(self) -> int:
         return len(self.shuffle_index)
 
