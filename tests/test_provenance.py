@@ -187,7 +187,7 @@ def test_explain_splits_ranges_at_document_ends_and_skips_empty_documents(tmp_pa
             ranges = explain_sample(samples, i)
             assert all(0 <= start < stop <= reader.lengths[doc] for doc, start, stop in ranges)
             assert np.concatenate([reader[d][s:e] for d, s, e in ranges]).tolist() == samples[i].tolist()
-    with pytest.raises(TypeError, match="GPTSamples or a Blend"):
+    with pytest.raises(TypeError, match="GPTSamples, PackedSamples or a Blend"):
         explain_sample([np.arange(3)], 0)
 
 
