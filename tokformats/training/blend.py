@@ -12,7 +12,7 @@ import numpy as np
 from ..core.protocol import TokenReader, checked_position
 from ..errors import ConfigError
 from . import budgets, indices
-from .explain import explain_sample
+from .explain import Explained
 from .index_cache import IndexCache, cache_key
 from .samples import GPTSamples
 
@@ -27,7 +27,7 @@ def _describe(dataset: Any) -> str:
     return str(getattr(dataset, "fingerprint", f"{type(dataset).__name__}:{len(dataset)}"))
 
 
-class Blend(Sequence[Any]):
+class Blend(Sequence[Any], Explained):
     """Samples drawn from several datasets by weight: megatron-core's ``BlendedDataset``.
 
     ``b[i]`` is ``datasets[dataset_index[i]][dataset_sample_index[i]]``. With ``weights`` and ``size``, sample
@@ -171,12 +171,6 @@ class Blend(Sequence[Any]):
         return cls(datasets, None, size, cache_dir=cache_dir)
 
     # -- the samples ---------------------------------------------------------------------------------
-    def explain(self, index: int) -> list[tuple[int, ...]]:
-        """The token ranges of the reader's documents that sample ``index`` holds, in order: ``[(document_index,
-        start, stop), ...]`` (a :class:`Blend` adds the source's position first); see
-        :func:`tokformats.training.explain.explain_sample`."""
-        return explain_sample(self, index)
-
     def __len__(self) -> int:
         return len(self.dataset_index)
 

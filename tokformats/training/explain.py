@@ -16,7 +16,16 @@ from ..core.protocol import TokenReader, checked_position
 from ..errors import ConfigError
 from .sampler import BatchSampler
 
-__all__ = ["explain_sample", "sample_sources", "step_samples"]
+__all__ = ["Explained", "explain_sample", "sample_sources", "step_samples"]
+
+
+class Explained:
+    """What a kind of samples gains by being explained: :meth:`explain` (GPTSamples, PackedSamples, Blend)."""
+
+    def explain(self, index: int) -> list[tuple[int, ...]]:
+        """The token ranges of the reader's documents that sample ``index`` holds, in order: ``[(document_index,
+        start, stop), ...]`` (a :class:`Blend` adds the source's position first); see :func:`explain_sample`."""
+        return explain_sample(self, index)
 
 
 def _document_ranges(reader: TokenReader, start: int, stop: int) -> list[tuple[int, int, int]]:

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..core.protocol import TokenReader, checked_position
 from ..errors import ConfigError, FormatError
-from .explain import explain_sample
+from .explain import Explained
 from .index_cache import IndexCache, cache_key
 from .packing import best_fit_decreasing, bos_aligned_rows
 from .sample_fields import segment_positions
@@ -101,7 +101,7 @@ def pack_plan(
     }
 
 
-class PackedSamples(Sequence[dict[str, np.ndarray]]):
+class PackedSamples(Sequence[dict[str, np.ndarray]], Explained):
     """Rows of whole documents, best-fit-decreasing packed, served as dicts of NumPy arrays.
 
     Every non-empty document (or fragment) sits in exactly one row, none crosses into another row, and each row
@@ -240,12 +240,6 @@ class PackedSamples(Sequence[dict[str, np.ndarray]]):
             )
 
     # -- the samples ---------------------------------------------------------------------------------
-    def explain(self, index: int) -> list[tuple[int, ...]]:
-        """The token ranges of the reader's documents that sample ``index`` holds, in order: ``[(document_index,
-        start, stop), ...]`` (a :class:`Blend` adds the source's position first); see
-        :func:`tokformats.training.explain.explain_sample`."""
-        return explain_sample(self, index)
-
     def __len__(self) -> int:
         return len(self.shuffle_index)
 

@@ -12,7 +12,7 @@ import numpy as np
 from ..core.protocol import TokenReader, checked_position
 from ..errors import ConfigError, FormatError
 from . import indices
-from .explain import explain_sample
+from .explain import Explained
 from .index_cache import IndexCache, cache_key
 from .sample_fields import SampleFields, megatron_sample
 
@@ -29,7 +29,7 @@ def data_fingerprint(reader: TokenReader, lengths: np.ndarray) -> str:
     return f"{reader.format}:{reader.dtype.name}:{len(lengths)}:{lengths.dtype.str}:{digest[:32]}"
 
 
-class GPTSamples(Sequence[Any]):
+class GPTSamples(Sequence[Any], Explained):
     """Fixed-length samples over a token reader, equal to megatron-core 0.16.1's ``GPTDataset``.
 
     The reader's units (Megatron: its sequences, as ``GPTDataset`` uses them; every other format: documents) of
@@ -245,12 +245,6 @@ class GPTSamples(Sequence[Any]):
             )
 
     # -- the samples ---------------------------------------------------------------------------------
-    def explain(self, index: int) -> list[tuple[int, ...]]:
-        """The token ranges of the reader's documents that sample ``index`` holds, in order: ``[(document_index,
-        start, stop), ...]`` (a :class:`Blend` adds the source's position first); see
-        :func:`tokformats.training.explain.explain_sample`."""
-        return explain_sample(self, index)
-
     def __len__(self) -> int:
         return len(self.shuffle_index)
 
