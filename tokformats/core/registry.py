@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 from ..errors import NoFilesError, UnknownFormatError
 from ..fs.paths import expand_path_texts, read_head
 from .format_module import Capability, Detectable, FormatModule, HintsWhenUndetected, Writable, capability
+from .provenance import SUFFIX as PROVENANCE_SUFFIX
 
 __all__ = [
     "FormatDescriptor",
@@ -344,6 +345,8 @@ def _did_you_mean(path: Path) -> str:
     names = []
     for sibling in siblings:
         name = Path(sibling)
+        if name.name.endswith(PROVENANCE_SUFFIX):  # a dataset's sidecar, not a dataset
+            continue
         stem = name.with_suffix("")
         if name.is_file() and name.suffix in (".bin", ".idx") and {".bin", ".idx"} <= _suffixes_of(stem, siblings):
             name = stem  # a Megatron prefix opens by its name; any other file by its own
