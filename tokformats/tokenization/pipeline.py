@@ -1341,7 +1341,7 @@ def _provenance(plan: Plan, parts: list[Path], name: str, documents: int) -> Pro
     incomplete (a resumed run that began without provenance)."""
     pieces = []
     for part in parts:
-        count = json.loads((part / CHECKPOINT).read_text(encoding="utf-8"))["spools"][name]["documents"]
+        count = read_json_object(part / CHECKPOINT)["spools"][name]["documents"]
         rows = read_rows(part / f"{name}.provenance", count)
         if rows is None:
             return None
