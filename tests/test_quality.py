@@ -78,8 +78,16 @@ def test_order_of_ids_counts_and_hashes_do_not_depend_on_chunking(tmp_path: Path
         assert [g.tolist() for g in reader.duplicates()] == [[0, 2]]
         whole = document_hashes(reader)
         for chunk in (1, 2, 5):
-            assert all((a == b).all() for a, b in zip(document_hashes(reader, chunk), whole))
-        assert len(set(whole[0].tolist())) == 4 and len(set(whole[1].tolist())) == 4
+            assert (document_hashes(reader, chunk_tokens=chunk) == whole).all()
+            # a subset, in any order, hashes as it does among all documents (candidates are hashed that way)
+            assert (document_hashes(reader, np.array([4, 2, 0, 1]), chunk_tokens=chunk) == whole[[4, 2, 0, 1]]).all()
+        assert len(set(whole.tolist())) == 4 and whole.dtype == np.uint64
+        assert len(document_hashes(reader, np.zeros(0, dtype=np.int64))) == 0
+
+
+def _constant_hashes(reader: Any, documents: Any = None, chunk_tokens: int | None = None) -> np.ndarray:
+    """Every document hashes alike: only the exact comparison tells documents apart."""
+    return np.zeros(len(reader) if documents is None else len(documents), dtype=np.uint64)
 
 
 def test_a_forced_hash_collision_never_groups_different_documents(
@@ -88,9 +96,9 @@ def test_a_forced_hash_collision_never_groups_different_documents(
     documents = _random_documents(seed=8, count=300, longest=6, low=1)  # short ids from 1..4999: several lengths
     _plant_copies(documents, seed=9)
     with tokformats.open(_write(tmp_path / "c", documents)) as reader:
-        zeros = np.zeros(len(reader), dtype=np.uint64)
-        monkeypatch.setattr(duplicates_module, "document_hashes", lambda reader, chunk_tokens=None: (zeros, zeros))
-        groups = reader.duplicates()
+        monkeypatch.setattr(duplicates_module, "document_hashes", _constant_hashes)
+        monkeypatch.setattr(duplicates_module, "document_fingerprints", lambda r: np.zeros(len(r), np.uint64))
+        groups = reader.duplicates()  # every document a candidate, every candidate in one hash run
     assert [g.tolist() for g in groups] == _brute_force_groups(documents)
     assert [len(g) for g in sorted(groups, key=len)] == [2, 3, 9]
 
@@ -98,15 +106,102 @@ def test_a_forced_hash_collision_never_groups_different_documents(
 def test_a_long_document_is_compared_piece_by_piece(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     long = np.random.default_rng(1).integers(1, 5000, 1000)
     changed = long.copy()
-    changed[-1] += 1
+    changed[1] += 1  # not one of the ids the fingerprint reads (0, 124, 249, ..., 999)
     documents = [long, np.array([4, 5]), long.copy(), changed]
     monkeypatch.setattr(duplicates_module, "CHUNK_TOKENS", 64)
     with tokformats.open(_write(tmp_path / "c", documents)) as reader:
         hashes = document_hashes(reader)
-        collided = (np.zeros(4, np.uint64), np.zeros(4, np.uint64))  # 3 looks like 0 and 2 to the hash stage
-        monkeypatch.setattr(duplicates_module, "document_hashes", lambda reader, chunk_tokens=None: collided)
+        fingerprints = duplicates_module.document_fingerprints(reader)
+        monkeypatch.setattr(duplicates_module, "document_hashes", _constant_hashes)  # 3 looks like 0 and 2 to it
         assert [g.tolist() for g in reader.duplicates()] == [[0, 2]]
-    assert hashes[0][0] == hashes[0][2] != hashes[0][3]
+    assert hashes[0] == hashes[2] != hashes[3]
+    assert fingerprints[0] == fingerprints[2] == fingerprints[3] != fingerprints[1]
+
+
+def test_same_length_and_sampled_ids_but_different_elsewhere_is_not_a_duplicate(tmp_path: Path) -> None:
+    """The fingerprint reads ids (length - 1) * k // 8: for 17 ids, the even positions. Documents that differ only
+    at odd positions share it and are candidates; the hash and the comparison keep them apart."""
+    rng = np.random.default_rng(21)
+    base = rng.integers(1, 5000, 17)
+    odd_changed = base.copy()
+    odd_changed[1::2] = rng.integers(1, 5000, 8)
+    one_changed = base.copy()
+    one_changed[7] += 1
+    filler = _random_documents(seed=22, count=50, longest=30)
+    documents = [base, *filler[:20], odd_changed, one_changed, *filler[20:], base.copy(), one_changed.copy()]
+    with tokformats.open(_write(tmp_path / "c", documents)) as reader:
+        fingerprints = duplicates_module.document_fingerprints(reader)
+        candidates = duplicates_module.duplicate_candidates(reader)
+        groups = [g.tolist() for g in reader.duplicates()]
+    last = len(documents) - 1
+    assert fingerprints[0] == fingerprints[21] == fingerprints[22] == fingerprints[last - 1]
+    assert {0, 21, 22, last - 1, last} <= set(candidates.tolist())
+    assert groups == _brute_force_groups(documents) == [[0, last - 1], [22, last]]
+
+
+def test_empty_and_single_token_documents(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(31)
+    documents = [np.array([], dtype=np.int64) if k % 7 == 0 else rng.integers(1, 6, 1) for k in range(60)]
+    documents += [np.array([3, 3]), np.array([], dtype=np.int64)]  # an empty last document: past the stream's end
+    monkeypatch.setattr(duplicates_module, "FINGERPRINT_DOCUMENTS", 5)
+    monkeypatch.setattr(duplicates_module, "CHUNK_TOKENS", 3)
+    with tokformats.open(_write(tmp_path / "c", documents)) as reader:
+        groups = [g.tolist() for g in reader.duplicates()]
+    expected = _brute_force_groups(documents)
+    assert groups == expected
+    assert [k for k, d in enumerate(documents) if not len(d)] in groups  # all empty documents are one group
+    assert sum(len(g) for g in groups) == len(documents) - 1  # five values in 52 single ids: only [3, 3] is unique
+
+
+def test_only_empty_documents_and_no_documents(tmp_path: Path) -> None:
+    with tokformats.open(_write(tmp_path / "e", [np.array([], dtype=np.int64)] * 3)) as reader:
+        assert [g.tolist() for g in reader.duplicates()] == [[0, 1, 2]]
+    with tokformats.open(_write(tmp_path / "one", [np.array([5, 6])])) as reader:
+        assert reader.duplicates() == []
+
+
+@pytest.mark.parametrize("slices", [True, False])
+@pytest.mark.parametrize("arrangement", ["repeated", "shuffled"])
+def test_every_document_copied_32_times(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, arrangement: str, slices: bool
+) -> None:
+    """The worst case (a pipeline wrote its output 32 times): every document is a candidate. Copies that follow
+    each other in the file are read as slices, scattered ones by fancy indexing; both give the same groups."""
+    distinct = _random_documents(seed=41, count=25, longest=90)
+    documents = distinct * 32
+    if arrangement == "shuffled":
+        documents = [documents[k] for k in np.random.default_rng(42).permutation(len(documents))]
+    monkeypatch.setattr(duplicates_module, "CHUNK_TOKENS", 100)
+    monkeypatch.setattr(duplicates_module, "FINGERPRINT_DOCUMENTS", 64)
+    monkeypatch.setattr(duplicates_module, "_SLICE_MIN_AVERAGE", 1 if slices else 1 << 30)
+    with tokformats.open(_write(tmp_path / "c", documents)) as reader:
+        groups = [g.tolist() for g in reader.duplicates()]
+        summary = duplicate_summary(reader, reader.duplicates())
+    assert _brute_force_groups(distinct) == []
+    assert groups == _brute_force_groups(documents)
+    assert [len(g) for g in groups] == [32] * 25
+    assert summary["duplicate_token_share"] == pytest.approx(31 / 32)
+
+
+def test_float_series_across_shards_equal_as_compared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Float values (Time-MoE): -0.0 equals 0.0, as the comparison says, in the fingerprint and the hash too (writers
+    refuse NaN); the folder's shards make the stream a ConcatenatedArray."""
+    series = [
+        np.array([0.5, -0.0, 2.0]),
+        np.array([0.5, 0.0, 2.0]),
+        np.array([-1.5, 1.0]),
+        np.array([-1.5, 1.0]),
+        np.array([1.0, -1.5]),
+        np.array([0.5, 0.0, 2.5]),
+    ]
+    with tokformats.create(tmp_path / "t", "timemoe", dtype="float32", max_shard_elements=4) as writer:
+        writer.write_batch(np.concatenate(series), [len(s) for s in series])
+    monkeypatch.setattr(duplicates_module, "CHUNK_TOKENS", 2)
+    with tokformats.open(tmp_path / "t") as reader:
+        assert type(reader.tokens).__name__ == "ConcatenatedArray"
+        assert [g.tolist() for g in reader.duplicates()] == [[0, 1], [2, 3]]
+        monkeypatch.setattr(duplicates_module, "document_hashes", _constant_hashes)
+        assert [g.tolist() for g in reader.duplicates()] == [[0, 1], [2, 3]]
 
 
 def test_duplicate_summary_counts_copies_beyond_the_first(tmp_path: Path) -> None:

@@ -352,9 +352,10 @@ class TokenReader(Reader[np.ndarray]):
 
     def duplicates(self) -> list[np.ndarray]:
         """Groups of identical documents (the same ids in the same order): each a sorted int64 array of the indices
-        of >= 2 documents, groups ordered by their first index; empty when every document is unique. One
-        vectorised, memory-bounded pass hashes every document (128 bits), then candidates are compared id by id,
-        so a group never holds two different documents (see :mod:`tokformats.core.duplicates`)."""
+        of >= 2 documents, groups ordered by their first index; empty when every document is unique. A
+        fingerprint of each document (its length and 9 ids) rules out the unique ones; only documents sharing one
+        are hashed (64 bits, vectorised over their ids) and then compared id by id within hash groups, so a group
+        never holds two different documents and no copy is missed (see :mod:`tokformats.core.duplicates`)."""
         from .duplicates import duplicate_groups
 
         return duplicate_groups(self)
