@@ -6,8 +6,10 @@ Run: ``python benchmarks/bench_quality.py [--tokens 1e9] [--documents 3e6] [--ev
 1. A Megatron corpus of ``--tokens`` uint16 ids in ``--documents`` documents (random lengths, 1% of them copies of
    200 template documents) is written once. ``r.duplicates()`` and the peer, one ``np.memmap`` pass over the same
    ``.bin`` (``.sum()``), run alternately in fresh processes (so each one's peak RSS is its own; the file is in the
-   page cache for both), ``--repeat`` times: seconds min/median/max and peak RSS. The groups found must be exactly
-   the planted ones.
+   page cache for both), ``--repeat`` times: seconds min/median/max (wall and CPU: CPU time is less shaken by a
+   busy host) and peak RSS. The groups found must be exactly the planted ones. ``duplicates-copies`` does the same
+   on the worst case, a corpus of as many tokens and documents where every document has ``--copies`` copies (32:
+   Nemotron's incident) shuffled through the file, so every document is a candidate.
 2. ``tokformats.contamination`` of ``--eval-items`` eval items (20-300 ids; 100 of them cut from corpus documents)
    against the same corpus, n = 13, in fresh processes: seconds and peak RSS; every planted item must be found.
 3. ``tokformats.tokenize`` of a JSONL of short documents (each line of ``--tokenize-megabytes`` of Python's own
@@ -15,8 +17,8 @@ Run: ``python benchmarks/bench_quality.py [--tokens 1e9] [--documents 3e6] [--ev
    ``provenance=True`` and ``False``, alternating, ``--repeat`` times: seconds min/median/max and the overhead of
    the median.
 
-``--parts duplicates,contamination,provenance`` picks the figures; ``--reuse-corpus`` keeps the corpus an earlier
-run of the same size wrote.
+``--parts duplicates,duplicates-copies,contamination,provenance`` picks the figures; ``--reuse-corpus`` keeps the
+corpora an earlier run of the same size wrote.
 """
 
 from __future__ import annotations
@@ -65,9 +67,26 @@ def write_corpus(prefix: Path, tokens: int, documents: int) -> dict[str, Any]:
     return {"documents": documents, "tokens": int(lengths.sum()), "planted": sorted(groups[groups >= 2].tolist())}
 
 
+def write_copied_corpus(prefix: Path, tokens: int, documents: int, copies: int) -> dict[str, Any]:
+    """The worst case: ``documents // copies`` random documents, each written ``copies`` times, in a shuffled order."""
+    rng = np.random.default_rng(2)
+    distinct = documents // copies
+    lengths = rng.integers(1, max(int(2 * tokens / documents), 2), distinct)
+    lengths = np.maximum((lengths * (tokens / copies / lengths.sum())).astype(np.int64), 4)
+    flat = rng.integers(0, 50000, int(lengths.sum()), dtype=np.uint16)
+    starts = np.cumsum(lengths) - lengths
+    order = rng.permutation(np.repeat(np.arange(distinct), copies))
+    with tokformats.create(prefix, "megatron", vocab_size=50257, overwrite=True) as writer:
+        for first in range(0, len(order), 1 << 16):
+            size = lengths[order[first : first + (1 << 16)]]
+            shift = np.repeat(starts[order[first : first + (1 << 16)]] - (np.cumsum(size) - size), size)
+            writer.write_batch(flat[np.arange(int(size.sum())) + shift], size)
+    return {"documents": len(order), "tokens": int(lengths.sum()) * copies, "planted": [copies] * distinct}
+
+
 def worker(task: str, prefix: str, extra: str) -> None:
     """One measurement in this (fresh) process: prints ``{"seconds", "peak_mb", ...}``."""
-    started = time.perf_counter()
+    started, used = time.perf_counter(), time.process_time()
     result: dict[str, Any] = {}
     if task == "memmap":
         result["sum"] = int(np.memmap(f"{prefix}.bin", dtype=np.uint16, mode="r").sum())
@@ -82,6 +101,7 @@ def worker(task: str, prefix: str, extra: str) -> None:
             found = tokformats.contamination(reader, items, ngram=13)
         result["contaminated"] = [k for k, f in enumerate(found) if len(f)]
     result["seconds"] = time.perf_counter() - started
+    result["cpu_seconds"] = time.process_time() - used
     result["peak_mb"] = peak_rss_mb()
     print(json.dumps(result))
 
@@ -97,7 +117,7 @@ def spread(values: list[float]) -> str:
     return f"{min(values):.2f} / {statistics.median(values):.2f} / {max(values):.2f} s"
 
 
-def bench_duplicates(prefix: Path, corpus: dict[str, Any], repeat: int) -> list[dict[str, Any]]:
+def bench_duplicates(prefix: Path, corpus: dict[str, Any], repeat: int, what: str = "") -> list[dict[str, Any]]:
     ours, peer = [], []
     measure("memmap", prefix)  # the page cache holds the file for both sides
     for _ in range(repeat):
@@ -106,16 +126,34 @@ def bench_duplicates(prefix: Path, corpus: dict[str, Any], repeat: int) -> list[
     expected = corpus["planted"]
     assert all(run["sizes"] == expected for run in ours), "duplicates differ from the planted groups"
     ratio = statistics.median(r["seconds"] for r in ours) / statistics.median(r["seconds"] for r in peer)
+    cpu_ratio = statistics.median(r["cpu_seconds"] for r in ours) / statistics.median(r["cpu_seconds"] for r in peer)
+    cpu = spread([r["cpu_seconds"] for r in ours])
     return [
         {
-            "figure": f"r.duplicates(), {corpus['tokens'] / 1e9:.2f} G tokens, {corpus['documents'] / 1e6:.1f} M docs",
-            "min / median / max": spread([r["seconds"] for r in ours]),
+            "figure": f"r.duplicates(), {corpus['tokens'] / 1e9:.2f} G tokens, {corpus['documents'] / 1e6:.1f} M docs"
+            + what,
+            "min / median / max": f"{spread([r['seconds'] for r in ours])} (CPU {cpu})",
             "peak RSS": f"{max(r['peak_mb'] for r in ours):,.0f} MB",
-            "peer": f"np.memmap(...).sum() {spread([r['seconds'] for r in peer])}, "
-            f"{max(r['peak_mb'] for r in peer):,.0f} MB",
-            "ratio": f"{ratio:.1f}x the peer's time (goal 2x); {len(expected)} planted groups found exactly",
+            "peer": f"np.memmap(...).sum() {spread([r['seconds'] for r in peer])} "
+            f"(CPU {spread([r['cpu_seconds'] for r in peer])}), {max(r['peak_mb'] for r in peer):,.0f} MB",
+            "ratio": f"{ratio:.2f}x the peer's time, {cpu_ratio:.2f}x its CPU time (medians; goal 2x); "
+            f"{len(expected):,} planted groups found exactly",
         }
     ]
+
+
+def prepared(prefix: Path, wanted: list[int], reuse: bool, write: Any) -> dict[str, Any]:
+    """The corpus at ``prefix`` written by ``write(prefix, *wanted)``, or the one an earlier run wrote (``reuse``)."""
+    facts = prefix.with_suffix(".json")
+    known = json.loads(facts.read_text()) if reuse and facts.exists() else {}
+    if known.get("asked") == wanted and Path(f"{prefix}.idx").exists():
+        return dict(known)
+    started = time.perf_counter()
+    corpus = {**write(prefix, *wanted), "asked": wanted}
+    facts.write_text(json.dumps(corpus))
+    seconds = time.perf_counter() - started
+    print(f"{prefix.name} written in {seconds:.0f} s: {corpus['tokens']:,} tokens", file=sys.stderr)
+    return corpus
 
 
 def bench_contamination(prefix: Path, folder: Path, items: int, repeat: int) -> list[dict[str, Any]]:
@@ -192,6 +230,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--contamination-repeat", type=int, default=1)
     parser.add_argument("--tokenize-megabytes", type=float, default=40)
+    parser.add_argument("--copies", type=int, default=32, help="copies of each document in duplicates-copies")
     parser.add_argument("--parts", default="duplicates,contamination,provenance", help="which figures (comma list)")
     parser.add_argument("--reuse-corpus", action="store_true", help="keep a corpus an earlier run wrote")
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
@@ -202,24 +241,21 @@ def main() -> None:
     folder = scratch("quality")
     parts = set(args.parts.split(","))
     rows: list[dict[str, Any]] = []
+    wanted = [int(args.tokens), int(args.documents)]
     if parts & {"duplicates", "contamination"}:
-        prefix, facts = folder / "corpus", folder / "corpus.json"
-        wanted = [int(args.tokens), int(args.documents)]
-        known = json.loads(facts.read_text()) if args.reuse_corpus and facts.exists() else {}
-        if known.get("asked") == wanted and Path(f"{prefix}.idx").exists():
-            corpus = known
-        else:
-            started = time.perf_counter()
-            corpus = {**write_corpus(prefix, *wanted), "asked": wanted}
-            facts.write_text(json.dumps(corpus))
-            seconds = time.perf_counter() - started
-            print(f"corpus written in {seconds:.0f} s: {corpus['tokens']:,} tokens", file=sys.stderr)
+        prefix = folder / "corpus"
+        corpus = prepared(prefix, wanted, args.reuse_corpus, write_corpus)
         if "duplicates" in parts:
             rows += bench_duplicates(prefix, corpus, args.repeat)
             print(table(rows[-1:]), file=sys.stderr)
         if "contamination" in parts:
             rows += bench_contamination(prefix, folder, args.eval_items, args.contamination_repeat)
             print(table(rows[-1:]), file=sys.stderr)
+    if "duplicates-copies" in parts:
+        prefix = folder / "copies"
+        corpus = prepared(prefix, [*wanted, args.copies], args.reuse_corpus, write_copied_corpus)
+        rows += bench_duplicates(prefix, corpus, args.repeat, f", every one {args.copies}x (shuffled)")
+        print(table(rows[-1:]), file=sys.stderr)
     if "provenance" in parts:
         rows += bench_provenance(folder, args.tokenize_megabytes, args.repeat)
     print(f"\n{machine()}\n")

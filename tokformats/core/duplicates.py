@@ -218,9 +218,12 @@ class _Concatenation:
         sources = self._sources[first : last + 1] + (lo - begins)
         if len(sources) == 1:
             return self._reader.span(int(sources[0]), int(sources[0] + sizes[0]))
-        if len(sources) * _SLICE_MIN_AVERAGE <= stop - start:
-            return np.concatenate([self._reader.span(a, a + n) for a, n in zip(sources.tolist(), sizes.tolist())])
-        return _gather(self._tokens, sources, sizes)
+        if len(sources) * _SLICE_MIN_AVERAGE > stop - start:
+            return _gather(self._tokens, sources, sizes)
+        ends = (sources + sizes).tolist()
+        if isinstance(self._tokens, np.ndarray):  # slicing it directly: no method call per piece
+            return np.concatenate([self._tokens[a:b] for a, b in zip(sources.tolist(), ends)])
+        return np.concatenate([self._reader.span(a, b) for a, b in zip(sources.tolist(), ends)])
 
 
 def _chunk_segments(offsets: np.ndarray, start: int, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -298,11 +301,11 @@ def _same_ids(reader: TokenReader, left: np.ndarray, right: np.ndarray) -> np.nd
 
 def _equal_documents(reader: TokenReader, members: np.ndarray, firsts: np.ndarray) -> np.ndarray:
     """For each pair (``members[k]``, ``firsts[k]``): whether the two documents are identical (same length, same
-    ids). Pairs are compared in the order of ``members``, so copies that follow each other are read as slices."""
+    ids). Pairs are read in the given order: members in increasing order read copies that follow each other (and
+    their firsts, when those follow each other too) as slices."""
     lengths = np.asarray(reader.lengths)
     equal = np.asarray(members == firsts, dtype=bool)
     todo = np.flatnonzero(~equal & (lengths[members] == lengths[firsts]))
-    todo = todo[np.argsort(members[todo], kind="stable")]
     equal[todo] = _same_ids(reader, members[todo], firsts[todo])
     return equal
 
@@ -326,9 +329,17 @@ def duplicate_groups(reader: TokenReader) -> list[np.ndarray]:
         return []
     sizes = runs[:, 1] - runs[:, 0]
     run_of = np.repeat(np.arange(len(runs)), sizes)
-    # candidates are sorted and the sort by hash is stable: each run lists its documents in increasing order
-    members = candidates[order[_ranges(runs)]]
-    equal = _equal_documents(reader, members, candidates[order[runs[run_of, 0]]])
+    # positions in `candidates`, run by run; candidates are sorted and the sort by hash is stable, so each run
+    # lists its documents in increasing order
+    in_runs = order[_ranges(runs)]
+    # each candidate's run's first document, by position: the pairs are then compared in document order
+    first = np.full(len(candidates), -1, dtype=np.int64)
+    first[in_runs] = candidates[order[runs[run_of, 0]]]
+    paired = np.flatnonzero(first >= 0)
+    equal = np.zeros(len(candidates), dtype=bool)
+    equal[paired] = _equal_documents(reader, candidates[paired], first[paired])
+    equal = equal[in_runs]
+    members = candidates[in_runs]
     kept, kept_runs = members[equal], run_of[equal]
     groups = list(np.split(kept, np.flatnonzero(np.diff(kept_runs)) + 1)) if len(kept) else []
     groups += _regroup_exactly(reader, members[~equal], run_of[~equal])
