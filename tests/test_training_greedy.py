@@ -136,7 +136,7 @@ def test_large_blend_equals_helpers_cpp(helpers_cpp: Any) -> None:
         size = 1_500_000
         expected = megatron(helpers_cpp, weights, size)
         index, sample, stats = lockstep(weights, size, lanes=1000)
-        assert stats.lanes == -(-(size - 128) // 512)
+        assert stats.lanes == -(-(size - 128) // 1024)  # the default warm-up and lane length
         np.testing.assert_array_equal(index, expected[0])
         np.testing.assert_array_equal(sample, expected[1])
 
@@ -159,3 +159,53 @@ def test_blending_indices_without_megatron(helpers_cpp: Any, monkeypatch: pytest
     assert got[1].dtype == np.int64
     np.testing.assert_array_equal(got[0], expected[0])
     np.testing.assert_array_equal(got[1], expected[1])
+
+
+def test_guesses_are_counts_of_the_step() -> None:
+    """Both kinds of guess are whole counts that add up to the step (the greedy's invariant), and the calibrated
+    one counts a dataset as picked once its error passed its level."""
+    weights = megatron_normalize(np.array([7.0, 2.0, 1.0, 1e-5]))
+    starts = np.array([0, 1, 5, 999, 123_457])
+    for levels in (None, np.array([0.9, 0.4, 0.3, 0.1])):
+        guess = greedy._guess(weights, starts, levels)
+        assert guess.shape == (4, 5)
+        np.testing.assert_array_equal(guess.sum(axis=0), starts)
+        np.testing.assert_array_equal(guess, np.round(guess))
+    guess = greedy._guess(weights, starts, np.array([0.9, 0.4, 0.3, 0.1]))
+    # dataset 3 at step 123,457: error 1e-5 / (10 + 1e-5) * 123,457 = 0.1235 > 0.1 -> picked once
+    np.testing.assert_array_equal(guess[3], [0, 0, 0, 0, 1])
+    np.testing.assert_array_equal(guess[1], np.maximum(np.ceil(weights[1] * starts - 0.4), 0))
+
+
+def test_pick_levels_are_mean_errors_at_picks() -> None:
+    weights = megatron_normalize(np.array([3.0, 2.0, 1.0, 1e-9, 1e-9]))
+    size = 5000
+    index, sample = reference(weights, size)
+    levels = greedy._pick_levels(weights, 0, index, sample, None)
+    errors: list[list[float]] = [[] for _ in weights]
+    for s in range(size):
+        j = int(index[s])
+        errors[j].append(float(weights[j]) * max(float(s), 1.0) - float(sample[s]))
+    picked = [k for k in range(len(weights)) if errors[k]]
+    expected = {k: float(np.mean(errors[k])) for k in picked}
+    assert {0, 1, 2} <= set(picked)
+    assert len(picked) < len(weights)  # a 1e-9 dataset is never picked in 5,000 steps (the first tie is)
+    for k in range(len(weights)):
+        if k in expected:
+            assert levels[k] == pytest.approx(expected[k], rel=1e-12)
+        else:
+            assert levels[k] == min(expected.values())  # never picked: the lowest level seen
+    previous = np.full(len(weights), 0.05)
+    again = greedy._pick_levels(weights, 0, index, sample, previous)
+    assert [again[k] for k in range(len(weights)) if k not in expected] == [0.05]  # or the level it had
+
+
+def test_calibrated_chunks_stay_exact() -> None:
+    """Skewed weights make the small first chunk fail often enough to recalibrate the guesses of the others."""
+    weights = megatron_normalize(np.random.default_rng(2).lognormal(0.0, 3.0, 10))
+    size = 60_000
+    index, sample, stats = lockstep(weights, size, scalar_below=0, lane_steps=64, warmup=16, lanes=160)
+    expected = reference(weights, size)
+    np.testing.assert_array_equal(index, expected[0])
+    np.testing.assert_array_equal(sample, expected[1])
+    assert stats.repaired + stats.shifted > 0  # failing lanes in the first chunk (10 lanes) start the calibration

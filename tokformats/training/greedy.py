@@ -35,6 +35,8 @@ __all__ = ["LockstepStats", "lockstep_greedy", "scalar_greedy"]
 SCALAR_BELOW = 20_000
 #: Elements of one (datasets x lanes) matrix: about 512 KB of doubles, so a step's temporaries stay in cache.
 _MATRIX_ELEMENTS = 1 << 16
+#: Steps of a chunk's end whose picks recalibrate the guesses (:func:`_pick_levels`).
+_LEVEL_STEPS = 1 << 20
 
 
 @dataclass
@@ -85,7 +87,7 @@ def lockstep_greedy(
     dataset_index: np.ndarray,
     dataset_sample_index: np.ndarray,
     *,
-    lane_steps: int = 512,
+    lane_steps: int = 1024,
     warmup: int = 128,
     lanes: int | None = None,
     scalar_below: int = SCALAR_BELOW,
@@ -107,32 +109,38 @@ def lockstep_greedy(
     counts = scalar_greedy(w, 0, [0] * len(w), warmup, dataset_index, dataset_sample_index)
     stats.scalar_steps = warmup
     state = np.array(counts, dtype=np.float64)
-    low = warmup
+    low, levels = warmup, None
     while low < size:
-        count = min(lanes, -(-(size - low) // lane_steps))
-        state = _chunk(w, low, count, lane_steps, warmup, state, size, dataset_index, dataset_sample_index, stats)
-        low += count * lane_steps
+        # A small first chunk: its picks calibrate the guesses of the rest when many of its lanes failed.
+        count = min(lanes if low > warmup else max(1, lanes // 16), -(-(size - low) // lane_steps))
+        high = min(size, low + count * lane_steps)
+        failed = stats.repaired + stats.shifted
+        guess = _guess(w, low - warmup + lane_steps * np.arange(count, dtype=np.int64), levels)
+        state = _chunk(w, low, guess, lane_steps, warmup, state, high, dataset_index, dataset_sample_index, stats)
+        if stats.repaired + stats.shifted - failed > count // 100:
+            levels = _pick_levels(w, low, dataset_index[low:high], dataset_sample_index[low:high], levels)
+        low = high
     return stats
 
 
 def _chunk(
     w: np.ndarray,
     low: int,
-    count: int,
+    guess: np.ndarray,
     lane_steps: int,
     warmup: int,
     state: np.ndarray,
-    size: int,
+    high: int,
     dataset_index: np.ndarray,
     dataset_sample_index: np.ndarray,
     stats: LockstepStats,
 ) -> np.ndarray:
-    """Steps ``[low, low + count * lane_steps)`` (cut at ``size``) from the true counts ``state`` at ``low``, in
-    ``count`` lanes; returns the true counts at the end."""
+    """Steps ``[low, high)`` from the true counts ``state`` at ``low``, in one lane per column of ``guess`` (the
+    counts each starts from, ``warmup`` steps before its own); returns the true counts at the lanes' end."""
+    count = guess.shape[1]
     owned = low + lane_steps * np.arange(count, dtype=np.int64)
-    picks, taken, at_start, at_end = _run_lanes(w, owned - warmup, _guess(w, owned - warmup), warmup, lane_steps)
+    picks, taken, at_start, at_end = _run_lanes(w, owned - warmup, guess, warmup, lane_steps)
     _stitch(w, owned, state, picks, taken, at_start, at_end, stats)
-    high = min(size, low + count * lane_steps)
     if high - low == count * lane_steps:  # whole lanes: copy the transposed matrices straight into place
         np.copyto(dataset_index[low:high].reshape(count, lane_steps), picks.T)
         np.copyto(dataset_sample_index[low:high].reshape(count, lane_steps), taken.T)
@@ -143,22 +151,50 @@ def _chunk(
     return end
 
 
-def _guess(w: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """Plausible counts at each step of ``starts`` (datasets x lanes): each weight's share of the step rounded
-    down, the steps still missing given to the largest remainders. Only a start: the warm-up and the stitching
-    make the result exact whatever the guess is."""
+def _guess(w: np.ndarray, starts: np.ndarray, levels: np.ndarray | None) -> np.ndarray:
+    """Plausible counts at each step of ``starts`` (datasets x lanes). Only a start: the warm-up and the stitching
+    make the result exact whatever the guess is, but a good one spares repairs.
+
+    Without ``levels``, each weight's share of the step rounded down, the steps still missing given to the
+    largest remainders. With ``levels`` (the error at which each dataset is usually picked), a dataset has been
+    picked once for every time its error ``w * s - count`` reached its level; the heaviest dataset (the warm-up
+    corrects it fastest) takes up the difference to the step. That matters for rare datasets: their count is
+    settled long before a lane starts, and the warm-up cannot correct it.
+    """
     n = len(w)
     positive = np.maximum(w, 0.0)
     total = float(positive.sum())
     share = positive / total if total > 0 and math.isfinite(total) else np.full(n, 1.0 / n)
     ideal = share[:, None] * starts[None, :].astype(np.float64)
-    counts: np.ndarray = np.floor(ideal)
+    if levels is not None:
+        counts: np.ndarray = np.maximum(np.ceil(ideal - levels[:, None]), 0.0)
+        counts[int(np.argmax(share))] += starts - counts.sum(axis=0)
+        return counts
+    counts = np.floor(ideal)
     missing = starts - counts.sum(axis=0)
     order = np.argsort(counts - ideal, axis=0, kind="stable")  # the largest remainder first
     rank = np.empty_like(order)
     np.put_along_axis(rank, order, np.broadcast_to(np.arange(n)[:, None], order.shape), axis=0)
     counts += rank < missing[None, :]
     return counts
+
+
+def _pick_levels(
+    w: np.ndarray, first: int, index: np.ndarray, sample: np.ndarray, previous: np.ndarray | None
+) -> np.ndarray:
+    """Each dataset's mean error when it was picked over the blend made so far (``index``/``sample`` from step
+    ``first``): where :func:`_guess` expects its next picks. A dataset not picked keeps its previous level, or
+    takes the lowest level seen (the rarer a dataset, the lower the error it wins at)."""
+    n = len(w)
+    tail = max(0, len(index) - _LEVEL_STEPS)  # the last steps are enough, and cost little next to the chunk
+    first, index, sample = first + tail, index[tail:].astype(np.intp), sample[tail:]
+    t = np.maximum(np.arange(first, first + len(index), dtype=np.float64), 1.0)
+    errors = w[index] * t - sample
+    picked = np.bincount(index, minlength=n)
+    levels = np.bincount(index, weights=errors, minlength=n) / np.maximum(picked, 1)
+    seen = picked > 0
+    fallback = previous if previous is not None else np.full(n, float(levels[seen].min()) if seen.any() else 0.5)
+    return np.where(seen, levels, fallback)
 
 
 class _Lanes:
@@ -300,28 +336,34 @@ def _resync(
     weights = [float(x) for x in w]
     n = len(weights)
     counts = [int(c) for c in truth]
-    differ = {j: int(truth[j] - lane[j]) for j in range(n) if truth[j] != lane[j]}
-    steps = 0
-    while steps < len(picks):
-        t = max(float(first + steps), 1.0)
+    differ = [int(c) for c in truth - lane]  # true counts minus the lane's
+    unequal = sum(1 for d in differ if d)
+    theirs = picks.tolist()
+    mine: list[int] = []
+    before: list[int] = []
+    for step, their in enumerate(theirs):
+        t = max(float(first + step), 1.0)
         best, best_error = 0, weights[0] * t - float(counts[0])
         for j in range(1, n):
             error = weights[j] * t - float(counts[j])
             if error > best_error:
                 best, best_error = j, error
-        theirs = int(picks[steps])
-        picks[steps], taken[steps] = best, counts[best]
+        mine.append(best)
+        before.append(counts[best])
         counts[best] += 1
-        lane[theirs] += 1
-        for j, change in ((best, 1), (theirs, -1)):
-            left = differ.get(j, 0) + change
-            if left:
-                differ[j] = left
-            else:
-                differ.pop(j, None)
-        steps += 1
-        if not differ:
+        if best != their:
+            unequal -= (differ[best] != 0) + (differ[their] != 0)
+            differ[best] += 1
+            differ[their] -= 1
+            unequal += (differ[best] != 0) + (differ[their] != 0)
+            if not unequal:
+                break
+        elif not unequal:
             break
+    steps = len(mine)
+    lane += np.bincount(picks[:steps], minlength=n)
+    picks[:steps] = mine
+    taken[:steps] = before
     truth[:] = counts
     return steps
 
