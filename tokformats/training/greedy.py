@@ -105,18 +105,24 @@ def lockstep_greedy(
         return stats
     if lanes is None:
         lanes = max(64, _MATRIX_ELEMENTS // len(w))
+    needed = -(-(size - warmup) // lane_steps)
+    # Large blends start with a small chunk: its picks calibrate the guesses of the rest when many of its lanes
+    # failed (rare datasets); a blend of one or two chunks is not worth the extra pass.
+    pilot = max(1, lanes // 16) if needed > 2 * lanes else lanes
+    lanes = max(1, min(lanes, needed))
     # The head runs in the scalar loop, so every lane's warm-up starts at a step >= 0.
     counts = scalar_greedy(w, 0, [0] * len(w), warmup, dataset_index, dataset_sample_index)
     stats.scalar_steps = warmup
     state = np.array(counts, dtype=np.float64)
     low, levels = warmup, None
+    # The lanes' picks and counts, reused by every chunk (fresh pages would cost more than filling them).
+    records = np.empty((lane_steps, lanes), dtype=np.int16), np.empty((lane_steps, lanes), dtype=np.int64)
     while low < size:
-        # A small first chunk: its picks calibrate the guesses of the rest when many of its lanes failed.
-        count = min(lanes if low > warmup else max(1, lanes // 16), -(-(size - low) // lane_steps))
+        count = min(lanes if low > warmup else pilot, -(-(size - low) // lane_steps))
         high = min(size, low + count * lane_steps)
         failed = stats.repaired + stats.shifted
         guess = _guess(w, low - warmup + lane_steps * np.arange(count, dtype=np.int64), levels)
-        state = _chunk(w, low, guess, lane_steps, warmup, state, high, dataset_index, dataset_sample_index, stats)
+        state = _chunk(w, low, guess, warmup, state, high, records, dataset_index, dataset_sample_index, stats)
         if stats.repaired + stats.shifted - failed > count // 100:
             levels = _pick_levels(w, low, dataset_index[low:high], dataset_sample_index[low:high], levels)
         low = high
@@ -127,10 +133,10 @@ def _chunk(
     w: np.ndarray,
     low: int,
     guess: np.ndarray,
-    lane_steps: int,
     warmup: int,
     state: np.ndarray,
     high: int,
+    records: tuple[np.ndarray, np.ndarray],
     dataset_index: np.ndarray,
     dataset_sample_index: np.ndarray,
     stats: LockstepStats,
@@ -138,8 +144,10 @@ def _chunk(
     """Steps ``[low, high)`` from the true counts ``state`` at ``low``, in one lane per column of ``guess`` (the
     counts each starts from, ``warmup`` steps before its own); returns the true counts at the lanes' end."""
     count = guess.shape[1]
+    picks, taken = records[0][:, :count], records[1][:, :count]
+    lane_steps = len(picks)
     owned = low + lane_steps * np.arange(count, dtype=np.int64)
-    picks, taken, at_start, at_end = _run_lanes(w, owned - warmup, guess, warmup, lane_steps)
+    at_start, at_end = _run_lanes(w, owned - warmup, guess, warmup, picks, taken)
     _stitch(w, owned, state, picks, taken, at_start, at_end, stats)
     if high - low == count * lane_steps:  # whole lanes: copy the transposed matrices straight into place
         np.copyto(dataset_index[low:high].reshape(count, lane_steps), picks.T)
@@ -244,23 +252,22 @@ class _Lanes:
 
 
 def _run_lanes(
-    w: np.ndarray, starts: np.ndarray, guess: np.ndarray, warmup: int, lane_steps: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Run every lane ``warmup + lane_steps`` steps from ``guess`` at ``starts``: the picks and counts before
-    them of the last ``lane_steps`` steps (steps x lanes), and the counts at the start and end of those."""
+    w: np.ndarray, starts: np.ndarray, guess: np.ndarray, warmup: int, picks: np.ndarray, taken: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Run every lane ``warmup + len(picks)`` steps from ``guess`` at ``starts``; the picks and counts before
+    them of the last ``len(picks)`` steps go to ``picks`` and ``taken`` (steps x lanes). Returns the counts at
+    the start and end of those steps."""
     lanes = _Lanes(w, starts, guess)
     for i in range(warmup):
         lanes.step(i)
         lanes.count()
     at_start = lanes.counts.copy()
-    picks = np.empty((lane_steps, len(starts)), dtype=np.int16)
-    taken = np.empty((lane_steps, len(starts)), dtype=np.int64)
-    for i in range(lane_steps):
+    for i in range(len(picks)):
         lanes.step(warmup + i)
         picks[i] = lanes.pick
         taken[i] = lanes.taken
         lanes.count()
-    return picks, taken, at_start, lanes.counts
+    return at_start, lanes.counts
 
 
 def _stitch(
