@@ -106,9 +106,9 @@ def lockstep_greedy(
     if lanes is None:
         lanes = max(64, _MATRIX_ELEMENTS // len(w))
     needed = -(-(size - warmup) // lane_steps)
-    # Large blends start with a small chunk: its picks calibrate the guesses of the rest when many of its lanes
-    # failed (rare datasets); a blend of one or two chunks is not worth the extra pass.
-    pilot = max(1, lanes // 16) if needed > 2 * lanes else lanes
+    # A blend of several chunks starts with a small one: its picks calibrate the guesses of the rest when many of
+    # its lanes failed (rare datasets); a blend of one chunk is not worth the extra pass.
+    pilot = max(1, lanes // 16) if needed > lanes else lanes
     lanes = max(1, min(lanes, needed))
     # The head runs in the scalar loop, so every lane's warm-up starts at a step >= 0.
     counts = scalar_greedy(w, 0, [0] * len(w), warmup, dataset_index, dataset_sample_index)
