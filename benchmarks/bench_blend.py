@@ -116,7 +116,9 @@ def main() -> None:
             "megatron-core C++": spread(times["cpp"]),
             "tokformats without megatron-core": spread(times["ours"]),
             "ours / C++ per round": spread(ratios, "{:.2f}"),
-            "repaired lanes / lanes": f"{stats['repaired']}/{stats['lanes']}",
+            "lanes failing their check: repaired + shifted / all": (
+                f"{stats['repaired']} + {stats['shifted']} / {stats['lanes']}"
+            ),
             "scalar steps": f"{stats['scalar_steps']:,} ({stats['scalar_steps'] / max(args.size, 1):.4%})",
         }
     ]
