@@ -209,3 +209,21 @@ def test_calibrated_chunks_stay_exact() -> None:
     np.testing.assert_array_equal(index, expected[0])
     np.testing.assert_array_equal(sample, expected[1])
     assert stats.repaired + stats.shifted > 0  # failing lanes in the first chunk (10 lanes) start the calibration
+
+
+def test_lanes_take_any_layout_of_guesses() -> None:
+    """A guess that is not C-ordered (a fancy-indexed selection of lanes is not) runs the same lanes, and the
+    guess itself is left as it was."""
+    weights = megatron_normalize(np.array([4.0, 2.0, 1.0]))
+    starts = np.arange(0, 4000, 500, dtype=np.int64)
+    guess = greedy._guess(weights, starts, None)
+    results = []
+    for given in (guess.copy(), np.asfortranarray(guess)):
+        before = given.copy()
+        picks, taken = np.empty((64, len(starts)), np.int16), np.empty((64, len(starts)), np.int64)
+        at_start, at_end = greedy._run_lanes(weights, starts, given, 16, picks, taken)
+        np.testing.assert_array_equal(given, before)
+        np.testing.assert_array_equal(at_end - at_start, np.stack([np.bincount(p, minlength=3) for p in picks.T], 1))
+        results.append((picks, taken, at_start, at_end))
+    for first, second in zip(*results):
+        np.testing.assert_array_equal(first, second)

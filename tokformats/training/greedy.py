@@ -213,8 +213,8 @@ class _Lanes:
         code_type = np.uint8 if n < 256 else np.uint16
         self.n = n
         self.column = w[:, None]
-        self.counts = counts
-        self.flat = counts.reshape(-1)
+        self.counts = np.array(counts, dtype=np.float64, order="C")  # its own copy, so that ``flat`` is a view
+        self.flat = self.counts.reshape(-1)
         self.first = starts.astype(np.float64)
         # Row j scores n - j where it ties the maximum: the largest score is the first maximum, as the C++ keeps.
         self.score = (n - np.arange(n)).astype(code_type)[:, None]
