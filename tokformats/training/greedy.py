@@ -8,14 +8,15 @@ from different counts (same step, same total) make the same picks again after a 
 operation per step advancing every lane:
 
 1. lane ``k`` owns ``lane_steps`` steps from ``o_k`` and starts ``warmup`` steps earlier from guessed counts
-   (each weight's share of the step, rounded to the right total);
+   (each weight's share of the step, rounded to the right total; after a chunk whose lanes often failed, each
+   dataset counted as picked whenever its error passed the level it was usually picked at);
 2. every lane evaluates the C++ expression itself (the same double product and difference; the first maximum
    found with ``max`` and ``==``), so each lane is the exact greedy from its own start;
 3. stitching proves the lanes right in order: lane 0 starts from the true counts, and a lane whose counts at
    ``o_k`` equal the previous lane's counts at its end starts from the true state, so from there its picks are
    the true greedy's. A lane that differs is checked again against the true counts (vectorised; a count that
    differs on a dataset that never comes close to winning changes no pick), and from its first wrong pick it
-   is re-run by the scalar loop.
+   is re-run by the scalar loop until the true counts meet the lane's own again.
 
 Nothing is approximated: a pick is kept only when it was computed from the true state, or verified against it.
 The scalar loop (:func:`scalar_greedy`, about a microsecond a step) does the head of the blend, small blends,
