@@ -5,7 +5,8 @@
 Run: ``python benchmarks/bench_blend.py [--datasets 10] [--size 10000000] [--repeat 3] [--weights uniform]``.
 
 Every timed call runs in a fresh process; the sides alternate (C++, ours, C++, ours, ...), and each round's
-ratio is ours / C++ (< 1: ours faster). Both sides allocate their two arrays inside the timing, as
+ratio is ours / C++ (< 1: ours faster), in wall-clock and in CPU seconds of the process (less sensitive to a
+loaded machine's scheduling). Both sides allocate their two arrays inside the timing, as
 ``BlendedDataset`` and ``blending_indices`` do. The digests of the arrays must agree (bit-for-bit equality).
 The load average is printed before and after: the machine is shared, so quote the ratios.
 """
@@ -55,23 +56,23 @@ def child(side: str, kind: str, datasets: int, size: int) -> dict[str, Any]:
     if side == "cpp":
         from megatron.core.datasets import helpers_cpp
 
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         index = np.zeros(size, dtype=np.int16)
         sample = np.zeros(size, dtype=np.int64)
         helpers_cpp.build_blending_indices(index, sample, weights, len(weights), size, False)
-        seconds = time.perf_counter() - started
-        return {"seconds": seconds, "digest": digest(index, sample)}
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+        return {"seconds": seconds, "cpu": cpu, "digest": digest(index, sample)}
     sys.modules["megatron"] = None  # type: ignore[assignment]  # as if megatron-core were not installed
     from tokformats.training import greedy, indices
 
     if indices._megatron_helpers() is not None:
         raise SystemExit("megatron-core is still importable in the 'ours' process")
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     index, sample = indices.blending_indices(weights, size)
-    seconds = time.perf_counter() - started
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     # The same run again, untimed, for its statistics (how many lanes failed their check, scalar steps).
     stats = greedy.lockstep_greedy(np.array(weights), size, np.zeros(size, np.int16), np.zeros(size, np.int64))
-    return {"seconds": seconds, "digest": digest(index, sample), "stats": stats.__dict__}
+    return {"seconds": seconds, "cpu": cpu, "digest": digest(index, sample), "stats": stats.__dict__}
 
 
 def run_child(side: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -97,18 +98,20 @@ def main() -> None:
     parser.add_argument("--weights", choices=["uniform", "lognormal"], default="uniform")
     args = parser.parse_args()
     load_before = os.getloadavg()
-    times: dict[str, list[float]] = {"cpp": [], "ours": []}
+    times: dict[str, list[float]] = {"cpp": [], "ours": [], "cpp cpu": [], "ours cpu": []}
     digests, stats = set(), None
     for _ in range(args.repeat):
         for side in ("cpp", "ours"):
             result = run_child(side, args)
             times[side].append(result["seconds"])
+            times[f"{side} cpu"].append(result["cpu"])
             digests.add(result["digest"])
             stats = result.get("stats", stats)
     load_after = os.getloadavg()
     if len(digests) != 1:
         raise SystemExit(f"the two sides disagree: digests {sorted(digests)}")
     ratios = [o / c for o, c in zip(times["ours"], times["cpp"])]
+    cpu_ratios = [o / c for o, c in zip(times["ours cpu"], times["cpp cpu"])]
     assert stats is not None
     rows = [
         {
@@ -116,6 +119,9 @@ def main() -> None:
             "megatron-core C++": spread(times["cpp"]),
             "tokformats without megatron-core": spread(times["ours"]),
             "ours / C++ per round": spread(ratios, "{:.2f}"),
+            "CPU s, C++; ours; ratio": (
+                f"{spread(times['cpp cpu'])}; {spread(times['ours cpu'])}; {spread(cpu_ratios, '{:.2f}')}"
+            ),
             "lanes failing their check: repaired + shifted / all": (
                 f"{stats['repaired']} + {stats['shifted']} / {stats['lanes']}"
             ),
