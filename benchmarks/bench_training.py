@@ -16,7 +16,8 @@ Run: ``python benchmarks/bench_training.py [--documents 10000000] [--repeat 3]``
    batches of 8 x 4097) of dicts.
 6. The ``PackedSamples`` plan for 10 M documents of lognormal lengths, rows of 4096: seconds, peak memory and
    padding waste vs OLMo-core's ``InstancePacker`` on the same pieces, each in a fresh process.
-7. The blending greedy without megatron-core's compiled helper: 10 datasets to 10 M samples.
+7. The blending greedy without megatron-core's compiled helper (NumPy lanes) next to the helper: 10 datasets to
+   10 M samples, alternated (``bench_blend.py`` does it in fresh processes).
 """
 
 from __future__ import annotations
@@ -457,22 +458,31 @@ def bench_pack(documents: int, repeat: int) -> list[dict[str, Any]]:
 
 
 def bench_blend_python(repeat: int, datasets: int = 10, size: int = 10_000_000) -> list[dict[str, Any]]:
-    from tokformats.training import indices
+    """The blend without megatron-core's compiled helper (the NumPy lanes of ``training/greedy.py``) next to the
+    helper, alternated in this process (``benchmarks/bench_blend.py`` runs each side in a fresh process)."""
+    from megatron.core.datasets import helpers_cpp
+
+    from tokformats.training import greedy
 
     weights = np.random.default_rng(3).uniform(0.5, 2.0, size=datasets)
     normalized = weights / weights.sum()
-    times = []
+    times: dict[str, list[float]] = {"cpp": [], "ours": []}
     for _ in range(repeat):
-        index, sample = np.zeros(size, np.int16), np.zeros(size, np.int64)
         started = time.perf_counter()
-        indices._greedy(normalized, size, None, index, sample)
-        times.append(time.perf_counter() - started)
+        expected = np.zeros(size, np.int16), np.zeros(size, np.int64)
+        helpers_cpp.build_blending_indices(*expected, normalized, datasets, size, False)
+        times["cpp"].append(time.perf_counter() - started)
+        started = time.perf_counter()
+        index, sample = np.zeros(size, np.int16), np.zeros(size, np.int64)
+        greedy.lockstep_greedy(normalized, size, index, sample)
+        times["ours"].append(time.perf_counter() - started)
+        assert np.array_equal(index, expected[0]) and np.array_equal(sample, expected[1])
     return [
         {
             "measure": f"blend {datasets} datasets to {size:,} samples without megatron-core's helper (s)",
-            "megatron-core": "",
-            "tokformats": spread(times),
-            "tokformats advantage (x)": "",
+            "megatron-core": f"C++ helper {spread(times['cpp'])}",
+            "tokformats": spread(times["ours"]),
+            "tokformats advantage (x)": spread([c / o for c, o in zip(times["cpp"], times["ours"])]),
         }
     ]
 

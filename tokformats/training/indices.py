@@ -9,7 +9,7 @@ tests can compare it directly with ``megatron.core.datasets``:
   (NumPy's legacy ``RandomState``, whose streams are frozen by NEP 19).
 - ``sample_index``: ``helpers.cpp``'s ``build_sample_idx`` as one ``cumsum`` and one ``searchsorted``.
 - ``blending_indices``: ``helpers.cpp``'s greedy (``build_blending_indices`` and the exhaustive variant),
-  through megatron's compiled helpers when they import, else an exact NumPy path.
+  through megatron's compiled helpers when they import, else exact NumPy lanes (``greedy.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import ConfigError
+from .greedy import lockstep_greedy
 
 __all__ = [
     "SPLIT_NAMES",
@@ -227,18 +228,20 @@ def blending_indices(weights: Sequence[float], size: int) -> tuple[np.ndarray, n
     """``(dataset_index int16, dataset_sample_index int64)`` of ``size`` samples drawn greedily by weight.
 
     For sample ``s`` the dataset with the largest ``w * max(s, 1) - count`` wins (the first on ties): helpers.cpp's
-    ``build_blending_indices``. ``weights`` must already be normalised (as ``BlendedDataset`` does).
+    ``build_blending_indices``. ``weights`` must already be normalised (as ``BlendedDataset`` does). Without
+    megatron-core, :func:`~tokformats.training.greedy.lockstep_greedy` gives the same arrays bit for bit.
     """
     w = np.ascontiguousarray(weights, dtype=np.float64)
     dataset_index = np.zeros(size, dtype=np.int16)
     dataset_sample_index = np.zeros(size, dtype=np.int64)
     helpers = _megatron_helpers()
     if helpers is not None:
+        # Megatron's own loop when it is installed: it is the reference, and about as fast as the lanes.
         helpers.build_blending_indices(  # type: ignore[attr-defined]
             dataset_index, dataset_sample_index, w, len(w), size, False
         )
         return dataset_index, dataset_sample_index
-    _greedy(w, size, None, dataset_index, dataset_sample_index)
+    lockstep_greedy(w, size, dataset_index, dataset_sample_index)
     return dataset_index, dataset_sample_index
 
 
@@ -267,8 +270,9 @@ def _greedy(
     dataset_index: np.ndarray,
     dataset_sample_index: np.ndarray,
 ) -> None:
-    """The greedy without megatron's compiled helpers: the same double arithmetic in Python (about a
-    microsecond per sample; install megatron-core for its C++ loop on large blends)."""
+    """The greedy without megatron's compiled helpers, one step at a time in Python (about a microsecond per
+    sample): the exhaustive blend's loop (datasets drop out when spent), and the reference the tests hold
+    :func:`~tokformats.training.greedy.lockstep_greedy` to."""
     live = [i for i in range(len(weights)) if limits is None or limits[i] > 0]
     w = [float(x) for x in weights]
     counts = [0] * len(w)

@@ -1,0 +1,229 @@
+"""The blending greedy without megatron-core's compiled helper (``training/greedy.py``): bit for bit the scalar
+reference loop always, and megatron-core 0.16.1's ``helpers_cpp.build_blending_indices`` when it is installed,
+on seeded random weight sets (2 to 64 datasets, skewed, tiny, tied, not summing to 1) and sizes."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tokformats.training import greedy, indices
+
+#: Lane settings small enough that blends of a few thousand samples run many chunks, lanes and stitches.
+TIGHT = {"scalar_below": 0, "lane_steps": 16, "warmup": 8, "lanes": 7}
+
+
+def megatron_normalize(weights: np.ndarray) -> np.ndarray:
+    """megatron.core.datasets.utils.normalize, which BlendedDataset applies before the C++ loop."""
+    w = np.array(weights, dtype=np.float64)
+    return np.array((w / np.sum(w)).tolist())
+
+
+def random_weights(rng: np.random.Generator) -> np.ndarray:
+    """One weight set of a random kind: uniform, heavy-tailed, with tiny weights, tied, or raw (not normalised)."""
+    n = int(rng.choice([2, 3, 5, 10, 17, 64]))
+    kind = int(rng.integers(0, 5))
+    if kind == 0:
+        raw = rng.uniform(0.5, 2.0, n)
+    elif kind == 1:
+        raw = rng.lognormal(0.0, 3.0, n)
+    elif kind == 2:
+        raw = rng.uniform(0.5, 2.0, n)
+        raw[rng.integers(0, n, size=max(1, n // 3))] = 10.0 ** rng.uniform(-9, -4)
+    elif kind == 3:
+        raw = rng.integers(1, 4, n).astype(np.float64)  # equal weights: exact ties every few steps
+    else:
+        return rng.uniform(0.1, 3.0, n)  # not normalised at all: the C++ takes them as they are
+    return megatron_normalize(raw)
+
+
+def reference(weights: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    index, sample = np.zeros(size, np.int16), np.zeros(size, np.int64)
+    indices._greedy(weights, size, None, index, sample)
+    return index, sample
+
+
+def lockstep(weights: np.ndarray, size: int, **options: Any) -> tuple[np.ndarray, np.ndarray, greedy.LockstepStats]:
+    index, sample = np.zeros(size, np.int16), np.zeros(size, np.int64)
+    stats = greedy.lockstep_greedy(weights, size, index, sample, **options)
+    return index, sample, stats
+
+
+@pytest.fixture(scope="module")
+def helpers_cpp() -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return pytest.importorskip("megatron.core.datasets.helpers_cpp", reason="megatron-core is not installed")
+
+
+def megatron(helpers_cpp: Any, weights: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    index, sample = np.zeros(size, np.int16), np.zeros(size, np.int64)
+    helpers_cpp.build_blending_indices(index, sample, weights, len(weights), size, False)
+    return index, sample
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_lanes_equal_the_scalar_reference(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    for _ in range(6):
+        weights = random_weights(rng)
+        size = int(rng.choice([0, 1, 2, 3, 17, int(rng.integers(20, 3000))]))
+        expected = reference(weights, size)
+        for options in (TIGHT, {**TIGHT, "warmup": 0}, {"scalar_below": 0, "lane_steps": 64, "warmup": 32}):
+            index, sample, _ = lockstep(weights, size, **options)
+            np.testing.assert_array_equal(index, expected[0], err_msg=f"{weights.tolist()}, {size}, {options}")
+            np.testing.assert_array_equal(sample, expected[1], err_msg=f"{weights.tolist()}, {size}, {options}")
+
+
+def test_repairs_run_and_stay_exact() -> None:
+    """Without warm-up every lane starts from a guess, so the stitching repairs (and shifts) lanes; the result is
+    still the reference's, and the statistics add up."""
+    rng = np.random.default_rng(5)
+    weights = megatron_normalize(rng.lognormal(0.0, 3.0, 10))
+    size = 6000
+    index, sample, stats = lockstep(weights, size, scalar_below=0, lane_steps=32, warmup=0, lanes=16)
+    expected = reference(weights, size)
+    np.testing.assert_array_equal(index, expected[0])
+    np.testing.assert_array_equal(sample, expected[1])
+    assert stats.lanes == -(-size // 32)
+    assert stats.repaired > 0
+    assert 0 < stats.scalar_steps < size
+
+
+def test_counts_match_samples_per_dataset() -> None:
+    weights = megatron_normalize(np.array([5.0, 1.0, 1e-6, 3.0]))
+    index, sample, _ = lockstep(weights, 50_000, scalar_below=0, lane_steps=100, warmup=40)
+    for j in range(len(weights)):
+        mine = sample[index == j]
+        np.testing.assert_array_equal(mine, np.arange(len(mine)))  # each dataset's samples in order, none skipped
+    counts = np.bincount(index, minlength=4)
+    np.testing.assert_array_equal(counts, np.bincount(reference(weights, 50_000)[0], minlength=4))
+    np.testing.assert_array_equal(counts, [27_777, 5_556, 1, 16_666])  # 50,000 x (5, 1, 0, 3) / 9, rounded
+
+
+def test_non_finite_weights_take_the_scalar_loop() -> None:
+    for weights in ([0.5, float("nan"), 0.5], [float("nan"), 0.2, 0.8], [0.2, float("inf"), 0.3]):
+        w = np.array(weights)
+        index, sample, stats = lockstep(w, 500, scalar_below=0, lane_steps=16, warmup=8)
+        assert stats.scalar_steps == 500
+        assert stats.lanes == 0
+        assert index.dtype == np.int16
+        assert sample.dtype == np.int64
+    index, _, _ = lockstep(np.array([float("nan"), 0.2, 0.8]), 10)
+    np.testing.assert_array_equal(index, np.zeros(10))  # the C++'s rule: a NaN first error is never beaten
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_lanes_equal_helpers_cpp(helpers_cpp: Any, seed: int) -> None:
+    rng = np.random.default_rng(100 + seed)
+    for _ in range(5):
+        weights = random_weights(rng)
+        size = int(rng.choice([0, 1, 2, int(rng.integers(3, 5000)), int(rng.integers(20_000, 200_000))]))
+        expected = megatron(helpers_cpp, weights, size)
+        for options in ({}, TIGHT, {"scalar_below": 0, "lane_steps": 128, "warmup": 16, "lanes": 50}):
+            index, sample, _ = lockstep(weights, size, **options)
+            np.testing.assert_array_equal(index, expected[0], err_msg=f"{weights.tolist()}, {size}, {options}")
+            np.testing.assert_array_equal(sample, expected[1], err_msg=f"{weights.tolist()}, {size}, {options}")
+
+
+def test_large_blend_equals_helpers_cpp(helpers_cpp: Any) -> None:
+    """Several chunks at the default settings, on the benchmark's kind of weights and on heavy-tailed ones."""
+    for raw in (np.random.default_rng(3).uniform(0.5, 2.0, 10), np.random.default_rng(2).lognormal(0.0, 3.0, 10)):
+        weights = megatron_normalize(raw)
+        size = 1_500_000
+        expected = megatron(helpers_cpp, weights, size)
+        index, sample, stats = lockstep(weights, size, lanes=1000)
+        assert stats.lanes == -(-(size - 128) // 1024)  # the default warm-up and lane length
+        np.testing.assert_array_equal(index, expected[0])
+        np.testing.assert_array_equal(sample, expected[1])
+
+
+def test_non_finite_weights_equal_helpers_cpp(helpers_cpp: Any) -> None:
+    for weights in ([0.5, float("nan"), 0.5], [float("nan"), 0.2, 0.8], [0.2, float("inf"), 0.3], [-0.5, 1.5]):
+        w = np.array(weights)
+        expected = megatron(helpers_cpp, w, 300)
+        index, sample, _ = lockstep(w, 300, scalar_below=0, lane_steps=16, warmup=8)
+        np.testing.assert_array_equal(index, expected[0])
+        np.testing.assert_array_equal(sample, expected[1])
+
+
+def test_blending_indices_without_megatron(helpers_cpp: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    weights = megatron_normalize(np.random.default_rng(9).uniform(0.5, 2.0, 6))
+    expected = indices.blending_indices(weights.tolist(), 120_000)  # through helpers_cpp
+    monkeypatch.setattr(indices, "_megatron_helpers", lambda: None)
+    got = indices.blending_indices(weights.tolist(), 120_000)
+    assert got[0].dtype == np.int16
+    assert got[1].dtype == np.int64
+    np.testing.assert_array_equal(got[0], expected[0])
+    np.testing.assert_array_equal(got[1], expected[1])
+
+
+def test_guesses_are_counts_of_the_step() -> None:
+    """Both kinds of guess are whole counts that add up to the step (the greedy's invariant), and the calibrated
+    one counts a dataset as picked once its error passed its level."""
+    weights = megatron_normalize(np.array([7.0, 2.0, 1.0, 1e-5]))
+    starts = np.array([0, 1, 5, 999, 123_457])
+    for levels in (None, np.array([0.9, 0.4, 0.3, 0.1])):
+        guess = greedy._guess(weights, starts, levels)
+        assert guess.shape == (4, 5)
+        np.testing.assert_array_equal(guess.sum(axis=0), starts)
+        np.testing.assert_array_equal(guess, np.round(guess))
+    guess = greedy._guess(weights, starts, np.array([0.9, 0.4, 0.3, 0.1]))
+    # dataset 3 at step 123,457: error 1e-5 / (10 + 1e-5) * 123,457 = 0.1235 > 0.1 -> picked once
+    np.testing.assert_array_equal(guess[3], [0, 0, 0, 0, 1])
+    np.testing.assert_array_equal(guess[1], np.maximum(np.ceil(weights[1] * starts - 0.4), 0))
+
+
+def test_pick_levels_are_mean_errors_at_picks() -> None:
+    weights = megatron_normalize(np.array([3.0, 2.0, 1.0, 1e-9, 1e-9]))
+    size = 5000
+    index, sample = reference(weights, size)
+    levels = greedy._pick_levels(weights, 0, index, sample, None)
+    errors: list[list[float]] = [[] for _ in weights]
+    for s in range(size):
+        j = int(index[s])
+        errors[j].append(float(weights[j]) * max(float(s), 1.0) - float(sample[s]))
+    picked = [k for k in range(len(weights)) if errors[k]]
+    expected = {k: float(np.mean(errors[k])) for k in picked}
+    assert {0, 1, 2} <= set(picked)
+    assert len(picked) < len(weights)  # a 1e-9 dataset is never picked in 5,000 steps (the first tie is)
+    for k in range(len(weights)):
+        if k in expected:
+            assert levels[k] == pytest.approx(expected[k], rel=1e-12)
+        else:
+            assert levels[k] == min(expected.values())  # never picked: the lowest level seen
+    previous = np.full(len(weights), 0.05)
+    again = greedy._pick_levels(weights, 0, index, sample, previous)
+    assert [again[k] for k in range(len(weights)) if k not in expected] == [0.05]  # or the level it had
+
+
+def test_calibrated_chunks_stay_exact() -> None:
+    """Skewed weights make the small first chunk fail often enough to recalibrate the guesses of the others."""
+    weights = megatron_normalize(np.random.default_rng(2).lognormal(0.0, 3.0, 10))
+    size = 60_000
+    index, sample, stats = lockstep(weights, size, scalar_below=0, lane_steps=64, warmup=16, lanes=160)
+    expected = reference(weights, size)
+    np.testing.assert_array_equal(index, expected[0])
+    np.testing.assert_array_equal(sample, expected[1])
+    assert stats.repaired + stats.shifted > 0  # failing lanes in the first chunk (10 lanes) start the calibration
+
+
+def test_lanes_take_any_layout_of_guesses() -> None:
+    """A guess that is not C-ordered (a fancy-indexed selection of lanes is not) runs the same lanes, and the
+    guess itself is left as it was."""
+    weights = megatron_normalize(np.array([4.0, 2.0, 1.0]))
+    starts = np.arange(0, 4000, 500, dtype=np.int64)
+    guess = greedy._guess(weights, starts, None)
+    results = []
+    for given in (guess.copy(), np.asfortranarray(guess)):
+        before = given.copy()
+        picks, taken = np.empty((64, len(starts)), np.int16), np.empty((64, len(starts)), np.int64)
+        at_start, at_end = greedy._run_lanes(weights, starts, given, 16, picks, taken)
+        np.testing.assert_array_equal(given, before)
+        np.testing.assert_array_equal(at_end - at_start, np.stack([np.bincount(p, minlength=3) for p in picks.T], 1))
+        results.append((picks, taken, at_start, at_end))
+    for first, second in zip(*results):
+        np.testing.assert_array_equal(first, second)

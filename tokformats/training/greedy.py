@@ -1,0 +1,393 @@
+"""megatron-core's blending greedy without its compiled helper: exact, in NumPy, within a few times its C++ loop.
+
+``helpers.cpp``'s ``build_blending_indices`` gives sample ``s`` to the dataset whose error
+``weights[j] * max(s, 1.0) - counts[j]`` (doubles) is largest, the first one on ties, then counts it. The loop is
+sequential, but its whole state is the step and the counts, and the greedy forgets where it started: two runs
+from different counts (same step, same total) make the same picks again after a few dozen steps. So
+:func:`lockstep_greedy` cuts the steps into lanes and runs the greedy in all of them at once, one NumPy
+operation per step advancing every lane:
+
+1. lane ``k`` owns ``lane_steps`` steps from ``o_k`` and starts ``warmup`` steps earlier from guessed counts
+   (each weight's share of the step, rounded to the right total; after a chunk whose lanes often failed, each
+   dataset counted as picked whenever its error passed the level it was usually picked at);
+2. every lane evaluates the C++ expression itself (the same double product and difference; the first maximum
+   found with ``max`` and ``==``), so each lane is the exact greedy from its own start;
+3. stitching proves the lanes right in order: lane 0 starts from the true counts, and a lane whose counts at
+   ``o_k`` equal the previous lane's counts at its end starts from the true state, so from there its picks are
+   the true greedy's. A lane that differs is checked again against the true counts (vectorised; a count that
+   differs on a dataset that never comes close to winning changes no pick), and from its first wrong pick it
+   is re-run by the scalar loop until the true counts meet the lane's own again.
+
+Nothing is approximated: a pick is kept only when it was computed from the true state, or verified against it.
+The scalar loop (:func:`scalar_greedy`, about a microsecond a step) does the head of the blend, small blends,
+non-finite weights and the rare lanes that fail their check.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["LockstepStats", "lockstep_greedy", "scalar_greedy"]
+
+#: Below this many samples the scalar loop is faster than starting the lanes.
+SCALAR_BELOW = 20_000
+#: Elements of one (datasets x lanes) matrix: about 512 KB of doubles, so a step's temporaries stay in cache.
+_MATRIX_ELEMENTS = 1 << 16
+#: Steps of a chunk's end whose picks recalibrate the guesses (:func:`_pick_levels`).
+_LEVEL_STEPS = 1 << 20
+
+
+@dataclass
+class LockstepStats:
+    """What one :func:`lockstep_greedy` run did: how many lanes ran, how many failed their stitching check, and
+    how many steps the scalar loop took."""
+
+    lanes: int = 0
+    shifted: int = 0  # lanes kept after the check against the true counts (a far-from-winning count differed)
+    repaired: int = 0  # lanes re-run by the scalar loop from their first wrong pick
+    scalar_steps: int = 0
+
+
+def scalar_greedy(
+    weights: np.ndarray,
+    first: int,
+    counts: list[int],
+    steps: int,
+    dataset_index: np.ndarray,
+    dataset_sample_index: np.ndarray,
+) -> list[int]:
+    """``steps`` steps of the greedy from step ``first`` and ``counts``, written to the two arrays (indexed from 0
+    for step ``first``); returns the counts after them. The C++ loop line by line: dataset 0's error first, a
+    later dataset wins only when its error is strictly larger (so a NaN weight behaves as there too)."""
+    w = [float(x) for x in weights]
+    counts = list(counts)
+    n = len(w)
+    picks = [0] * steps
+    taken = [0] * steps
+    for s in range(steps):
+        t = max(float(first + s), 1.0)
+        best, best_error = 0, w[0] * t - float(counts[0])
+        for j in range(1, n):
+            error = w[j] * t - float(counts[j])
+            if error > best_error:
+                best, best_error = j, error
+        picks[s] = best
+        taken[s] = counts[best]
+        counts[best] += 1
+    dataset_index[:steps] = picks
+    dataset_sample_index[:steps] = taken
+    return counts
+
+
+def lockstep_greedy(
+    weights: np.ndarray,
+    size: int,
+    dataset_index: np.ndarray,
+    dataset_sample_index: np.ndarray,
+    *,
+    lane_steps: int = 1024,
+    warmup: int = 128,
+    lanes: int | None = None,
+    scalar_below: int = SCALAR_BELOW,
+) -> LockstepStats:
+    """Fill ``dataset_index[:size]`` and ``dataset_sample_index[:size]`` as ``build_blending_indices`` does.
+
+    ``lane_steps`` steps per lane, ``warmup`` steps of warm-up before them, ``lanes`` lanes at a time (default:
+    as many as keep a (datasets x lanes) matrix near 512 KB); these change the speed, never the result.
+    """
+    w = np.ascontiguousarray(weights, dtype=np.float64)
+    stats = LockstepStats()
+    if size < max(scalar_below, warmup + 1) or len(w) == 0 or not np.isfinite(w).all():
+        scalar_greedy(w, 0, [0] * len(w), size, dataset_index, dataset_sample_index)
+        stats.scalar_steps = size
+        return stats
+    if lanes is None:
+        lanes = max(64, _MATRIX_ELEMENTS // len(w))
+    needed = -(-(size - warmup) // lane_steps)
+    # A blend of several chunks starts with a small one: its picks calibrate the guesses of the rest when many of
+    # its lanes failed (rare datasets); a blend of one chunk is not worth the extra pass.
+    pilot = max(1, lanes // 16) if needed > lanes else lanes
+    lanes = max(1, min(lanes, needed))
+    # The head runs in the scalar loop, so every lane's warm-up starts at a step >= 0.
+    counts = scalar_greedy(w, 0, [0] * len(w), warmup, dataset_index, dataset_sample_index)
+    stats.scalar_steps = warmup
+    state = np.array(counts, dtype=np.float64)
+    low, levels = warmup, None
+    # The lanes' picks and counts, reused by every chunk (fresh pages would cost more than filling them).
+    records = np.empty((lane_steps, lanes), dtype=np.int16), np.empty((lane_steps, lanes), dtype=np.int64)
+    while low < size:
+        count = min(lanes if low > warmup else pilot, -(-(size - low) // lane_steps))
+        high = min(size, low + count * lane_steps)
+        failed = stats.repaired + stats.shifted
+        guess = _guess(w, low - warmup + lane_steps * np.arange(count, dtype=np.int64), levels)
+        state = _chunk(w, low, guess, warmup, state, high, records, dataset_index, dataset_sample_index, stats)
+        if stats.repaired + stats.shifted - failed > count // 100:
+            levels = _pick_levels(w, low, dataset_index[low:high], dataset_sample_index[low:high], levels)
+        low = high
+    return stats
+
+
+def _chunk(
+    w: np.ndarray,
+    low: int,
+    guess: np.ndarray,
+    warmup: int,
+    state: np.ndarray,
+    high: int,
+    records: tuple[np.ndarray, np.ndarray],
+    dataset_index: np.ndarray,
+    dataset_sample_index: np.ndarray,
+    stats: LockstepStats,
+) -> np.ndarray:
+    """Steps ``[low, high)`` from the true counts ``state`` at ``low``, in one lane per column of ``guess`` (the
+    counts each starts from, ``warmup`` steps before its own); returns the true counts at the lanes' end."""
+    count = guess.shape[1]
+    picks, taken = records[0][:, :count], records[1][:, :count]
+    lane_steps = len(picks)
+    owned = low + lane_steps * np.arange(count, dtype=np.int64)
+    at_start, at_end = _run_lanes(w, owned - warmup, guess, warmup, picks, taken)
+    _stitch(w, owned, state, picks, taken, at_start, at_end, stats)
+    if high - low == count * lane_steps:  # whole lanes: copy the transposed matrices straight into place
+        np.copyto(dataset_index[low:high].reshape(count, lane_steps), picks.T)
+        np.copyto(dataset_sample_index[low:high].reshape(count, lane_steps), taken.T)
+    else:
+        dataset_index[low:high] = picks.T.reshape(-1)[: high - low]
+        dataset_sample_index[low:high] = taken.T.reshape(-1)[: high - low]
+    end: np.ndarray = at_end[:, -1].copy()
+    return end
+
+
+def _guess(w: np.ndarray, starts: np.ndarray, levels: np.ndarray | None) -> np.ndarray:
+    """Plausible counts at each step of ``starts`` (datasets x lanes). Only a start: the warm-up and the stitching
+    make the result exact whatever the guess is, but a good one spares repairs.
+
+    Without ``levels``, each weight's share of the step rounded down, the steps still missing given to the
+    largest remainders. With ``levels`` (the error at which each dataset is usually picked), a dataset has been
+    picked once for every time its error ``w * s - count`` reached its level; the heaviest dataset (the warm-up
+    corrects it fastest) takes up the difference to the step. That matters for rare datasets: their count is
+    settled long before a lane starts, and the warm-up cannot correct it.
+    """
+    n = len(w)
+    positive = np.maximum(w, 0.0)
+    total = float(positive.sum())
+    share = positive / total if total > 0 and math.isfinite(total) else np.full(n, 1.0 / n)
+    ideal = share[:, None] * starts[None, :].astype(np.float64)
+    if levels is not None:
+        counts: np.ndarray = np.maximum(np.ceil(ideal - levels[:, None]), 0.0)
+        counts[int(np.argmax(share))] += starts - counts.sum(axis=0)
+        return counts
+    counts = np.floor(ideal)
+    missing = starts - counts.sum(axis=0)
+    order = np.argsort(counts - ideal, axis=0, kind="stable")  # the largest remainder first
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.broadcast_to(np.arange(n)[:, None], order.shape), axis=0)
+    counts += rank < missing[None, :]
+    return counts
+
+
+def _pick_levels(
+    w: np.ndarray, first: int, index: np.ndarray, sample: np.ndarray, previous: np.ndarray | None
+) -> np.ndarray:
+    """Each dataset's mean error when it was picked over the blend made so far (``index``/``sample`` from step
+    ``first``): where :func:`_guess` expects its next picks. A dataset not picked keeps its previous level, or
+    takes the lowest level seen (the rarer a dataset, the lower the error it wins at)."""
+    n = len(w)
+    tail = max(0, len(index) - _LEVEL_STEPS)  # the last steps are enough, and cost little next to the chunk
+    first, index, sample = first + tail, index[tail:].astype(np.intp), sample[tail:]
+    t = np.maximum(np.arange(first, first + len(index), dtype=np.float64), 1.0)
+    errors = w[index] * t - sample
+    picked = np.bincount(index, minlength=n)
+    levels = np.bincount(index, weights=errors, minlength=n) / np.maximum(picked, 1)
+    seen = picked > 0
+    fallback = previous if previous is not None else np.full(n, float(levels[seen].min()) if seen.any() else 0.5)
+    return np.where(seen, levels, fallback)
+
+
+class _Lanes:
+    """The greedy's state in many lanes at once (datasets x lanes counts), and the buffers one step reuses."""
+
+    def __init__(self, w: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> None:
+        n, lanes = counts.shape
+        code_type = np.uint8 if n < 256 else np.uint16
+        self.n = n
+        self.column = w[:, None]
+        self.counts = np.array(counts, dtype=np.float64, order="C")  # its own copy, so that ``flat`` is a view
+        self.flat = self.counts.reshape(-1)
+        self.first = starts.astype(np.float64)
+        # Row j scores n - j where it ties the maximum: the largest score is the first maximum, as the C++ keeps.
+        self.score = (n - np.arange(n)).astype(code_type)[:, None]
+        self.offsets = np.arange(lanes, dtype=np.intp)
+        self.t = np.empty(lanes)
+        self.errors = np.empty((n, lanes))
+        self.best = np.empty(lanes)
+        self.tied = np.empty((n, lanes), dtype=bool)
+        self.scored = np.empty((n, lanes), dtype=code_type)
+        self.top = np.empty(lanes, dtype=code_type)
+        self.pick = np.empty(lanes, dtype=np.intp)
+        self.where = np.empty(lanes, dtype=np.intp)
+        self.taken = np.empty(lanes)
+        self.after = np.empty(lanes)
+
+    def step(self, i: int) -> None:
+        """Pick step ``first + i`` in every lane: ``pick`` and ``taken`` (the count before it); not yet counted."""
+        np.add(self.first, float(i), out=self.t)
+        np.maximum(self.t, 1.0, out=self.t)
+        np.multiply(self.column, self.t, out=self.errors)  # weights[j] * max(s, 1.0)
+        np.subtract(self.errors, self.counts, out=self.errors)  # - current_samples[j], as the C++ rounds it
+        np.max(self.errors, axis=0, out=self.best)
+        np.equal(self.errors, self.best, out=self.tied)
+        np.multiply(self.tied, self.score, out=self.scored)
+        np.max(self.scored, axis=0, out=self.top)
+        np.subtract(self.n, self.top, out=self.pick, casting="unsafe")
+        np.multiply(self.pick, len(self.offsets), out=self.where)
+        self.where += self.offsets
+        np.take(self.flat, self.where, out=self.taken)
+
+    def count(self) -> None:
+        """Count the picks of the last :meth:`step`."""
+        np.add(self.taken, 1.0, out=self.after)
+        self.flat[self.where] = self.after
+
+
+def _run_lanes(
+    w: np.ndarray, starts: np.ndarray, guess: np.ndarray, warmup: int, picks: np.ndarray, taken: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Run every lane ``warmup + len(picks)`` steps from ``guess`` at ``starts``; the picks and counts before
+    them of the last ``len(picks)`` steps go to ``picks`` and ``taken`` (steps x lanes). Returns the counts at
+    the start and end of those steps."""
+    lanes = _Lanes(w, starts, guess)
+    for i in range(warmup):
+        lanes.step(i)
+        lanes.count()
+    at_start = lanes.counts.copy()
+    for i in range(len(picks)):
+        lanes.step(warmup + i)
+        picks[i] = lanes.pick
+        taken[i] = lanes.taken
+        lanes.count()
+    return at_start, lanes.counts
+
+
+def _stitch(
+    w: np.ndarray,
+    owned: np.ndarray,
+    state: np.ndarray,
+    picks: np.ndarray,
+    taken: np.ndarray,
+    at_start: np.ndarray,
+    at_end: np.ndarray,
+    stats: LockstepStats,
+) -> None:
+    """Make every lane the true greedy, in order: a lane that starts from its predecessor's (true) end counts is
+    right as it is; the others are checked against the true counts and repaired. ``at_end`` ends true."""
+    count = picks.shape[1]
+    good = np.empty(count, dtype=bool)
+    good[0] = np.array_equal(at_start[:, 0], state)
+    good[1:] = (at_start[:, 1:] == at_end[:, :-1]).all(axis=0)
+    stats.lanes += count
+    wrong = np.flatnonzero(~good)
+    k = int(wrong[0]) if len(wrong) else count
+    while k < count:
+        start = state if k == 0 else at_end[:, k - 1]
+        _repair(w, int(owned[k]), start, picks[:, k], taken[:, k], at_start[:, k], at_end[:, k], stats)
+        if k + 1 < count:  # its end may have moved: does the next lane still start from it?
+            good[k + 1] = np.array_equal(at_start[:, k + 1], at_end[:, k])
+        wrong = np.flatnonzero(~good[k + 1 :])
+        k = k + 1 + int(wrong[0]) if len(wrong) else count
+
+
+def _repair(
+    w: np.ndarray,
+    first: int,
+    start: np.ndarray,
+    picks: np.ndarray,
+    taken: np.ndarray,
+    guessed: np.ndarray,
+    end: np.ndarray,
+    stats: LockstepStats,
+) -> None:
+    """Make one lane (``picks``/``taken`` from step ``first``, run from counts ``guessed``) the greedy from the
+    true counts ``start``, in place, ``end`` included. The picks that the true counts confirm are kept (their
+    counts shifted); from the first wrong one the scalar loop runs until the true counts meet the lane's again
+    (from there the lane is the greedy itself), then the rest is checked the same way."""
+    position, truth = 0, start.copy()
+    lane = guessed.copy()  # the lane's own counts at ``position``
+    while position < len(picks):
+        right = _confirmed(w, first + position, truth, picks[position:])
+        mine = picks[position : position + right]
+        taken[position : position + right] += (truth - lane)[mine].astype(np.int64)
+        counted = np.bincount(mine, minlength=len(w))
+        truth += counted
+        lane += counted
+        position += right
+        if position == len(picks):
+            break
+        stats.repaired += 1
+        steps = _resync(w, first + position, truth, lane, picks[position:], taken[position:])
+        stats.scalar_steps += steps
+        position += steps
+    if np.array_equal(truth, lane):
+        return
+    stats.shifted += 1
+    end += truth - lane
+
+
+def _resync(
+    w: np.ndarray, first: int, truth: np.ndarray, lane: np.ndarray, picks: np.ndarray, taken: np.ndarray
+) -> int:
+    """The scalar greedy from the true counts ``truth`` at step ``first`` over the lane's ``picks``/``taken``
+    (overwritten), until its counts equal the lane's (``lane``, advanced by the lane's own picks) or the lane
+    ends; both count vectors are updated in place. Returns the steps taken."""
+    weights = [float(x) for x in w]
+    n = len(weights)
+    counts = [int(c) for c in truth]
+    differ = [int(c) for c in truth - lane]  # true counts minus the lane's
+    unequal = sum(1 for d in differ if d)
+    theirs = picks.tolist()
+    mine: list[int] = []
+    before: list[int] = []
+    for step, their in enumerate(theirs):
+        t = max(float(first + step), 1.0)
+        best, best_error = 0, weights[0] * t - float(counts[0])
+        for j in range(1, n):
+            error = weights[j] * t - float(counts[j])
+            if error > best_error:
+                best, best_error = j, error
+        mine.append(best)
+        before.append(counts[best])
+        counts[best] += 1
+        if best != their:
+            unequal -= (differ[best] != 0) + (differ[their] != 0)
+            differ[best] += 1
+            differ[their] -= 1
+            unequal += (differ[best] != 0) + (differ[their] != 0)
+            if not unequal:
+                break
+        elif not unequal:
+            break
+    steps = len(mine)
+    lane += np.bincount(picks[:steps], minlength=n)
+    picks[:steps] = mine
+    taken[:steps] = before
+    truth[:] = counts
+    return steps
+
+
+def _confirmed(w: np.ndarray, first: int, start: np.ndarray, picks: np.ndarray) -> int:
+    """How many of ``picks`` (from step ``first``) the greedy makes from counts ``start``: each step's errors
+    recomputed from the counts the earlier picks give, with the C++ expression and its first-maximum rule."""
+    steps = len(picks)
+    chosen = picks.astype(np.intp)
+    hits = np.zeros((steps, len(w)))
+    hits[np.arange(1, steps), chosen[:-1]] = 1.0  # row i counts the picks before step first + i
+    counts = np.cumsum(hits, axis=0)
+    counts += start
+    t = np.maximum(np.arange(first, first + steps, dtype=np.float64), 1.0)
+    errors = w[None, :] * t[:, None]
+    errors -= counts
+    greedy = np.argmax(errors == errors.max(axis=1)[:, None], axis=1)
+    differ = np.flatnonzero(greedy != chosen)
+    return int(differ[0]) if len(differ) else steps
