@@ -53,7 +53,7 @@ def padded_vocab_size(vocab_size: int, multiple: int = 64) -> int:
 
 def load_tokenizer(tokenizer: Any) -> Tokenizer:
     """A ``tokenizers.Tokenizer`` from itself, a ``tokenizer.json`` path, a folder holding one, a vocabulary name
-    (``"cl100k_base"``, ``"o200k_base"``, ``"llama3"``) or a ``.tiktoken`` rank file (see
+    (``"cl100k_base"``, ``"o200k_base"``, ``"llama3"``, ``"deepseek_v3"``) or a ``.tiktoken`` rank file (see
     :mod:`tokformats.core.vocabularies`). An existing file or folder wins over a name."""
     from tokenizers import Tokenizer
 
