@@ -347,3 +347,56 @@ def test_deepseek_v3_tokenizes_with_its_end_of_sentence_after_each_document(tmp_
     ids = np.fromfile(tmp_path / "t.bin", "<u4").tolist()
     assert ids == expected and ids.count(1) == 3 and summary["engine"] in ("splintr", "tokenizers")
     assert text_decoder(tokenizer="deepseek_v3")(ids) == "".join(d + "<｜end▁of▁sentence｜>" for d in docs)
+
+
+def test_cl100k_exports_to_llmc_and_decodes_as_tiktoken(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from tokformats.formats.llmc_vocab import Vocab, export_tokenizer
+
+    reference = _tiktoken_reference(monkeypatch, tmp_path, "cl100k_base")
+    vocab = Vocab(export_tokenizer("cl100k_base", tmp_path / "cl100k_tokenizer.bin"))
+    assert (len(vocab), vocab.eot_token, vocab.version) == (100331, 100257, 2)
+    assigned = np.array([*range(100256), *reference._special_tokens.values()])
+    rng = np.random.default_rng(26)
+    for _ in range(20):
+        ids = rng.choice(assigned, size=int(rng.integers(1, 400))).tolist()
+        assert vocab.decode_bytes(ids) == reference.decode_bytes(ids)
+        assert vocab.decode(ids) == reference.decode(ids)
+    # Every assigned id alone, and splintr's agent tokens as the named tokenizer decodes them.
+    assert all(vocab[i] == reference.decode_single_token_bytes(i) for i in assigned.tolist())
+    named = load_tokenizer("cl100k_base")
+    assert [vocab[i].decode() for i in range(100277, 100331)] == [named.id_to_token(i) for i in range(100277, 100331)]
+
+
+def test_an_unassigned_id_exports_as_the_documented_placeholder(tmp_path: Path) -> None:
+    from tokformats.core.vocab import token_bytes
+    from tokformats.formats.llmc_vocab import Vocab, export_tokenizer, unassigned_token
+
+    vocab = Vocab(export_tokenizer("cl100k_base", tmp_path / "v.bin"))
+    gaps = [100256, *range(100261, 100276)]
+    expected = [f"<|unassigned_{i}|>".encode() for i in gaps]
+    assert [vocab[i] for i in gaps] == expected == list(map(unassigned_token, gaps))
+    assert vocab.decode([9906, 100256, 100257]) == "Hello<|unassigned_100256|><|endoftext|>"
+    # Without a placeholder the gap is refused, naming the id.
+    with pytest.raises(tokformats.FormatError, match="no token with id 100256"):
+        token_bytes(load_tokenizer("cl100k_base"))
+
+
+def test_llmcs_own_c_tokenizer_reads_the_cl100k_export(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+
+    checkout = os.environ.get("TOKFORMATS_LLMC_DIR")
+    if not checkout or not (Path(checkout) / "llmc" / "tokenizer.h").is_file() or not shutil.which("gcc"):
+        pytest.skip("set TOKFORMATS_LLMC_DIR to an llm.c checkout (llmc/tokenizer.h) and install gcc")
+    from tokformats.formats.llmc_vocab import export_tokenizer
+
+    path = export_tokenizer("cl100k_base", tmp_path / "v.bin")
+    (tmp_path / "d.c").write_text(
+        '#include <stdio.h>\n#include <stdlib.h>\n#include "llmc/tokenizer.h"\n'
+        "int main(int c, char **v) { Tokenizer t; tokenizer_init(&t, v[1]); printf(\"%u %d\\n\", t.vocab_size, "
+        't.eot_token); for (int i = 2; i < c; i++) printf("[%s]", tokenizer_decode(&t, atoi(v[i]))); return 0; }\n'
+    )
+    subprocess.run(["gcc", "-O2", "-I", checkout, "-o", tmp_path / "d", tmp_path / "d.c"], check=True, timeout=120)
+    done = subprocess.run([tmp_path / "d", path, "9906", "1917", "100256", "100257", "100280"], capture_output=True,
+                          text=True, check=True, timeout=60)  # fmt: skip
+    assert done.stdout == "100331 100257\n[Hello][ world][<|unassigned_100256|>][<|endoftext|>][<|im_start|>]"
