@@ -594,6 +594,7 @@ __all__ += ["Vocab"]
 
 
 def __getattr__(name: str) -> Any:
+    """``Vocab``, imported on first use (PEP 562)."""
     if name == "Vocab":
         from .llmc_vocab import Vocab
 
