@@ -7,7 +7,9 @@ runs ``tokformats.open(pattern)`` and takes the first ``batches(B, T)`` batch (w
 equal). Each run is a fresh process, sides alternate, and the clock covers the open and the first batch only (the
 C side's glob, every header read and the first shard load; the Python side's detection, expansion, headers and
 first map), after ``import tokformats``; the process's wall time (interpreter start and imports included) is
-reported beside it. Ratios are llm.c's time over tokformats' time: > 1 means tokformats is faster.
+reported beside it, and so is the fastest of ``WARM_OPENS`` more opens in the same child (the format's modules
+imported: what remains is the open itself). Ratios are llm.c's time over tokformats' time: > 1 means tokformats
+is faster.
 
 A last run opens the largest glob under ``ulimit -n 256`` and reads every token, to show that descriptors stay
 bounded (the C loader holds one file at a time too).
@@ -32,6 +34,8 @@ from common import machine, scratch, table
 HERE = Path(__file__).resolve()
 BATCH, SEQUENCE = 4, 64
 SHARD_TOKENS = 1_000
+#: Opens repeated in the tokformats child after the timed one, modules imported.
+WARM_OPENS = 5
 
 DRIVER = r"""
 #include <time.h>
@@ -80,14 +84,21 @@ def make_shards(folder: Path, count: int) -> str:
 
 
 def child(pattern: str) -> None:
-    """The tokformats side, in its own process: open the glob and take the first batch."""
+    """The tokformats side, in its own process: open the glob and take the first batch; then the same again
+    ``WARM_OPENS`` times with the format's modules imported (the fastest is reported: the floor of an open)."""
     import tokformats
 
     started = time.perf_counter()
     reader = tokformats.open(pattern)
     inputs, _ = next(reader.batches(BATCH, SEQUENCE))  # type: ignore[attr-defined]
     seconds = time.perf_counter() - started
-    print(json.dumps({"seconds": seconds, "first_batch_sum": int(inputs.sum()), "tokens": reader.num_tokens}))
+    warm = []
+    for _ in range(WARM_OPENS):
+        again = time.perf_counter()
+        next(tokformats.open(pattern).batches(BATCH, SEQUENCE))  # type: ignore[attr-defined]
+        warm.append(time.perf_counter() - again)
+    summary = {"seconds": seconds, "first_batch_sum": int(inputs.sum()), "tokens": reader.num_tokens}
+    print(json.dumps({**summary, "warm_seconds": min(warm)}))
 
 
 def read_all_limited(pattern: str) -> None:
@@ -106,16 +117,19 @@ def read_all_limited(pattern: str) -> None:
     print(json.dumps({"seconds": seconds, "sum": total, "documents": documents, "open_fds": descriptors}))
 
 
-def environment() -> dict[str, str]:
-    """Children run with bytecode caching on (a private ``PYTHONPYCACHEPREFIX``), as an installed package would."""
+def environment(source: Path | None = None) -> dict[str, str]:
+    """Children run with bytecode caching on (a private ``PYTHONPYCACHEPREFIX``), as an installed package would;
+    ``source``: the tokformats checkout they import (``--baseline``), else whatever the parent imports."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPYCACHEPREFIX"] = str(scratch("llmc") / "pycache")
+    if source is not None:
+        env["PYTHONPATH"] = str(source)
     return env
 
 
-def timed(command: list[str]) -> tuple[dict[str, float], float]:
+def timed(command: list[str], source: Path | None = None) -> tuple[dict[str, float], float]:
     started = time.perf_counter()
-    out = subprocess.run(command, check=True, capture_output=True, text=True, env=environment()).stdout
+    out = subprocess.run(command, check=True, capture_output=True, text=True, env=environment(source)).stdout
     wall = time.perf_counter() - started
     return json.loads(out.strip().splitlines()[-1]), wall
 
@@ -130,6 +144,11 @@ def main() -> None:
     parser.add_argument("--llmc", type=Path, required=True, help="a checkout of karpathy/llm.c")
     parser.add_argument("--shards", type=int, nargs="+", default=[10, 1_000, 10_000])
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another tokformats checkout (`git worktree add /tmp/base main`), timed as a third side, alternated",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--limited", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -144,25 +163,36 @@ def main() -> None:
     rows = []
     for count in args.shards:
         pattern = make_shards(folder, count)
-        timed([sys.executable, str(HERE), "--llmc", str(args.llmc), "--child", pattern])  # fills the bytecode cache
+        child_command = [sys.executable, str(HERE), "--llmc", str(args.llmc), "--child", pattern]
+        timed(child_command)  # fills the bytecode cache
+        if args.baseline:
+            timed(child_command, args.baseline)
+        baseline: list[float] = []
         theirs: list[float] = []
         ours: list[float] = []
+        warm: list[float] = []
         walls: dict[str, list[float]] = {"c": [], "py": []}
         for _ in range(args.repeat):
             c, c_wall = timed([str(driver), pattern, str(BATCH), str(SEQUENCE)])
-            py, py_wall = timed([sys.executable, str(HERE), "--llmc", str(args.llmc), "--child", pattern])
+            py, py_wall = timed(child_command)
+            if args.baseline:
+                baseline.append(timed(child_command, args.baseline)[0]["seconds"])
             if (c["first_batch_sum"], c["tokens"]) != (py["first_batch_sum"], py["tokens"]):
                 raise SystemExit(f"the sides disagree: llm.c {c}, tokformats {py}")
             theirs.append(c["seconds"])
             ours.append(py["seconds"])
+            warm.append(py["warm_seconds"])
             walls["c"].append(c_wall)
             walls["py"].append(py_wall)
         ratios = sorted(t / o for t, o in zip(theirs, ours))
+        row = {"shards": f"{count:,}", "llm.c open + first batch (ms)": spread(theirs)}
+        if baseline:
+            row["tokformats baseline (ms)"] = spread(baseline)
         rows.append(
             {
-                "shards": f"{count:,}",
-                "llm.c open + first batch (ms)": spread(theirs),
+                **row,
                 "tokformats (ms)": spread(ours),
+                "tokformats, modules imported (ms)": spread(warm),
                 "ratio": "/".join(f"{r:.2f}" for r in (ratios[0], statistics.median(ratios), ratios[-1])),
                 "process wall llm.c / tokformats (ms, medians)": (
                     f"{statistics.median(walls['c']) * 1e3:.0f} / {statistics.median(walls['py']) * 1e3:.0f}"

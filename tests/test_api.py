@@ -293,7 +293,7 @@ def test_detection_imports_only_the_format_it_picks(tmp_path: Path) -> None:
     with tokformats.create(tmp_path / "c", "llmc", vocab_size=100, shard_size=2) as writer:
         writer.write([1, 2, 3])
     env = {**__import__("os").environ, "PYTHONPATH": str(Path(tokformats.__file__).parents[1])}
-    cases = [(tmp_path / "m", "megatron megatron False"), (tmp_path / "c_*.bin", "llmc llmc,llmc_vocab False")]
+    cases = [(tmp_path / "m", "megatron megatron False"), (tmp_path / "c_*.bin", "llmc llmc False")]
     for path, expected in cases:
         run = subprocess.run(
             [sys.executable, "-c", DETECT_IN_A_FRESH_PROCESS, str(path)], capture_output=True, text=True, env=env

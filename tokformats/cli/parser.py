@@ -139,8 +139,8 @@ def _tokenize_args() -> list[Row]:
             "--tokenizer",
             "-t",
             required=True,
-            help="tokenizer.json or its folder, a vocabulary name (cl100k_base, o200k_base, llama3) or a .tiktoken "
-            "file",
+            help="tokenizer.json or its folder, a vocabulary name (cl100k_base, o200k_base, llama3, deepseek_v3) or a "
+            ".tiktoken file",
         ),
         Arg("--output", "-o", required=True, help="output path prefix (names: see the README)"),
         Arg("--format", "-f", default=default, choices=sorted(api.corpus_writers()), help=f"output format ({default})"),

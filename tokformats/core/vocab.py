@@ -53,7 +53,7 @@ def padded_vocab_size(vocab_size: int, multiple: int = 64) -> int:
 
 def load_tokenizer(tokenizer: Any) -> Tokenizer:
     """A ``tokenizers.Tokenizer`` from itself, a ``tokenizer.json`` path, a folder holding one, a vocabulary name
-    (``"cl100k_base"``, ``"o200k_base"``, ``"llama3"``) or a ``.tiktoken`` rank file (see
+    (``"cl100k_base"``, ``"o200k_base"``, ``"llama3"``, ``"deepseek_v3"``) or a ``.tiktoken`` rank file (see
     :mod:`tokformats.core.vocabularies`). An existing file or folder wins over a name."""
     from tokenizers import Tokenizer
 
@@ -112,12 +112,13 @@ def _byte_fallback(piece: str) -> int | None:
     return None
 
 
-def token_bytes(tokenizer: Tokenizer) -> list[bytes]:
-    """Each token's raw bytes (what decoding that id alone yields), in id order.
+def token_bytes(tokenizer: Tokenizer, unassigned: Callable[[int], bytes] | None = None) -> list[bytes]:
+    """Each token's raw bytes (what decoding that id alone yields), in id order, up to the largest id.
 
     Byte-level BPE tokens are mapped back through GPT-2's byte/unicode table; SentencePiece-style
     pieces turn ``▁`` into a space and ``<0xNN>`` into byte NN; added and special tokens are their
-    UTF-8 text. Other tokenizer models are refused.
+    UTF-8 text. Other tokenizer models are refused. An id no token has (cl100k_base's 100256) is
+    refused, or given ``unassigned(id)`` when that is passed.
     """
     config = json.loads(tokenizer.to_str())
     model = config.get("model") or {}
@@ -132,7 +133,7 @@ def token_bytes(tokenizer: Tokenizer) -> list[bytes]:
             f"cannot export a {model.get('type', 'unknown')} tokenizer without a ByteLevel or SentencePiece-style "
             "(Metaspace / byte fallback) decoder: its tokens have no defined raw bytes."
         )
-    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    size = vocabulary_size(tokenizer)
     table = unicode_to_bytes()
     result: list[bytes] = []
     for token_id in range(size):
@@ -140,6 +141,9 @@ def token_bytes(tokenizer: Tokenizer) -> list[bytes]:
             result.append(added[token_id].encode("utf-8"))
             continue
         piece = tokenizer.id_to_token(token_id)
+        if piece is None and unassigned is not None:
+            result.append(unassigned(token_id))
+            continue
         if piece is None:
             raise FormatError(f"the tokenizer has no token with id {token_id} (its ids must run from 0 to {size - 1}).")
         if style == "byte-level":

@@ -1,4 +1,5 @@
-"""Named vocabularies offline: ``tokenizer="cl100k_base"`` (or ``"o200k_base"``, ``"llama3"``, a ``.tiktoken`` file).
+"""Named vocabularies offline: ``tokenizer="cl100k_base"`` (``"o200k_base"``, ``"llama3"``, ``"deepseek_v3"``, a
+``.tiktoken`` file).
 
 A named vocabulary is rebuilt, exactly, as a ``tokenizers.Tokenizer`` from the merge ranks a package ships, so that
 everything downstream (the identity gate, the engines, ``head``/``stats`` decoding, a resumable run's tokenizer
@@ -21,11 +22,21 @@ Where the ranks come from:
   tokens" to each (cl100k_base: 54 at 100277-100330, ``<|im_start|>`` = 100280), kept as decodable specials; the
   vocabulary size is the largest id plus one (cl100k_base: 100,331; ids 100256 and 100261-100275 are unassigned,
   as in tiktoken).
+- ``deepseek_v3`` (alias ``deepseek-v3``): DeepSeek-V3's 127,997 byte-level ranks (ids 3-127999) under its own
+  three splits (digits in runs of up to 3, runs of CJK/kana, then its word regex, as its ``tokenizer.json`` has
+  them); specials ``<｜begin▁of▁sentence｜>`` 0, ``<｜end▁of▁sentence｜>`` 1 (the end of document), ``<｜▁pad▁｜>`` 2,
+  ``<think>`` 128798 and ``</think>`` 128799 (R1's names; V3's file calls them placeholders 798 and 799), FIM,
+  chat and tool markers 128800-128814 (``<|EOT|>`` 128805) and splintr's 54 agent tokens 128900-128953; ids
+  128000-128797 (DeepSeek's unused placeholders) and 128815-128899 are unassigned. Vocabulary size 128,954.
+- every other vocabulary splintr 0.22 bundles (:data:`REFUSED`) is refused by name with the reason and what to
+  pass instead: the SentencePiece ones are not byte-level ranks, and for the byte-level ones no reference for
+  their ids is available offline, so identity cannot be proven.
 - a ``.tiktoken`` (or ``.tiktoken.gz``) rank file is recognised by its SHA-256 (cl100k_base's and o200k_base's as
   tiktoken checks them; ``bpe-openai`` ships both): it gives tiktoken's own encoding, its specials only
   (cl100k_base: 100,277 ids).
 """
 
+# ruff: noqa: RUF001, RUF002  (DeepSeek's special tokens are spelled with fullwidth bars on purpose)
 from __future__ import annotations
 
 import base64
@@ -43,6 +54,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "VOCABULARIES",
+    "ALIASES",
+    "REFUSED",
     "TIKTOKEN_FILES",
     "VocabularySpec",
     "is_vocabulary_name",
@@ -71,12 +84,24 @@ O200K_PATTERN = "|".join(
 )
 
 
+#: DeepSeek-V3's pre-tokenizer: three ``Split`` regexes applied in turn, as its ``tokenizer.json`` lists them.
+DEEPSEEK_V3_SPLITS = (
+    r"\p{N}{1,3}",
+    "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
+    "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+)
+
+#: One split regex, or several applied in turn (each piece of one split is split again by the next).
+Pattern = str | tuple[str, ...]
+
+
 @dataclass(frozen=True)
 class VocabularySpec:
-    """A named vocabulary: splintr's name for it, its split regex, and what it is."""
+    """A named vocabulary: splintr's name for it, its split regex (or regexes, applied in turn), and what it is."""
 
     splintr_name: str
-    pattern: str
+    pattern: Pattern
     description: str
 
 
@@ -93,6 +118,42 @@ VOCABULARIES: dict[str, VocabularySpec] = {
     "llama3": VocabularySpec(
         "llama3", CL100K_PATTERN, "Llama 3 / 3.1-3.3: Meta's 128,000 tiktoken ranks under cl100k's split, "
         "<|begin_of_text|> 128000, <|end_of_text|> 128001, the 256 reserved specials, splintr's agent tokens"
+    ),
+    "deepseek_v3": VocabularySpec(
+        "deepseek_v3", DEEPSEEK_V3_SPLITS, "DeepSeek-V3 / R1: 127,997 ranks (ids 3-127999) under DeepSeek's three "
+        "splits, <｜begin▁of▁sentence｜> 0, <｜end▁of▁sentence｜> 1, <｜▁pad▁｜> 2, <think> 128798, </think> 128799, "
+        "FIM/chat/tool markers 128800-128814, splintr's 54 agent tokens 128900-128953; 128000-128797 unassigned"
+    ),
+}
+
+#: Other spellings splintr accepts for the same vocabulary (the same ranks and specials) -> the name above.
+ALIASES: dict[str, str] = {
+    "deepseek-v3": "deepseek_v3",
+    "llama3.1": "llama3",
+    "llama3.2": "llama3",
+    "llama3.3": "llama3",
+}
+
+_SENTENCEPIECE = (
+    "a SentencePiece vocabulary in splintr, not byte-level ranks: tokformats rebuilds only byte-level BPE ranks, "
+    "and no reference here proves splintr's pieces equal the model's own tokenizer"
+)
+_NO_REFERENCE = (
+    "byte-level ranks in splintr, but no reference for its ids (the model's own tokenizer.json or tiktoken rank "
+    "file) is shipped by a package here, so tokformats cannot prove its ids identical to the model's"
+)
+#: The vocabularies splintr 0.22 bundles that tokformats does not offer by name, and why.
+REFUSED: dict[str, str] = {
+    **dict.fromkeys(
+        ("llama2", "llama-2", "tinyllama", "vicuna", "codellama", "code_llama", "code-llama", "mistral_v1",
+         "mistral_v2", "gemma2", "gemma3"),
+        _SENTENCEPIECE,
+    ),
+    **dict.fromkeys(
+        ("qwen3", "qwen", "qwen2", "qwen2.5", "baichuan_m2", "glm4", "glm", "glm-4", "glm4.5", "glm-4.5", "gpt-oss",
+         "gpt_oss", "o200k_harmony", "kimi", "kimi_k2", "kimi_k3", "phi4", "phi-4", "olmo2", "olmo-2", "modernbert",
+         "modern-bert", "mistral_v3", "whisper", "whisper_v1", "whisper_v2", "whisper_v3", "gemma4"),
+        _NO_REFERENCE,
     ),
 }
 
@@ -121,7 +182,7 @@ _MAX_RANK_FILE = 64 << 20  # bytes; cl100k's is 1.7 MB, o200k's 3.6 MB
 
 def is_vocabulary_name(value: object) -> bool:
     """Whether ``value`` names a vocabulary (:data:`VOCABULARIES`) or a ``.tiktoken`` rank file."""
-    if isinstance(value, str) and value in VOCABULARIES:
+    if isinstance(value, str) and (value in VOCABULARIES or value in ALIASES or value in REFUSED):
         return True
     name = str(value).lower() if isinstance(value, (str, Path)) else ""
     return name.endswith((".tiktoken", ".tiktoken.gz"))
@@ -174,9 +235,9 @@ def merges_from_ranks(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
     return [(left, right) for _, _, _, left, right in merges]
 
 
-def tokenizer_from_ranks(ranks: dict[bytes, int], pattern: str, special_tokens: dict[str, int]) -> Tokenizer:
+def tokenizer_from_ranks(ranks: dict[bytes, int], pattern: Pattern, special_tokens: dict[str, int]) -> Tokenizer:
     """A byte-level BPE ``tokenizers.Tokenizer`` giving tiktoken's ``encode_ordinary`` ids for these ranks, split
-    regex and specials (see the module's notes)."""
+    regex (or regexes, applied in turn) and specials (see the module's notes)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
     from .byte_level import bytes_to_unicode
@@ -195,9 +256,10 @@ def tokenizer_from_ranks(ranks: dict[bytes, int], pattern: str, special_tokens: 
         taken.add(token_id)
     merges = [(characters(a), characters(b)) for a, b in merges_from_ranks(ranks)]
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=True))
+    splits = (pattern,) if isinstance(pattern, str) else pattern
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+            *(pre_tokenizers.Split(Regex(split), behavior="isolated") for split in splits),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
@@ -222,7 +284,7 @@ def _splintr_ranks(name: str) -> tuple[dict[bytes, int], dict[str, int]]:
             continue
         try:
             ranks[bundled.decode_token_bytes(token_id)] = token_id
-        except ValueError:  # an unassigned id (cl100k_base's 100256)
+        except ValueError:  # an unassigned id (cl100k_base's 100256, deepseek_v3's 128000-128797)
             continue
     return ranks, specials
 
@@ -250,14 +312,23 @@ def _rank_file(path: str, modified: float) -> str:
 
 
 def load_vocabulary(value: str | Path) -> Tokenizer:
-    """The ``tokenizers.Tokenizer`` of a vocabulary name (:data:`VOCABULARIES`) or a ``.tiktoken`` rank file.
+    """The ``tokenizers.Tokenizer`` of a vocabulary name (:data:`VOCABULARIES`, :data:`ALIASES`) or a ``.tiktoken``
+    rank file; a name in :data:`REFUSED` raises :class:`ConfigError` saying why and what to pass instead.
 
     Built once per process (a second load parses the cached ``tokenizer.json``); offline.
     """
     from tokenizers import Tokenizer
 
+    if isinstance(value, str) and value in ALIASES:
+        value = ALIASES[value]
     if isinstance(value, str) and value in VOCABULARIES:
         return Tokenizer.from_str(_named(value))
+    if isinstance(value, str) and value in REFUSED:
+        raise ConfigError(
+            f"tokenizer={value!r}: splintr ships this vocabulary but tokformats does not offer it by name: "
+            f"{REFUSED[value]}. Pass the model's own tokenizer.json instead (tokenizer='path/to/tokenizer.json', "
+            f"CLI -t path/to/tokenizer.json); named vocabularies are {', '.join(VOCABULARIES)}."
+        )
     path = Path(value)
     if not path.is_file():
         raise FormatError(

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,12 +44,12 @@ from ..errors import ConfigError, DataWarning, FormatError, HeaderError, NoFiles
 from ..fs.paths import expand_path_texts
 from ..fs.untrusted import require_regular
 from ._parts import MappedParts, Part, PartTable
-from ._shards import StreamShards
 
 if TYPE_CHECKING:
     import numpy.typing as npt
 
     from ..core.files import LazyFiles
+    from .llmc_vocab import Vocab
 
 __all__ = [
     "Reader",
@@ -99,6 +100,9 @@ OTHER_MAGICS = {
     20240803: "an llm.c Llama-3 model checkpoint",
 }
 
+#: The least ``core.arrays.default_open_maps`` gives: a glob of at most this many shards never unmaps one.
+_FEWEST_OPEN_MAPS = 16
+
 #: Tokens the reader looks at to find the delimiter when none is given.
 DELIMITER_PROBE = 1 << 20
 
@@ -130,14 +134,39 @@ def shard_name(prefix: PathLike, split: str | None, index: int) -> Path:
 _INDEX_GLOB = "[0-9]" * 6
 
 
+def _pread_head(path: Path | str) -> bytes:
+    """The first ``HEADER_BYTES`` of a file: one ``open``, one ``pread``, one ``close`` (no buffered file object)."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        return os.pread(descriptor, HEADER_BYTES, 0)
+    finally:
+        os.close(descriptor)
+
+
+def _regular_size(path: Path) -> int:
+    """:func:`require_regular`, a missing file raising :class:`NoFilesError`."""
+    try:
+        return require_regular(path)
+    except FileNotFoundError:
+        raise NoFilesError(f"{path} does not exist.") from None
+
+
+def _pread_head_or_missing(path: Path | str) -> bytes:
+    """:func:`_pread_head`, a missing file raising :class:`NoFilesError`."""
+    try:
+        return _pread_head(path)
+    except FileNotFoundError:
+        raise NoFilesError(f"{path} does not exist.") from None
+
+
 def read_header(path: Path, head: bytes | None = None, size: int | None = None) -> tuple[Family, int]:
     """Validate a shard's header and size exactly as llm.c's loader does; return (family, ntok). ``head`` and
-    ``size``: the header bytes and the file size when they come from elsewhere (a shard opened by URL)."""
+    ``size``: the header bytes and the file size when they come from elsewhere (a shard opened by URL, or a header
+    read once at open)."""
     try:
         size = require_regular(path) if size is None else size  # a FIFO would block the read below
         if head is None:
-            with open(path, "rb") as handle:
-                head = handle.read(HEADER_BYTES)
+            head = _pread_head(path)
     except FileNotFoundError:
         raise NoFilesError(f"{path} does not exist.") from None
     if len(head) < HEADER_BYTES:
@@ -169,7 +198,7 @@ def read_header(path: Path, head: bytes | None = None, size: int | None = None) 
     return family, ntok
 
 
-_SHARD_NAME = re.compile(r"^(?P<stem>.+)_(?P<index>\d+)\.bin$")
+_SHARD_NAME = r"^(?P<stem>.+)_(?P<index>\d+)\.bin$"  # compiled by ``re``'s cache when a folder is listed
 
 
 def folder_shards(folder: Path, remote: LazyFiles | None = None) -> list[Path]:
@@ -180,14 +209,14 @@ def folder_shards(folder: Path, remote: LazyFiles | None = None) -> list[Path]:
     the glob of each, rather than read as one corpus that mixes them.
     """
     if remote is not None:
-        shards = [p for p in remote.paths(".bin", folder) if p.parent == folder and _SHARD_NAME.match(p.name)]
+        shards = [p for p in remote.paths(".bin", folder) if p.parent == folder and re.match(_SHARD_NAME, p.name)]
     else:
         shards = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".") and _is_shard(p))
     if not shards:
         raise NoFilesError(f"{folder} holds no llm.c token shards.")
     groups: dict[str, list[Path]] = {}
     for shard in shards:
-        match = _SHARD_NAME.match(shard.name)
+        match = re.match(_SHARD_NAME, shard.name)
         key = match.group("stem") if match else "(other names)"
         groups.setdefault(key, []).append(shard)
     if len(groups) > 1:
@@ -214,7 +243,7 @@ def remote_lazy(folder: Path, names: list[str]) -> bool:
     read by range; documents are found by scanning the tokens, so ``len()`` and documents fetch every shard, while
     ``tokens`` and windows fetch the shards they touch."""
     shards = [n for n in names if n.endswith(".bin")]
-    return bool(shards) and all(_SHARD_NAME.match(Path(n).name) for n in shards)
+    return bool(shards) and all(re.match(_SHARD_NAME, Path(n).name) for n in shards)
 
 
 def detect(probe: Probe) -> bool:
@@ -272,15 +301,20 @@ class Reader(MappedParts):
             texts = sorted(texts)
         if open_maps is not None:
             self.open_maps = self._init_kwargs["open_maps"] = int(open_maps)
+        elif len(texts) <= _FEWEST_OPEN_MAPS:  # the default bound is never below this: no need to ask the rlimit
+            self.open_maps = _FEWEST_OPEN_MAPS
         paths = [Path(texts[0])]
+        #: Shards whose header was read and checked under their pin (at open: the first); the rest at first map.
+        self._headers_checked: set[int] = set()
         if remote is None and len(texts) > 1:
-            self._set_parts(self._local_shards(texts))
-            first_head = self._head(paths[0], HEADER_BYTES)
+            table, first_head = self._local_shards(texts)
+            self._set_parts(table)
         else:
             paths = [Path(t) for t in texts]
-            if remote is None:
-                headers = [read_header(p) for p in paths]
-                first_head = self._head(paths[0], HEADER_BYTES)
+            if remote is None:  # one local shard: its header read once
+                size = _regular_size(paths[0])
+                first_head = _pread_head_or_missing(paths[0])
+                headers = [read_header(paths[0], first_head, size)]
             else:  # each header by one ranged request; the shard itself arrives on first use
                 heads = [self._head(p, HEADER_BYTES) for p in paths]
                 headers = [read_header(p, head, remote.size(p)) for p, head in zip(paths, heads)]
@@ -304,19 +338,23 @@ class Reader(MappedParts):
         self._init_kwargs["bos"] = self.bos if self.bos_rule != "unknown" else None
         self._init_kwargs["eos"] = self.eos
 
-    def _local_shards(self, texts: list[str]) -> PartTable:
+    def _local_shards(self, texts: list[str]) -> tuple[PartTable, bytes]:
         """Local shards, each costing one ``stat`` (its pin: size, inode, time) and nothing more: its token count
-        comes from its size; the first shard's header is read now (it decides the family), and every other header
-        is checked, as llm.c's loader checks it, when the shard is first mapped (:meth:`_open_part`), before any
-        token of it is read. A size no shard of the family can have is refused now, with its header's message."""
-        pins = []
-        for text in texts:
-            try:
-                info = os.stat(text)
-            except FileNotFoundError:
-                raise NoFilesError(f"{text} does not exist.") from None
-            pins.append((info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns))
-        self.family, _ = read_header(Path(texts[0]), size=pins[0][2])
+        comes from its size; the first shard's header is read now, once (it decides the family and the document
+        convention), and every other header is checked, as llm.c's loader checks it, when the shard is first
+        mapped (:meth:`_open_part`), before any token of it is read. A size no shard of the family can have is
+        refused now, with its header's message. Returns the table and the first shard's header."""
+        try:
+            infos = [os.stat(text) for text in texts]  # a comprehension: ~1 us a shard beyond the system call
+        except FileNotFoundError:
+            missing = next((text for text in texts if not os.path.exists(text)), texts[0])
+            raise NoFilesError(f"{missing} does not exist.") from None
+        if not stat.S_ISREG(infos[0].st_mode):
+            require_regular(Path(texts[0]))  # raises: a FIFO would block the header read below
+        pins = [(info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns) for info in infos]
+        first_head = _pread_head_or_missing(texts[0])
+        self.family, _ = read_header(Path(texts[0]), first_head, size=pins[0][2])
+        self._headers_checked.add(0)
         body = np.fromiter((pin[2] for pin in pins), dtype=np.int64, count=len(pins)) - HEADER_BYTES
         itemsize = self.family.dtype.itemsize
         impossible = np.flatnonzero((body < 0) | (body % itemsize != 0))
@@ -325,7 +363,7 @@ class Reader(MappedParts):
             self._files.pin_as(where, pins[int(impossible[0])])
             self._checked_header(where)  # raises: its header says what is wrong with its size
             raise SizeMismatchError(f"{where}: {pins[int(impossible[0])][2]:,} bytes is no {itemsize}-byte shard.")
-        return PartTable(texts, HEADER_BYTES, body // itemsize, self.family.dtype, pins)
+        return PartTable(texts, HEADER_BYTES, body // itemsize, self.family.dtype, pins), first_head
 
     def _checked_header(self, path: Path) -> int:
         """Shard ``path``'s header, validated against its pinned size and this corpus's family; its ``ntok``."""
@@ -340,11 +378,14 @@ class Reader(MappedParts):
             raise HeaderError(f"{paths[0].parent}: the shards mix model families {names}; open them separately.")
 
     def _open_part(self, index: int) -> np.ndarray:
-        """Map shard ``index`` after checking its header against its size and the corpus's family."""
-        part = self._pin_part(index)
-        self._check_pin(part.path)
-        if self._checked_header(part.path) != part.tokens:  # the pin holds the size, so only a bug gets here
-            raise SizeMismatchError(f"{part.path}: header field 'ntok' disagrees with the size pinned at open.")
+        """Map shard ``index`` after checking its header against its size and the corpus's family (the first
+        shard's was checked at open, under the same pin, which the map checks again)."""
+        if index not in self._headers_checked:
+            part = self._pin_part(index)
+            self._check_pin(part.path)
+            if self._checked_header(part.path) != part.tokens:  # the pin holds the size, so only a bug gets here
+                raise SizeMismatchError(f"{part.path}: header field 'ntok' disagrees with the size pinned at open.")
+            self._headers_checked.add(index)
         return super()._open_part(index)
 
     def _convention(self, recorded: tuple[str, int | None] | None) -> None:
@@ -372,7 +413,10 @@ class Reader(MappedParts):
         first_shard = next((k for k, part in enumerate(self._parts) if part.tokens), None)
         if first_shard is None:
             return self.family.delimiter
-        probe = np.asarray(self.shards[first_shard][:DELIMITER_PROBE])
+        shard = self.shards[first_shard]
+        if int(shard[0]) == self.family.delimiter:  # llm.c's own shards: one page read, not DELIMITER_PROBE tokens
+            return self.family.delimiter
+        probe = np.asarray(shard[:DELIMITER_PROBE])
         return self.family.delimiter if (probe == self.family.delimiter).any() else None
 
     def _unknown_where(self) -> str:
@@ -493,6 +537,8 @@ class Writer(TokenWriter):
         self.bos = check_id(bos, chosen, vocab_size, "bos")
         self._header = np.zeros(HEADER_INTS, dtype="<i4")
         self._header[:2] = (self.family.magic, self.family.version)
+        from ._shards import StreamShards  # the writer's alone: opening shards need not import it
+
         self._shards = StreamShards(self.shard_size, self._open_shard, self._close_shard)
         self.shard_paths: list[Path] = []
         self._files.check_destination(shard_name(self.path, split, 0))
@@ -542,7 +588,15 @@ class Writer(TokenWriter):
         self._shards.finish()  # an empty corpus is one empty shard, as write_datafile would write
 
 
-# The vocabulary is llm.c's too: ``tokformats.llmc.Vocab`` (its own module holds the format).
-from .llmc_vocab import Vocab  # noqa: E402
-
+# The vocabulary is llm.c's too: ``tokformats.llmc.Vocab`` (its own module holds the format), imported when asked
+# for, so that opening shards does not import it.
 __all__ += ["Vocab"]
+
+
+def __getattr__(name: str) -> Any:
+    """``Vocab``, imported on first use (PEP 562)."""
+    if name == "Vocab":
+        from .llmc_vocab import Vocab
+
+        return Vocab
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,6 +12,15 @@ Layout (little-endian)::
 Records hold each token's raw bytes (partial UTF-8 stays partial; special tokens are their UTF-8
 text). llm.c's C reader NUL-terminates records, so it cuts a token at a 0x00 byte; this reader
 keeps every byte. Decoding concatenates records, then decodes UTF-8 with replacement.
+
+Ids no token has. The file holds one record per id below N, and llm.c's reader asserts every record
+is non-empty (``tokenizer.h``: ``assert(length > 0)``), so a vocabulary with gaps (cl100k_base: 100256
+and 100261-100275 between its ranks and its specials; o200k_base, deepseek_v3 likewise) cannot leave
+them out or write them empty. llm.c itself has no answer: its ``write_tokenizer`` (``train_gpt2.py``)
+writes ``enc.decode_bytes([i])`` for every ``i`` up to ``max_token_value``, which tiktoken refuses for
+cl100k_base's 100256 (``KeyError: Invalid token for decoding``). The export writes the placeholder
+:func:`unassigned_token` (``<|unassigned_100256|>``) there: llm.c reads it and prints it, tokformats'
+reader decodes it to the same text, and an id that should never occur is visible where it does.
 """
 
 from __future__ import annotations
@@ -32,7 +41,17 @@ from ..fs.untrusted import read_file
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-__all__ = ["Vocab", "Reader", "Writer", "detect", "export_tokenizer", "MAGIC", "GPT2_EOT", "GPT2_VOCAB_SIZE"]
+__all__ = [
+    "Vocab",
+    "Reader",
+    "Writer",
+    "detect",
+    "export_tokenizer",
+    "unassigned_token",
+    "MAGIC",
+    "GPT2_EOT",
+    "GPT2_VOCAB_SIZE",
+]
 
 #: This format's entry in :data:`tokformats.formats` (the registry finds it here).
 DESCRIPTOR = FormatDescriptor(
@@ -45,6 +64,11 @@ HEADER_BYTES = 1024
 GPT2_VOCAB_SIZE = 50257
 GPT2_EOT = 50256
 _MAX_TOKEN_BYTES = 255
+
+
+def unassigned_token(token_id: int) -> bytes:
+    """The record written for an id no token has (see the module's notes): ``<|unassigned_ID|>`` in ASCII."""
+    return f"<|unassigned_{token_id}|>".encode("ascii")
 
 
 def detect(probe: Probe) -> bool:
@@ -121,13 +145,15 @@ class Vocab(BaseReader[bytes]):
     def from_tokenizer(cls, tokenizer: Any, *, eot_token: int | str | None = None, version: int = 2) -> Vocab:
         """Export a ``tokenizers`` tokenizer (object, ``tokenizer.json`` or its folder).
 
-        Byte-level BPE and SentencePiece-style vocabularies are supported. The end-of-text id is
-        ``eot_token`` (an id or a token string) or else the tokenizer's ``<|endoftext|>``.
+        Byte-level BPE and SentencePiece-style vocabularies are supported (a name such as ``"cl100k_base"``
+        too). The end-of-text id is ``eot_token`` (an id or a token string) or else the tokenizer's
+        ``<|endoftext|>``. An id no token has gets :func:`unassigned_token`.
         """
         from ..core.vocab import end_of_text_id, load_tokenizer, token_bytes
 
         loaded = load_tokenizer(tokenizer)
-        return cls.from_tokens(token_bytes(loaded), end_of_text_id(loaded, eot_token), version=version)
+        tokens = token_bytes(loaded, unassigned=unassigned_token)
+        return cls.from_tokens(tokens, end_of_text_id(loaded, eot_token), version=version)
 
     def __reduce__(self) -> tuple[Any, ...]:
         if self._path is None:

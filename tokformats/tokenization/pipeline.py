@@ -63,8 +63,9 @@ from .workers import parent_watch, submitter
 __all__ = ["tokenize", "split_fractions", "output_paths"]
 
 EOS_MODES = ("append", "prepend", "none")
-#: The end-of-document tokens looked up, in order, when no ``eos_id`` is given (GPT's and tiktoken's, Llama 3's).
-END_OF_DOCUMENT = (END_OF_TEXT, "<|end_of_text|>")
+#: The end-of-document tokens looked up, in order, when no ``eos_id`` is given (GPT's and tiktoken's, Llama 3's,
+#: DeepSeek's).
+END_OF_DOCUMENT = (END_OF_TEXT, "<|end_of_text|>", "<\uff5cend\u2581of\u2581sentence\uff5c>")
 CHECKPOINT = "checkpoint.json"
 PARTITION_WAIT = 60.0  # seconds a partition waits for a killed run's orphaned worker to stop writing it
 _SPOOL_CHUNK = 1 << 24  # tokens per write_batch call when writing the outputs
@@ -981,14 +982,16 @@ def tokenize(
         inputs: files, globs or folders (``.txt``, ``.json``, ``.jsonl``, ``.parquet``; ``.gz``/``.zst``), or an
             iterable of strings (a ``datasets.Dataset`` column works).
         tokenizer: a ``tokenizers.Tokenizer``, a ``tokenizer.json``, a folder holding one, a vocabulary name
-            (``"cl100k_base"``, ``"o200k_base"``, ``"llama3"``; offline) or a ``.tiktoken`` rank file.
+            (``"cl100k_base"``, ``"o200k_base"``, ``"llama3"``, ``"deepseek_v3"``; offline) or a ``.tiktoken`` rank
+            file.
         output: the output path prefix (see :func:`output_paths` for the names).
         format: any corpus format with a writer (``tokformats.formats`` lists them); by default the registry's
             default corpus format (Megatron's indexed dataset).
         text_key: JSON/Parquet key(s) holding the text; several keys give several outputs.
         eos: ``append`` the end-of-text id after each document, ``prepend`` it, or ``none``; by default the
             format's own convention (llm.c: ``prepend``, as its writers do; the others: ``append``).
-        eos_id: the id to use; default: the tokenizer's ``<|endoftext|>`` (Llama 3: ``<|end_of_text|>``).
+        eos_id: the id to use; default: the tokenizer's ``<|endoftext|>`` (Llama 3: ``<|end_of_text|>``, DeepSeek: its
+            end of sentence, id 1).
         split: ``{"train": 0.8, "val": 0.1, "test": 0.1}`` or ``"8:1:1"``: by document, reproducible from ``seed``.
         unit: for ``.txt``: a document per ``line``, per ``file`` or per blank-line ``paragraph``.
         batch_size: documents per ``encode_batch_fast`` call.
