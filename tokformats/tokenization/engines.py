@@ -245,15 +245,16 @@ def calibration_texts() -> list[str]:
     return sample_texts(1500)
 
 
-def _rate(engine: Engine, texts: list[str], rounds: int = 3) -> float:
-    """``engine``'s best throughput on ``texts`` in MB/s (UTF-8 bytes), over ``rounds`` runs."""
+def _rate(engine: Engine, texts: list[str], rounds: int = 3, split_special: bool = False) -> float:
+    """``engine``'s best throughput on ``texts`` in MB/s (UTF-8 bytes), over ``rounds`` runs (with
+    ``split_special``: as chat message text is encoded)."""
     import time
 
     size = sum(len(t.encode("utf-8")) for t in texts)
     best = float("inf")
     for _ in range(rounds):
         started = time.perf_counter()
-        engine.encode(texts)
+        encoded(engine, texts, split_special)
         best = min(best, time.perf_counter() - started)
     return size / max(best, 1e-9) / 1e6
 
@@ -276,11 +277,12 @@ def _gated(tokenizer: Any, name: str, reference: Engine, texts: list[str]) -> tu
     return candidate, f"{name} passed the identity gate ({len(texts)} adversarial texts)"
 
 
-def select_engine(tokenizer: Any, engine: str = "auto") -> tuple[Engine, str]:
+def select_engine(tokenizer: Any, engine: str = "auto", split_special: bool = False) -> tuple[Engine, str]:
     """The engine to encode with, and why (for the progress line and the summary).
 
     ``"auto"``: of the fast engines (fastokens, splintr) that are installed and pass the identity gate on
-    :func:`adversarial_texts`, the one measured fastest on :func:`calibration_texts`; else tokenizers.
+    :func:`adversarial_texts`, the one measured fastest on :func:`calibration_texts` (encoded as chat message text
+    with ``split_special``: an engine that hands that to tokenizers is timed doing so); else tokenizers.
     ``"fastokens"`` / ``"splintr"``: the same gate, raising :class:`EngineError` when the engine is missing or
     refuses the tokenizer, :class:`EngineMismatchError` when it differs. ``"tokenizers"``: the reference, unchecked.
     """
@@ -310,7 +312,7 @@ def select_engine(tokenizer: Any, engine: str = "auto") -> tuple[Engine, str]:
     if len(passed) == 1:
         return passed[0]
     sample = calibration_texts()
-    rates = [(_rate(candidate, sample), candidate, reason) for candidate, reason in passed]
+    rates = [(_rate(candidate, sample, split_special=split_special), candidate, reason) for candidate, reason in passed]
     _, fastest, reason = max(rates, key=lambda r: r[0])
     measured = ", ".join(f"{c.name} {r:.0f} MB/s" for r, c, _ in rates)
     return fastest, f"{reason}; the fastest that passed (measured on the calibration text: {measured})"
