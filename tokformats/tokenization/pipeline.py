@@ -508,7 +508,8 @@ class Encoder:
     ) -> None:
         self.reference = TokenizersEngine(tokenizer)
         # A chat run encodes message text with split_special: ``auto`` times the engines doing that.
-        self.engine, self.reason = chosen or select_engine(tokenizer, engine, split_special)
+        timed_as = {"split_special": True} if split_special else {}
+        self.engine, self.reason = chosen or select_engine(tokenizer, engine, **timed_as)
         self.explicit = engine != "auto"
         self.verify_fraction = verify_fraction
         self._draws = np.random.default_rng([seed, partition])
