@@ -63,6 +63,8 @@ class Engine(ABC):
     """Encodes batches of texts to ``(flat uint32 ids, int64 lengths)``."""
 
     name: str = ""
+    #: Whether ``encode(texts, split_special=True)`` is the engine's own work (False: it hands it to tokenizers).
+    splits_specials: bool = True
 
     @abstractmethod
     def encode(self, texts: list[str], split_special: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -135,6 +137,7 @@ class SplintrEngine(Engine):
     would hang: there each text is encoded on the calling thread (``encode_flat``), the same ids."""
 
     name = "splintr"
+    splits_specials = False
 
     def __init__(self, tokenizer_json: str) -> None:
         import splintr
@@ -281,8 +284,9 @@ def select_engine(tokenizer: Any, engine: str = "auto", split_special: bool = Fa
     """The engine to encode with, and why (for the progress line and the summary).
 
     ``"auto"``: of the fast engines (fastokens, splintr) that are installed and pass the identity gate on
-    :func:`adversarial_texts`, the one measured fastest on :func:`calibration_texts` (encoded as chat message text
-    with ``split_special``: an engine that hands that to tokenizers is timed doing so); else tokenizers.
+    :func:`adversarial_texts`, the one measured fastest on :func:`calibration_texts`; else tokenizers. With
+    ``split_special`` (a chat run's message text), the engines that split special tokens themselves are preferred
+    (splintr hands that text to tokenizers) and timed doing it.
     ``"fastokens"`` / ``"splintr"``: the same gate, raising :class:`EngineError` when the engine is missing or
     refuses the tokenizer, :class:`EngineMismatchError` when it differs. ``"tokenizers"``: the reference, unchecked.
     """
@@ -309,6 +313,8 @@ def select_engine(tokenizer: Any, engine: str = "auto", split_special: bool = Fa
             passed.append((chosen, reason))
     if not passed:
         return reference, "; ".join(refused)
+    if split_special:  # an engine handing chat text to tokenizers is no faster at it than tokenizers itself
+        passed = [p for p in passed if p[0].splits_specials] or passed
     if len(passed) == 1:
         return passed[0]
     sample = calibration_texts()
