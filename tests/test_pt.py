@@ -413,6 +413,19 @@ def test_a_masked_folder_resumed_without_masks_trains_on_the_new_tokens(tmp_path
         assert np.asarray(reader.loss_masks[:]).astype(int).tolist() == [0, 0, 1, 1, 0, 1, 1, 1, 1]
 
 
+def test_a_folder_whose_shards_all_have_masks_stays_masked_without_a_recorded_leftover_mask(tmp_path: Path) -> None:
+    """A checkpoint written before leftover masks were recorded (no key, no leftover): the masked shards decide."""
+    with tokformats.create(tmp_path / "s", "pt", tokens_per_shard=4) as writer:
+        writer.write([1, 2, 3, 4], loss_mask=[0, 1, 0, 1])
+    checkpoints = json.loads((tmp_path / "s" / "checkpoints.json").read_text())
+    assert checkpoints["default"].pop("leftover_loss_mask") == []
+    (tmp_path / "s" / "checkpoints.json").write_text(json.dumps(checkpoints))
+    with tokformats.create(tmp_path / "s", "pt", tokens_per_shard=4, resume=True) as writer:
+        writer.write([5, 6])
+    with tokformats.open(tmp_path / "s") as reader:
+        assert np.asarray(reader.loss_masks[:]).astype(int).tolist() == [0, 1, 0, 1, 1, 1]
+
+
 @pytest.mark.parametrize("leftover", [True, False])
 def test_masks_cannot_start_in_a_resumed_folder_written_without(tmp_path: Path, leftover: bool) -> None:
     with tokformats.create(tmp_path / "s", "pt", tokens_per_shard=4, final_shard=False) as writer:

@@ -745,6 +745,8 @@ class FolderWriter(Writer):
             self._manifest = _json_object(self.path / MANIFEST) or {}
             self._checkpoints = _json_object(self.path / CHECKPOINTS) or {}
             leftover, self._documents_before, leftover_mask = self._resume_point(source, chosen, bool(existing))
+            if leftover_mask is None and existing and not len(leftover) and self._all_masked(existing):
+                leftover_mask = np.zeros(0, dtype=np.uint8)  # masked shards, checkpointed before leftover masks were
             # Replace (not keep) the files we rewrite.
             self._files = AtomicFiles(overwrite=True)
         elif existing or (self.path / MANIFEST).exists():
@@ -779,6 +781,11 @@ class FolderWriter(Writer):
         if leftover_mask is not None:  # a masked source stays masked: a later write without a mask trains on all
             self.loss_masked = True
             self._start_masks().write(leftover_mask)
+
+    @staticmethod
+    def _all_masked(shards: list[tuple[int, Path]]) -> bool:
+        """Whether every shard has its ``shard_N.loss_mask.pt``."""
+        return all(loss_mask_path(path).is_file() for _, path in shards)
 
     def _unmasked_part(self, existing: list[tuple[int, Path]], leftover: np.ndarray) -> str | None:
         """What of a resumed folder has no loss mask (its leftover tokens, a shard), or None when nothing does."""
