@@ -507,7 +507,7 @@ class Encoder:
         split_special: bool = False,
     ) -> None:
         self.reference = TokenizersEngine(tokenizer)
-        # A chat run encodes message text with split_special: ``auto`` times the engines doing that.
+        # A chat run encodes message text with split_special: ``auto`` picks among the engines that do it themselves.
         timed_as = {"split_special": True} if split_special else {}
         self.engine, self.reason = chosen or select_engine(tokenizer, engine, **timed_as)
         self.explicit = engine != "auto"
