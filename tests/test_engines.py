@@ -84,6 +84,46 @@ def test_tokenizers_engine_is_the_reference(tokenizer_path: Path) -> None:
     )
 
 
+def test_auto_prefers_for_chat_text_the_engines_that_split_specials_themselves(
+    monkeypatch: pytest.MonkeyPatch, tokenizer_path: Path
+) -> None:
+    """A chat run encodes message text with special tokens split as text, which splintr hands to tokenizers: auto
+    leaves it out there (and times the others encoding such text), however fast it is on plain text."""
+    pytest.importorskip("fastokens")
+    pytest.importorskip("splintr")
+    from tokformats.tokenization import engines
+
+    timed: list[tuple[str, bool]] = []
+
+    def rate(engine: Engine, texts: list[str], rounds: int = 3, split_special: bool = False) -> float:
+        timed.append((engine.name, split_special))
+        return {"fastokens": 1.0, "splintr": 2.0}[engine.name]
+
+    monkeypatch.setattr(engines, "_rate", rate)
+    tokenizer = _tokenizer(tokenizer_path)
+    assert select_engine(tokenizer, "auto")[0].name == "splintr"
+    assert select_engine(tokenizer, "auto", split_special=True)[0].name == "fastokens"
+    assert timed == [("fastokens", False), ("splintr", False)]  # one engine left for chat text: nothing to time
+    assert not engines.SplintrEngine.splits_specials and engines.FastokensEngine.splits_specials
+
+
+def test_a_chat_run_asks_auto_for_the_engine_of_chat_text(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                         tokenizer_path: Path) -> None:  # fmt: skip
+    asked: list[dict[str, Any]] = []
+
+    def choose(tokenizer: Any, engine: str = "auto", **timed_as: Any) -> tuple[Engine, str]:
+        asked.append(timed_as)
+        return TokenizersEngine(tokenizer), "a test choice"
+
+    monkeypatch.setattr(pipeline, "select_engine", choose)
+    chats = tmp_path / "chats.jsonl"
+    turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
+    chats.write_text(json.dumps({"messages": turns}) + "\n")
+    tokformats.tokenize(_corpus(tmp_path), tokenizer_path, tmp_path / "text", "datatrove", progress=False)
+    tokformats.tokenize(chats, tokenizer_path, tmp_path / "chat", "datatrove", chat="messages", progress=False)
+    assert asked == [{}, {"split_special": True}]
+
+
 def test_unknown_engine_is_refused(tokenizer_path: Path) -> None:
     with pytest.raises(tokformats.ConfigError, match="engine must be one of auto, tokenizers, fastokens, splintr"):
         select_engine(_tokenizer(tokenizer_path), "fast")

@@ -15,6 +15,7 @@ import pytest
 
 import tokformats
 from tokformats import FormatError, NoFilesError, OutputExistsError, SizeMismatchError, UnsafePickleError
+from tokformats.core.documents import add_delimiter
 from tokformats.formats import _torchfile as torchfile
 from tokformats.formats import pt
 from tokformats.testing import TokenFormatTests
@@ -355,6 +356,136 @@ def test_resume_equals_one_uninterrupted_run(tmp_path: Path) -> None:
     assert first["leftover_tokens"] == second["leftover_tokens"] and second["documents_processed"] == 60
     manifest = json.loads((tmp_path / "twice" / "manifest.json").read_text())
     assert manifest["total_shards"] == len(once) and manifest["sources"]["default"]["documents_processed"] == 60
+
+
+def _masked_documents(seed: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Documents (ids 1..99), their lengths (some empty) and a loss mask with runs of 0 and 1."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 40, size=60)
+    flat = rng.integers(1, 100, size=int(lengths.sum()))
+    mask = (np.arange(len(flat)) // 7 % 3 == 0).astype(np.uint8)
+    return flat, lengths, mask
+
+
+def _folder_files(folder: Path) -> dict[str, Any]:
+    """Every shard's and mask shard's bytes, and the checkpoints without their timestamps."""
+    files: dict[str, Any] = {p.name: p.read_bytes() for p in sorted(folder.glob("shard_*.pt"))}
+    checkpoints = json.loads((folder / "checkpoints.json").read_text())
+    files["checkpoints"] = {s: {k: v for k, v in e.items() if k != "timestamp"} for s, e in checkpoints.items()}
+    return files
+
+
+@pytest.mark.parametrize("final_shard", [False, True])
+def test_a_masked_folder_resumes_to_the_same_shards_and_masks(tmp_path: Path, final_shard: bool) -> None:
+    flat, lengths, mask = _masked_documents()
+    options = {"tokens_per_shard": 97, "eos": 0}
+    with tokformats.create(tmp_path / "once", "pt", final_shard=final_shard, **options) as writer:
+        writer.write_batch(flat, lengths, mask)
+    cut = int(lengths[:25].sum())
+    with tokformats.create(tmp_path / "twice", "pt", final_shard=False, **options) as writer:
+        writer.write_batch(flat[:cut], lengths[:25], mask[:cut])
+    first = json.loads((tmp_path / "twice" / "checkpoints.json").read_text())["default"]
+    assert len(first["leftover_loss_mask"]) == len(first["leftover_tokens"]) > 0  # the cut falls inside a shard
+    with tokformats.create(tmp_path / "twice", "pt", resume=True, final_shard=final_shard, **options) as writer:
+        writer.write_batch(flat[cut:], lengths[25:], mask[cut:])
+    once, twice = _folder_files(tmp_path / "once"), _folder_files(tmp_path / "twice")
+    assert once == twice
+    assert sum(name.endswith(".loss_mask.pt") for name in once) == len(pt.shard_files(tmp_path / "once"))
+    with tokformats.open(tmp_path / "twice") as reader:
+        stored = np.asarray(reader.loss_masks[:]).astype(np.uint8)
+        tokens = np.asarray(reader.tokens[:])
+    expected, _ = add_delimiter(mask, lengths, 1)  # the writer's EOS after each document is trained on
+    kept = len(tokens)  # without a final shard, the tail is in checkpoints.json, not a shard
+    assert kept == (len(expected) if final_shard else len(expected) // 97 * 97)
+    np.testing.assert_array_equal(stored, expected[:kept])
+    tail = twice["checkpoints"]["default"]["leftover_loss_mask"]
+    assert tail == expected[kept:].tolist()
+
+
+def test_a_masked_folder_resumed_without_masks_trains_on_the_new_tokens(tmp_path: Path) -> None:
+    with tokformats.create(tmp_path / "s", "pt", tokens_per_shard=4, final_shard=False) as writer:
+        writer.write([1, 2, 3, 4, 5, 6], loss_mask=[0, 0, 1, 1, 0, 1])
+    with tokformats.create(tmp_path / "s", "pt", tokens_per_shard=4, resume=True) as writer:
+        writer.write([7, 8, 9])
+        assert writer.loss_masked
+    with tokformats.open(tmp_path / "s") as reader:
+        assert np.asarray(reader.tokens[:]).tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+        assert np.asarray(reader.loss_masks[:]).astype(int).tolist() == [0, 0, 1, 1, 0, 1, 1, 1, 1]
+
+
+def test_a_folder_whose_shards_all_have_masks_stays_masked_without_a_recorded_leftover_mask(tmp_path: Path) -> None:
+    """A checkpoint written before leftover masks were recorded (no key, no leftover): the masked shards decide."""
+    with tokformats.create(tmp_path / "s", "pt", tokens_per_shard=4) as writer:
+        writer.write([1, 2, 3, 4], loss_mask=[0, 1, 0, 1])
+    checkpoints = json.loads((tmp_path / "s" / "checkpoints.json").read_text())
+    assert checkpoints["default"].pop("leftover_loss_mask") == []
+    (tmp_path / "s" / "checkpoints.json").write_text(json.dumps(checkpoints))
+    with tokformats.create(tmp_path / "s", "pt", tokens_per_shard=4, resume=True) as writer:
+        writer.write([5, 6])
+    with tokformats.open(tmp_path / "s") as reader:
+        assert np.asarray(reader.loss_masks[:]).astype(int).tolist() == [0, 1, 0, 1, 1, 1]
+
+
+@pytest.mark.parametrize("leftover", [True, False])
+def test_masks_cannot_start_in_a_resumed_folder_written_without(tmp_path: Path, leftover: bool) -> None:
+    with tokformats.create(tmp_path / "s", "pt", tokens_per_shard=4, final_shard=False) as writer:
+        writer.write([1, 2, 3, 4, 5] if leftover else [1, 2, 3, 4])
+    before = {p.name: p.read_bytes() for p in (tmp_path / "s").iterdir()}
+    why = "leftover tokens of 'default' in checkpoints.json" if leftover else "shard_0.pt has no shard_0.loss_mask.pt"
+    with pytest.raises(FormatError, match=f"loss masks cannot start in a resumed folder.*{why}"):
+        with tokformats.create(tmp_path / "s", "pt", tokens_per_shard=4, resume=True) as writer:
+            writer.write([6, 7], loss_mask=[1, 0])
+    assert {p.name: p.read_bytes() for p in (tmp_path / "s").iterdir()} == before
+
+
+@pytest.mark.parametrize("bad", [[1, 0], [0, 2, 1], "011"])
+def test_a_bad_leftover_mask_is_refused_naming_the_checkpoint(tmp_path: Path, bad: Any) -> None:
+    with tokformats.create(tmp_path / "s", "pt", tokens_per_shard=4, final_shard=False) as writer:
+        writer.write([1, 2, 3, 4, 5, 6, 7], loss_mask=[1] * 7)
+    checkpoints = json.loads((tmp_path / "s" / "checkpoints.json").read_text())
+    checkpoints["default"]["leftover_loss_mask"] = bad
+    (tmp_path / "s" / "checkpoints.json").write_text(json.dumps(checkpoints))
+    with pytest.raises(FormatError, match=r"checkpoints\.json: default\.leftover_loss_mask"):
+        tokformats.create(tmp_path / "s", "pt", tokens_per_shard=4, resume=True)
+
+
+_STOP_AT: list[int] = []
+
+
+def _stopping_chat(record: dict[str, Any]) -> list[dict[str, str]]:
+    """A chat callable that stops the run (as Ctrl-C would) at the record numbered in ``_STOP_AT``."""
+    if _STOP_AT and record["n"] == _STOP_AT[0]:
+        raise KeyboardInterrupt
+    return [{"role": "user", "content": record["q"]}, {"role": "assistant", "content": record["a"]}]
+
+
+@pytest.mark.parametrize("final_shard", [False, True])
+def test_an_interrupted_chat_run_into_a_folder_resumes_to_identical_shards_and_masks(
+    tmp_path: Path, tokenizer_path: Path, final_shard: bool
+) -> None:
+    from tokformats.tokenization.sample_text import sample_texts
+
+    texts = [t for t in sample_texts(400, seed=5) if t.strip()]
+    source = tmp_path / "chats.jsonl"
+    source.write_text("".join(json.dumps({"n": k, "q": texts[k], "a": texts[k + 1]}) + "\n" for k in range(300)))
+    common: dict[str, Any] = {"chat": _stopping_chat, "batch_size": 10, "checkpoint_every": 0, "progress": False,
+                              "tokens_per_shard": 1000, "final_shard": final_shard}  # fmt: skip
+    reference = tokformats.tokenize([source], tokenizer_path, tmp_path / "ref", "pt", **common)
+    _STOP_AT.append(205)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            tokformats.tokenize([source], tokenizer_path, tmp_path / "run", "pt", **common)
+    finally:
+        _STOP_AT.clear()
+    assert not (tmp_path / "run").exists()  # nothing is written before the run ends
+    resumed = tokformats.tokenize([source], tokenizer_path, tmp_path / "run", "pt", resume=True, **common)
+    assert resumed["documents"] == reference["documents"] == 300
+    assert resumed["outputs"]["text"]["trained_tokens"] == reference["outputs"]["text"]["trained_tokens"]
+    once, twice = _folder_files(tmp_path / "ref"), _folder_files(tmp_path / "run")
+    assert once == twice and sum(name.endswith(".loss_mask.pt") for name in once) >= 2
+    assert ("leftover_loss_mask" in once["checkpoints"]["default"]) and len(
+        once["checkpoints"]["default"]["leftover_loss_mask"]
+    ) == len(once["checkpoints"]["default"]["leftover_tokens"])
 
 
 def test_resume_of_the_golden_folder_continues_after_its_leftover(fixtures: Path, tmp_path: Path) -> None:

@@ -17,7 +17,9 @@ A shard folder (NeuroShard Genesis layout)::
 
 Loss masks (optional) are bool tensors beside the tokens, one per token: ``NAME.loss_mask.pt`` beside ``NAME.pt``,
 and in a folder ``shard_N.loss_mask.pt`` beside each ``shard_N.pt`` (cut at the same places; not listed in the
-manifest, whose shard list stays Genesis's).
+manifest, whose shard list stays Genesis's). A masked source's checkpoint also records ``"leftover_loss_mask"``
+(0/1, parallel to ``leftover_tokens``), so that a resumed run continues the masks exactly as it continues the
+tokens; each mask shard is committed with its shard.
 
 The packer concatenates documents and cuts fixed-size shards; the tail that does not fill a shard is
 kept as ``leftover_tokens`` so that a resumed run continues exactly where the last one stopped.
@@ -101,6 +103,8 @@ MANIFEST = "manifest.json"
 #: The Genesis manifest version whose fields the writer records (``shards`` with a SHA-256 per file).
 MANIFEST_VERSION = 3
 CHECKPOINTS = "checkpoints.json"
+#: The key of a masked source's checkpoint holding its leftover tokens' loss mask (0/1, parallel to the tokens).
+LEFTOVER_MASK = "leftover_loss_mask"
 #: The manifest key where tokformats records how documents are delimited (``{"eos": 0}``): Genesis readers ignore
 #: it, and the folder reads back by document without ``eos=``.
 DELIMITER_KEY = "document_delimiter"
@@ -671,16 +675,19 @@ class FolderWriter(Writer):
     manifest last); an exception leaves the folder as it was.
     """
 
-    def _resume_point(self, source: str, dtype: np.dtype, has_shards: bool) -> tuple[np.ndarray, int]:
-        """What ``checkpoints.json`` records for ``source``: the tokens left over after its last full shard, and how
-        many documents it had processed (none and 0 for a new source)."""
+    def _resume_point(
+        self, source: str, dtype: np.dtype, has_shards: bool
+    ) -> tuple[np.ndarray, int, np.ndarray | None]:
+        """What ``checkpoints.json`` records for ``source``: the tokens left over after its last full shard, how
+        many documents it had processed (none and 0 for a new source), and the leftover tokens' loss mask (None
+        when the source was written without masks)."""
         state = self._checkpoints.get(source)
         if state is None and has_shards:
             raise FormatError(f"{self.path / CHECKPOINTS} has no entry for source {source!r}; cannot resume it.")
         if not isinstance(state, (dict, type(None))):
             raise FormatError(f"{self.path / CHECKPOINTS}: the entry of {source!r} must be an object.")
         if state is None:
-            return np.zeros(0, dtype=dtype), 0
+            return np.zeros(0, dtype=dtype), 0, None
         where = f"{self.path / CHECKPOINTS}: {source}.leftover_tokens"
         values = numbers(state.get("leftover_tokens", []), where, "a list of token ids")
         if values.size and values.dtype.kind not in "iu":
@@ -688,7 +695,20 @@ class FolderWriter(Writer):
         processed = state.get("documents_processed", 0)
         if type(processed) is not int:
             raise FormatError(f"{self.path / CHECKPOINTS}: {source}.documents_processed is {processed!r:.40}.")
-        return check_tokens(values.astype(np.int64), dtype), processed
+        mask = self._leftover_mask(state, source, len(values))
+        return check_tokens(values.astype(np.int64), dtype), processed, mask
+
+    def _leftover_mask(self, state: dict[str, Any], source: str, tokens: int) -> np.ndarray | None:
+        """The checkpoint's ``leftover_loss_mask`` of ``source`` as uint8 0/1 (one per leftover token), or None."""
+        if LEFTOVER_MASK not in state:
+            return None
+        where = f"{self.path / CHECKPOINTS}: {source}.{LEFTOVER_MASK}"
+        mask = numbers(state[LEFTOVER_MASK], where, "a list of 0 and 1")
+        if mask.ndim != 1 or len(mask) != tokens:
+            raise FormatError(f"{where} holds {mask.size} values; expected one per leftover token ({tokens}).")
+        if mask.size and (mask.dtype.kind not in "iub" or mask.min() < 0 or mask.max() > 1):
+            raise FormatError(f"{where} must hold 0 and 1 only, found {mask[(mask < 0) | (mask > 1)][:1].tolist()}.")
+        return mask.astype(np.uint8)
 
     def __init__(
         self,
@@ -719,11 +739,14 @@ class FolderWriter(Writer):
         self._checkpoints: dict[str, Any] = {}
         existing = shard_files(self.path) if self.path.is_dir() else []
         leftover = np.zeros(0, dtype=chosen)
+        leftover_mask: np.ndarray | None = None
         self._documents_before = 0
         if resume:
             self._manifest = _json_object(self.path / MANIFEST) or {}
             self._checkpoints = _json_object(self.path / CHECKPOINTS) or {}
-            leftover, self._documents_before = self._resume_point(source, chosen, bool(existing))
+            leftover, self._documents_before, leftover_mask = self._resume_point(source, chosen, bool(existing))
+            if leftover_mask is None and existing and not len(leftover) and self._all_masked(existing):
+                leftover_mask = np.zeros(0, dtype=np.uint8)  # masked shards, checkpointed before leftover masks were
             # Replace (not keep) the files we rewrite.
             self._files = AtomicFiles(overwrite=True)
         elif existing or (self.path / MANIFEST).exists():
@@ -742,16 +765,34 @@ class FolderWriter(Writer):
         self._next_index = (existing[-1][0] + 1) if existing else 0
         self._buffer = np.empty(tokens_per_shard, dtype=chosen)
         self._shards = StreamShards(tokens_per_shard, self._start_shard, self._end_shard, self._fill)
-        self._resumed = resume
-        #: The loss masks, cut into shards at the same places as the tokens (made by the first masked write).
+        #: The loss masks, cut into shards at the same places as the tokens (made by the first masked write, or
+        #: at once when resuming a masked source).
         self._mask_shards: StreamShards | None = None
+        self._mask_buffer = np.empty(0, dtype=np.uint8)
         self._mask_index = self._next_index
+        #: Why this writer may not start masks (a resumed folder whose shards or leftover have none), or None.
+        self._unmaskable = self._unmasked_part(existing, leftover) if resume and leftover_mask is None else None
         self._new_shards: list[Path] = []
         #: Genesis v3 manifest entries of the shards written here (kept ones come from the old manifest).
         self._shard_entries: list[dict[str, Any]] = []
         self._new_tokens = 0
         self._new_bytes = 0
         self._append(leftover)
+        if leftover_mask is not None:  # a masked source stays masked: a later write without a mask trains on all
+            self.loss_masked = True
+            self._start_masks().write(leftover_mask)
+
+    @staticmethod
+    def _all_masked(shards: list[tuple[int, Path]]) -> bool:
+        """Whether every shard has its ``shard_N.loss_mask.pt``."""
+        return all(loss_mask_path(path).is_file() for _, path in shards)
+
+    def _unmasked_part(self, existing: list[tuple[int, Path]], leftover: np.ndarray) -> str | None:
+        """What of a resumed folder has no loss mask (its leftover tokens, a shard), or None when nothing does."""
+        if len(leftover):
+            return f"the {len(leftover)} leftover tokens of {self.source!r} in {CHECKPOINTS} have no {LEFTOVER_MASK}"
+        bare = next((p for _, p in existing if not loss_mask_path(p).is_file()), None)
+        return None if bare is None else f"{bare.name} has no {loss_mask_path(bare).name}"
 
     def _append(self, tokens: np.ndarray) -> None:
         self._shards.write(tokens)
@@ -806,23 +847,30 @@ class FolderWriter(Writer):
             return {self.declared[0]: self.declared[1]}
         return {}
 
+    def _start_masks(self) -> StreamShards:
+        """The mask stream, cut at the same places as the tokens (it starts where they start: at the leftover)."""
+        self._mask_buffer = buffer = np.empty(self.tokens_per_shard, dtype=np.uint8)
+        shards = StreamShards(self.tokens_per_shard, lambda _: buffer, self._emit_mask, self._fill_mask)
+        self._mask_shards = shards
+        return shards
+
+    def _fill_mask(self, buffer: np.ndarray, piece: np.ndarray) -> None:
+        filled = self._mask_shards.filled if self._mask_shards is not None else 0
+        buffer[filled : filled + len(piece)] = piece
+
     def _write_masked(self, flat: np.ndarray, lengths: np.ndarray, mask: np.ndarray) -> None:
-        if self._mask_shards is None:
-            if self._resumed or self._shards.filled or not self.final_shard:
+        masks = self._mask_shards
+        if masks is None:
+            if self._unmaskable is not None:
                 raise FormatError(
-                    f"{self.path}: loss masks are written only by a writer that starts the folder and writes its last "
-                    "shard (no resume=True, final_shard=True): checkpoints.json keeps leftover tokens, not masks."
+                    f"{self.path}: loss masks cannot start in a resumed folder whose earlier tokens have none "
+                    f"({self._unmaskable}); write the whole source with masks from its first shard, or without."
                 )
-            buffer = np.empty(self.tokens_per_shard, dtype=np.uint8)
-
-            def fill(target: np.ndarray, piece: np.ndarray) -> None:
-                target[self._mask_shards.filled : self._mask_shards.filled + len(piece)] = piece  # type: ignore[union-attr]
-
-            self._mask_shards = StreamShards(self.tokens_per_shard, lambda _: buffer, self._emit_mask, fill)
+            masks = self._start_masks()
         self._write_tokens(flat, lengths)
         if self.eos is not None:  # the writer's own end-of-document id is trained on
             mask, _ = add_delimiter(mask, lengths, 1)
-        self._mask_shards.write(mask)
+        masks.write(mask)
 
     def _emit_mask(self, buffer: np.ndarray, tokens: int) -> None:
         """Write one shard's masks as ``shard_N.loss_mask.pt`` (a bool tensor)."""
@@ -841,8 +889,6 @@ class FolderWriter(Writer):
         # resumed run (the Genesis packer's way); a full last shard is always written.
         whole = self._shards.filled == self.tokens_per_shard
         self._shards.finish(empty_shard=False, last=self.final_shard or whole)
-        if self._mask_shards is not None:
-            self._mask_shards.finish(empty_shard=False)
         leftover = self._buffer[: self._shards.filled] if self._shards.current is not None else self._buffer[:0]
         now = utc_now()
         last_shard = self._next_index - 1
@@ -853,6 +899,11 @@ class FolderWriter(Writer):
             "leftover_tokens": leftover.tolist(),
             "timestamp": now,
         }
+        masks = self._mask_shards
+        if masks is not None:  # cut where the tokens were: the same tail is kept, beside its tokens
+            masks.finish(empty_shard=False, last=self.final_shard or whole)
+            tail = self._mask_buffer[: masks.filled] if masks.current is not None else self._mask_buffer[:0]
+            self._checkpoints[self.source][LEFTOVER_MASK] = tail.tolist()
         manifest = self._manifest
         previous = manifest.get("sources", {}).get(self.source, {})
         manifest["sources"] = {

@@ -138,36 +138,42 @@ def _openai_messages(value: Any, where: Any, field: str) -> list[Message]:
     if not isinstance(value, list):
         raise ChatError(f"{where}: field {field!r} should be a list of messages, found {type(value).__name__}.")
     messages: list[Message] = []
-    for k, item in enumerate(value):
-        if item.__class__ is dict:  # the common cases first: a role and a text, and an assistant's thought
-            role, content, size = item.get("role"), item.get("content"), len(item)
+    append, new = messages.append, tuple.__new__
+    for item in value:  # the common cases inline (a role and a text; an assistant's text and thought), read once
+        if item.__class__ is dict:
+            get = item.get
+            role, content = get("role"), get("content")
             if content.__class__ is str and role in _ROLE_SET:
+                size = len(item)
                 if size == 2:
-                    messages.append(tuple.__new__(Message, (role, content, None)))
+                    append(new(Message, (role, content, None)))
                     continue
-                thought = item.get("reasoning_content")
-                if size == 3 and role == "assistant" and thought.__class__ is str:
-                    messages.append(tuple.__new__(Message, (role, content, thought)))
+                thought = get("reasoning_content")
+                if size == 3 and thought.__class__ is str and role == "assistant":
+                    append(new(Message, (role, content, thought)))
                     continue
-        at = f"{field}[{k}]"
-        if isinstance(item, Message):
-            messages.append(item)
-            continue
-        if not isinstance(item, dict):
-            raise ChatError(f"{where}: field {at!r} should be an object with role and content, found {item!r:.80}.")
-        role = item.get("role")
-        if role not in ROLES:
-            raise ChatError(f"{where}: field '{at}.role' is {role!r}; expected one of {', '.join(ROLES)}.")
-        calls = item.get("tool_calls") if role == "assistant" else None
-        content = _text(item.get("content"), where, f"{at}.content", empty=role == "assistant" and bool(calls))
-        if calls:
-            called = _tool_calls(calls, where, f"{at}.tool_calls")
-            content = f"{content}\n{called}" if content else called
-        thought = next((item[f] for f in _THOUGHT_FIELDS if item.get(f) is not None), None)
-        if thought is not None:
-            thought = _text(thought, where, f"{at}.thought")
-        messages.append(Message(role, content, thought if role == "assistant" else None))
+        append(_message(item, where, f"{field}[{len(messages)}]"))  # every item makes one message: k = len
     return messages
+
+
+def _message(item: Any, where: Any, at: str) -> Message:
+    """One message in any form the ``messages`` schema allows (tool calls, text parts, a thought field), checked."""
+    if isinstance(item, Message):
+        return item
+    if not isinstance(item, dict):
+        raise ChatError(f"{where}: field {at!r} should be an object with role and content, found {item!r:.80}.")
+    role = item.get("role")
+    if role not in ROLES:
+        raise ChatError(f"{where}: field '{at}.role' is {role!r}; expected one of {', '.join(ROLES)}.")
+    calls = item.get("tool_calls") if role == "assistant" else None
+    content = _text(item.get("content"), where, f"{at}.content", empty=role == "assistant" and bool(calls))
+    if calls:
+        called = _tool_calls(calls, where, f"{at}.tool_calls")
+        content = f"{content}\n{called}" if content else called
+    thought = next((item[f] for f in _THOUGHT_FIELDS if item.get(f) is not None), None)
+    if thought is not None:
+        thought = _text(thought, where, f"{at}.thought")
+    return Message(role, content, thought if role == "assistant" else None)
 
 
 def _sharegpt_messages(record: dict[str, Any], where: Any) -> list[Message]:

@@ -3,8 +3,8 @@
 A batch of conversations is rendered into segments; every message text of the batch is encoded in one engine call
 with special tokens spelled out as text (so a user writing ``<|im_end|>`` gets the ids of that text), and every
 template text is encoded once with special tokens recognised and cached (templates repeat the same few texts).
-The pieces are joined with one ``np.concatenate`` per batch and the mask with one ``np.repeat``: no Python work
-per token.
+Message ids come back in output order, so they fill their token slots with one masked assignment, the few
+template ids are gathered into the rest, and the mask is one ``np.repeat``: no Python work per token or segment.
 
 Where the ids may differ from the tokenizer's encoding of the whole rendered string: only where that encoding
 would cross a segment boundary, i.e. where its pre-tokenizer or a merge joins the end of one segment to the start
@@ -72,26 +72,36 @@ class ChatEncoder:
         """``(ids in dtype, lengths, mask uint8, end_trained bool)``: the conversations back to back, their token
         counts, each token's loss mask, and whether an end-of-document id after each would be trained on (its last
         message is). ``encode_content(texts)`` encodes message texts (``(flat ids, lengths)``, specials as text)."""
-        texts, templates, sources, trained, bounds = self.template.layout(conversations, self.train_on, self.thought)
-        nothing = (np.zeros(0, np.uint32), np.zeros(0, np.int64))
-        content_flat, content_lengths = encode_content(texts) if texts else nothing
-        pieces = [self.template_ids(text) for text in templates]
+        layout = self.template.layout(conversations, self.train_on, self.thought)
+        texts, sources = layout.texts, layout.sources
+        content_flat, content_lengths = encode_content(texts) if texts else (np.zeros(0, np.uint32), np.zeros(0))
+        pieces = [self.template_ids(text) for text in layout.templates]
         template_lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
-        # One pool (message ids, then template ids) and one gather: no Python work per token or per piece of ids.
-        pool = np.concatenate([content_flat.astype(np.uint32, copy=False), *pieces])
-        lengths_of = np.concatenate([content_lengths, template_lengths])
-        starts_of = np.concatenate([[0], np.cumsum(lengths_of)[:-1]]).astype(np.int64)
-        chosen = sources.copy()
-        chosen[chosen < 0] = len(texts) - 1 - chosen[chosen < 0]  # -1 - t -> len(texts) + t
-        sizes, starts = lengths_of[chosen], starts_of[chosen]
-        ends = np.cumsum(sizes)
-        gather = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) + np.repeat(starts - ends + sizes, sizes)
-        flat = pool[gather].astype(dtype, copy=False)
-        mask = np.repeat(trained.astype(np.uint8), sizes)
-        cumulative = np.concatenate([[0], ends])
-        positions = bounds
-        lengths = (cumulative[positions[1:]] - cumulative[positions[:-1]]).astype(np.int64)
-        end_trained = np.array([bool(m) and trained_messages(m, self.train_on)[-1] for m in conversations], dtype=bool)
+        is_content = sources >= 0
+        if not np.array_equal(sources[is_content], np.arange(len(texts))):
+            raise ValueError(f"{self.template.name}: its layout must use each message text once, in order")
+        # Message ids are already in output order: they fill the token slots of message segments with one masked
+        # assignment; the few template ids are gathered into the others. No Python work per token or per segment.
+        template_of = -1 - sources[~is_content]
+        sizes = np.empty(len(sources), dtype=np.int64)
+        sizes[is_content] = content_lengths
+        sizes[~is_content] = template_sizes = template_lengths[template_of]
+        content_tokens = np.repeat(is_content, sizes)
+        flat = np.empty(len(content_tokens), dtype=dtype)
+        flat[content_tokens] = content_flat
+        template_ends = np.cumsum(template_sizes)
+        piece_starts = np.cumsum(template_lengths) - template_lengths
+        gather = np.arange(int(template_ends[-1]) if len(template_ends) else 0, dtype=np.int64)
+        gather += np.repeat(piece_starts[template_of] - template_ends + template_sizes, template_sizes)
+        pool = np.concatenate(pieces) if pieces else np.zeros(0, np.uint32)
+        flat[~content_tokens] = pool[gather]
+        mask = np.repeat(layout.trained.astype(np.uint8), sizes)
+        cumulative = np.concatenate([[0], np.cumsum(sizes)])
+        lengths = (cumulative[layout.bounds[1:]] - cumulative[layout.bounds[:-1]]).astype(np.int64)
+        end_trained = layout.ends_trained
+        if end_trained is None:
+            last = [bool(m) and trained_messages(m, self.train_on)[-1] for m in conversations]
+            end_trained = np.array(last, dtype=bool)
         return flat, lengths, mask, end_trained
 
 

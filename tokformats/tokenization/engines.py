@@ -63,6 +63,8 @@ class Engine(ABC):
     """Encodes batches of texts to ``(flat uint32 ids, int64 lengths)``."""
 
     name: str = ""
+    #: Whether ``encode(texts, split_special=True)`` is the engine's own work (False: it hands it to tokenizers).
+    splits_specials: bool = True
 
     @abstractmethod
     def encode(self, texts: list[str], split_special: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -135,6 +137,7 @@ class SplintrEngine(Engine):
     would hang: there each text is encoded on the calling thread (``encode_flat``), the same ids."""
 
     name = "splintr"
+    splits_specials = False
 
     def __init__(self, tokenizer_json: str) -> None:
         import splintr
@@ -245,15 +248,16 @@ def calibration_texts() -> list[str]:
     return sample_texts(1500)
 
 
-def _rate(engine: Engine, texts: list[str], rounds: int = 3) -> float:
-    """``engine``'s best throughput on ``texts`` in MB/s (UTF-8 bytes), over ``rounds`` runs."""
+def _rate(engine: Engine, texts: list[str], rounds: int = 3, split_special: bool = False) -> float:
+    """``engine``'s best throughput on ``texts`` in MB/s (UTF-8 bytes), over ``rounds`` runs (with
+    ``split_special``: as chat message text is encoded)."""
     import time
 
     size = sum(len(t.encode("utf-8")) for t in texts)
     best = float("inf")
     for _ in range(rounds):
         started = time.perf_counter()
-        engine.encode(texts)
+        encoded(engine, texts, split_special)
         best = min(best, time.perf_counter() - started)
     return size / max(best, 1e-9) / 1e6
 
@@ -276,11 +280,13 @@ def _gated(tokenizer: Any, name: str, reference: Engine, texts: list[str]) -> tu
     return candidate, f"{name} passed the identity gate ({len(texts)} adversarial texts)"
 
 
-def select_engine(tokenizer: Any, engine: str = "auto") -> tuple[Engine, str]:
+def select_engine(tokenizer: Any, engine: str = "auto", split_special: bool = False) -> tuple[Engine, str]:
     """The engine to encode with, and why (for the progress line and the summary).
 
     ``"auto"``: of the fast engines (fastokens, splintr) that are installed and pass the identity gate on
-    :func:`adversarial_texts`, the one measured fastest on :func:`calibration_texts`; else tokenizers.
+    :func:`adversarial_texts`, the one measured fastest on :func:`calibration_texts`; else tokenizers. With
+    ``split_special`` (a chat run's message text), the engines that split special tokens themselves are preferred
+    (splintr hands that text to tokenizers) and timed doing it.
     ``"fastokens"`` / ``"splintr"``: the same gate, raising :class:`EngineError` when the engine is missing or
     refuses the tokenizer, :class:`EngineMismatchError` when it differs. ``"tokenizers"``: the reference, unchecked.
     """
@@ -307,10 +313,12 @@ def select_engine(tokenizer: Any, engine: str = "auto") -> tuple[Engine, str]:
             passed.append((chosen, reason))
     if not passed:
         return reference, "; ".join(refused)
+    if split_special:  # an engine handing chat text to tokenizers is no faster at it than tokenizers itself
+        passed = [p for p in passed if p[0].splits_specials] or passed
     if len(passed) == 1:
         return passed[0]
     sample = calibration_texts()
-    rates = [(_rate(candidate, sample), candidate, reason) for candidate, reason in passed]
+    rates = [(_rate(candidate, sample, split_special=split_special), candidate, reason) for candidate, reason in passed]
     _, fastest, reason = max(rates, key=lambda r: r[0])
     measured = ", ".join(f"{c.name} {r:.0f} MB/s" for r, c, _ in rates)
     return fastest, f"{reason}; the fastest that passed (measured on the calibration text: {measured})"

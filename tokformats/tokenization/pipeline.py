@@ -505,9 +505,12 @@ class Encoder:
         seed: int,
         partition: int,
         chosen: tuple[Engine, str] | None = None,
+        split_special: bool = False,
     ) -> None:
         self.reference = TokenizersEngine(tokenizer)
-        self.engine, self.reason = chosen or select_engine(tokenizer, engine)
+        # A chat run encodes message text with split_special: ``auto`` picks among the engines that do it themselves.
+        timed_as = {"split_special": True} if split_special else {}
+        self.engine, self.reason = chosen or select_engine(tokenizer, engine, **timed_as)
         self.explicit = engine != "auto"
         self.verify_fraction = verify_fraction
         self._draws = np.random.default_rng([seed, partition])
@@ -1045,7 +1048,7 @@ def tokenize(
         total_bytes = sum(i.size or 0 for i in resolved) or None
         # By default on a terminal, and in a notebook (where tqdm draws a widget); not in logs.
         show = (sys.stderr.isatty() or "ipykernel" in sys.modules) if progress is None else progress
-        encoder = Encoder(loaded, engine, verify_fraction, seed=plan.seed, partition=0)
+        encoder = Encoder(loaded, engine, verify_fraction, seed=plan.seed, partition=0, split_special=chat is not None)
         monitor = Progress(show, total_bytes, [])  # after the gate and the engines' timing: rates are encoding's
         if show:
             print(f"tokformats: encoding with {encoder.engine.name}: {encoder.reason}", file=sys.stderr)

@@ -81,15 +81,17 @@ def trained_messages(messages: Sequence[Message], train_on: str) -> list[bool]:
 
 class Layout(NamedTuple):
     """A batch of conversations as segments, ready to be encoded: the message ``texts`` (encoded with specials as
-    text), the distinct ``templates`` texts (specials recognised), each segment's ``sources`` (``k >= 0``: message
-    text k; ``-1 - t``: template text t) and whether it is ``trained``, and ``bounds``: conversation c is segments
-    ``bounds[c]:bounds[c + 1]``."""
+    text; listed in the order their segments come, each used once), the distinct ``templates`` texts (specials
+    recognised), each segment's ``sources`` (``k >= 0``: message text k; ``-1 - t``: template text t) and whether it
+    is ``trained``, and ``bounds``: conversation c is segments ``bounds[c]:bounds[c + 1]``. ``ends_trained``: whether
+    each conversation's last message is trained on (False for an empty one), when the template knows it at once."""
 
     texts: list[str]
     templates: list[str]
     sources: np.ndarray
     trained: np.ndarray
     bounds: np.ndarray
+    ends_trained: np.ndarray | None = None
 
 
 class ChatTemplate(ABC):
@@ -153,43 +155,64 @@ class ChatML(ChatTemplate):
 
     #: The template texts every batch uses, in :meth:`layout`'s numbering (other roles' headers follow).
     _FIXED = (*_HEADERS.values(), THOUGHT_START, f"{THOUGHT_END}\n", IM_END, "\n")
+    #: The roles whose header is one of :attr:`_FIXED`, by number (``assistant`` is 2).
+    _ROLE_NUMBERS: ClassVar[dict[str, int]] = {"system": 0, "user": 1, "assistant": 2}
 
     def layout(self, conversations: Sequence[Sequence[Message]], train_on: str, thought: str) -> Layout:
-        """:meth:`segments` for a whole batch, built with NumPy from a few values per message: each message is the
-        segments header, [``<|thought|>``, thought, ``<|/thought|>\n``], content, ``<|im_end|>``, ``\n``."""
-        texts: list[str] = []
-        roles = {"system": 0, "user": 1, "assistant": 2}
-        headers, thoughts, first, counts = [], [], [], []
-        trained: list[bool] = []
-        for messages in conversations:
-            counts.append(len(messages))
-            trained += trained_messages(messages, train_on)
-            for role_name, content, thought_text in messages:
-                role = roles.get(role_name)
-                if role is None:  # tool (or another role): its header is text, numbered after the fixed ones
-                    role = roles.setdefault(role_name, len(self._FIXED) + len(roles) - 3)
-                headers.append(role)
-                first.append(len(texts))
-                if thought_text is None:
-                    thoughts.append(False)
-                else:
-                    thoughts.append(True)
-                    texts.append(thought_text)
-                texts.append(content)
-        header, flags, has_thought = np.array(headers, np.int64), np.array(trained, bool), np.array(thoughts, bool)
-        start = np.array(first, np.int64)
-        everything = np.full(len(header), train_on == "all")
+        """:meth:`segments` for a whole batch, built with NumPy from the messages' fields (no Python work per
+        segment): each message is the segments header, [``<|thought|>``, thought, ``<|/thought|>\n``], content,
+        ``<|im_end|>``, ``\n``."""
+        messages = [message for conversation in conversations for message in conversation]
+        n = len(messages)
+        role_names, contents, thoughts = zip(*messages) if n else ((), (), ())
+        roles = dict(self._ROLE_NUMBERS)
+        try:
+            header = np.fromiter(map(roles.__getitem__, role_names), np.int64, n)
+        except KeyError:  # tool (or another role): its header is text, numbered after the fixed ones
+            numbered = (roles.setdefault(r, len(self._FIXED) + len(roles) - 3) for r in role_names)
+            header = np.fromiter(numbered, np.int64, n)
+        has_thought = np.fromiter((t is not None for t in thoughts), bool, n)
+        counts = np.fromiter(map(len, conversations), np.int64, len(conversations))
+        flags, ends_trained = _trained_flags(header == roles["assistant"], counts, train_on)
+        # Message texts in segment order: each message's thought (if any), then its content.
+        content_at = np.arange(n) + np.cumsum(has_thought)
+        slots = np.empty(n + int(has_thought.sum()), dtype=object)
+        slots[content_at] = np.fromiter(contents, object, n)
+        slots[content_at[has_thought] - 1] = np.fromiter((t for t in thoughts if t is not None), object)
+        start = content_at - has_thought
+        everything = np.full(n, train_on == "all")
         thinks = flags & (thought == "train")
         # Columns: header, <|thought|>, thought, <|/thought|>\n, content, <|im_end|>, \n (the middle three if any).
         fixed = [np.full_like(header, -1 - t) for t in (3, 4, 5, 6)]  # <|thought|>, <|/thought|>\n, <|im_end|>, \n
-        sources = np.stack([-1 - header, fixed[0], start, fixed[1], start + has_thought, fixed[2], fixed[3]], axis=1)
+        sources = np.stack([-1 - header, fixed[0], start, fixed[1], content_at, fixed[2], fixed[3]], axis=1)
         trains = np.stack([everything, thinks, thinks, thinks, flags, flags, everything], axis=1)
         valid = np.ones_like(trains)
         valid[:, 1:4] = has_thought[:, None]
         per_message = np.concatenate([[0], np.cumsum(4 + 3 * has_thought)])
-        bounds = per_message[np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])]
+        bounds = per_message[np.concatenate([[0], np.cumsum(counts)])].astype(np.int64)
         extra = [f"{IM_START}{role}\n" for role, _ in sorted(roles.items(), key=lambda item: item[1])[3:]]
-        return Layout(texts, [*self._FIXED, *extra], sources[valid], trains[valid], bounds.astype(np.int64))
+        templates = [*self._FIXED, *extra]
+        return Layout(slots.tolist(), templates, sources[valid], trains[valid], bounds, ends_trained)
+
+
+def _trained_flags(assistant: np.ndarray, counts: np.ndarray, train_on: str) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`trained_messages` for a batch of messages at once (``assistant``: whether each message is the
+    assistant's; ``counts``: messages per conversation), and whether each conversation's last message is trained."""
+    if train_on == "all":
+        flags = np.ones(len(assistant), dtype=bool)
+    elif train_on == "assistant":
+        flags = assistant
+    else:  # last: each conversation's last assistant message
+        positions = np.flatnonzero(assistant)
+        conversation = np.repeat(np.arange(len(counts)), counts)[positions]
+        last = np.ones(len(positions), dtype=bool)
+        last[:-1] = conversation[1:] != conversation[:-1]
+        flags = np.zeros(len(assistant), dtype=bool)
+        flags[positions[last]] = True
+    ends_trained = np.zeros(len(counts), dtype=bool)
+    spoken = counts > 0
+    ends_trained[spoken] = flags[np.cumsum(counts)[spoken] - 1]
+    return flags, ends_trained
 
 
 class JinjaTemplate(ChatTemplate):
