@@ -4,6 +4,7 @@ are published, fetched and verified with the tokens, and a reader opened by URL 
 from __future__ import annotations
 
 import json
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -204,3 +205,19 @@ def test_a_provenance_sidecar_by_url_is_verified_and_never_taken_from_beside_the
         planted = Path(str(reader.path) + ".provenance.npz")
         planted.write_bytes((out / "other.provenance.npz").read_bytes())
         assert reader.provenance(0) is None
+
+
+def test_a_lazy_reader_reopened_from_a_pickle_reads_its_provenance(
+    tmp_path: Path, server: FileServer, tokenizer_path: Path
+) -> None:
+    out = tmp_path / "text"
+    tokformats.tokenize([_text_file(tmp_path / "in")], tokenizer_path, out / "sft", "pt", progress=False)
+    publish(out / "sft", f"{server.url}/pt/")
+    with tokformats.open(f"{server.url}/pt/", cache_dir=tmp_path / "cache") as reader:
+        assert "/pt/shard_0.pt" not in server.gets  # lazy: opened from the manifest
+        copy = pickle.loads(pickle.dumps(reader))  # what a DataLoader worker gets
+        try:
+            assert [copy.provenance(i) for i in range(len(copy))] == [reader.provenance(i) for i in range(9)]
+            assert copy.provenance(8)["line"] == 9
+        finally:
+            copy.close()

@@ -374,9 +374,11 @@ class TokenReader(Reader[np.ndarray]):
         """Every document's source (a :class:`tokformats.core.provenance.Provenance`), loaded once; None when the
         dataset has no provenance sidecar."""
         if "_provenance" not in self.__dict__:
-            from .provenance import load_provenance
+            from .provenance import load_provenance, sidecar_in
 
             sidecar = self._provenance_sidecar
+            if sidecar is None and self._remote is not None:  # a lazy reader reopened from a pickle (a worker)
+                sidecar = sidecar_in(self.path, self._remote.folder)
             if sidecar is not None and self._remote is not None and not sidecar.is_file() and self._remote.has(sidecar):
                 self._fetched(sidecar)  # by URL, on first use: verified like the data files
             self.__dict__["_provenance"] = load_provenance(self.path, len(self), sidecar=sidecar)

@@ -43,6 +43,7 @@ __all__ = [
     "Provenance",
     "RowSpool",
     "sidecar_path",
+    "sidecar_in",
     "load_provenance",
     "save_provenance",
     "read_rows",
@@ -63,6 +64,14 @@ UNITS = ("line", "row", "item")
 def sidecar_path(dataset_path: str | Path) -> Path:
     """Where the provenance sidecar of the dataset whose reader reports ``dataset_path`` lives."""
     return Path(str(dataset_path).rstrip("/") + SUFFIX)
+
+
+def sidecar_in(dataset_path: str | Path, folder: str | Path) -> Path:
+    """The provenance sidecar of a dataset whose files are ``folder`` (a dataset opened by URL: its cache folder):
+    the file beside ``dataset_path`` when that is in the folder, else the folder's :data:`FOLDER_SIDECAR` (what
+    ``publish`` uploads of a folder dataset). Never a file beside the folder, which the dataset does not hold."""
+    beside = sidecar_path(dataset_path)
+    return beside if beside.is_relative_to(folder) else Path(folder) / FOLDER_SIDECAR
 
 
 @dataclass

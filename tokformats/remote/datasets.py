@@ -15,8 +15,8 @@ from typing import Any
 from ..core.files import LazyFiles
 from ..core.format_module import PublishedLast, RemoteLazy
 from ..core.protocol import TokenReader
-from ..core.provenance import FOLDER_SIDECAR, sidecar_path
 from ..core.provenance import SUFFIX as PROVENANCE_SUFFIX
+from ..core.provenance import sidecar_in
 from ..core.registry import FormatDescriptor, formats
 from ..errors import FormatError, HeaderError
 from ..fs.paths import public_url
@@ -310,11 +310,10 @@ def _get_all(get: Callable[[Entry], None], first: list[Entry], rest: list[Entry]
 
 def _keep_provenance_inside(reader: Any, folder: Path) -> Any:
     """Make ``reader`` (opened over a dataset's cache ``folder``) read its provenance sidecar from the dataset's own
-    files: the file beside its path when that is in the folder, else the folder's :data:`FOLDER_SIDECAR` (what
-    ``publish`` uploads of a folder dataset). Never a file beside the cache folder, which the dataset did not list."""
+    files (:func:`~tokformats.core.provenance.sidecar_in`: beside its path when that is in the folder, else the
+    folder's ``dataset.provenance.npz``), never from beside the cache folder, which the dataset did not list."""
     if isinstance(reader, TokenReader):
-        beside = sidecar_path(reader.path)
-        reader._provenance_sidecar = beside if beside.is_relative_to(folder) else folder / FOLDER_SIDECAR
+        reader._provenance_sidecar = sidecar_in(reader.path, folder)
     return reader
 
 
