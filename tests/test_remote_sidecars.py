@@ -221,3 +221,15 @@ def test_a_lazy_reader_reopened_from_a_pickle_reads_its_provenance(
             assert copy.provenance(8)["line"] == 9
         finally:
             copy.close()
+
+
+def test_a_megatron_bin_or_idx_url_brings_the_prefixs_loss_masks(tmp_path: Path, server: FileServer) -> None:
+    documents, masks = _corpus(7)
+    path = _write(tmp_path / "src", "megatron", documents, masks)
+    publish(path.parent, f"{server.url}/m/")
+    for suffix in (".bin", ".idx"):
+        with tokformats.open(f"{server.url}/m/{path.name}{suffix}", cache_dir=tmp_path / suffix[1:]) as reader:
+            assert [reader.loss_mask(i).tolist() for i in range(len(reader))] == [m.tolist() for m in masks]
+    with tokformats.open(f"{server.url}/m/{path.name}_loss_mask.bin", cache_dir=tmp_path / "m") as reader:
+        assert reader.loss_masks is None  # the mask dataset itself has none
+        assert np.asarray(reader.tokens).tolist() == np.concatenate(masks).tolist()

@@ -184,10 +184,11 @@ def _plan(url: str, **cache_options: Any) -> _Plan:
         if not chosen:
             raise NotFoundError(f"the pattern {public_url(base)}/{glob_pattern} matches no file.")
         entries = [Entry(n, sha256=sums.get(n)) for n in chosen]
-        listed = set(listing)
+        listed = set(listing)  # a glob's store lists: an optional companion it does not list is absent
         for name in chosen:
-            entries += [Entry(c, required=r) for c, r in companions(name) if c not in chosen]
-            entries += [Entry(c, sha256=sums.get(c), required=False) for c in _sidecars(name) if c in listed]
+            others = [*companions(name), *((c, False) for c in _sidecars(name))]
+            entries += [Entry(c, sha256=sums.get(c), required=r) for c, r in others
+                        if c not in chosen and (r or c in listed)]  # fmt: skip
         return _Plan(url, cache, entries, [cache.path(n) for n in chosen])
     if url.endswith("/"):
         cache = Cache(url, query=query, **cache_options)
