@@ -12,6 +12,10 @@ from ..core.progress import progress_bar
 
 __all__ = ["ByteProgress"]
 
+#: Bytes a file moves forward before the bar hears of it (a download reports every block, often a few KiB: each
+#: report to the bar takes a lock and a clock read, which a 10 GB fetch should not pay per block).
+STEP = 1 << 18
+
 
 class ByteProgress:
     """Bytes of several files, counted into a bar (``update(n)``, ``total``, ``refresh()``, ``close()``: tqdm's, or
@@ -49,10 +53,12 @@ class ByteProgress:
             self.bar.total = (self.bar.total or 0) + size
             self.bar.refresh()
 
-    def at(self, name: str, position: int) -> None:
-        """File ``name`` holds ``position`` bytes now (the bar moves by the difference, backwards after a
-        restart)."""
+    def at(self, name: str, position: int, *, now: bool = False) -> None:
+        """File ``name`` holds ``position`` bytes now: the bar moves by the difference once it is :data:`STEP` bytes
+        or more (or backwards, after a restart), or at once with ``now``."""
         if self.bar is None:
+            return
+        if not now and 0 <= position - self._positions.get(name, 0) < STEP:
             return
         with self._lock:
             delta = position - self._positions.get(name, 0)
@@ -63,7 +69,7 @@ class ByteProgress:
     def done(self, name: str, size: int) -> None:
         """File ``name`` is complete at ``size`` bytes (downloaded, uploaded, or found in the cache)."""
         self.size(name, size)
-        self.at(name, size)
+        self.at(name, size, now=True)
 
     def close(self) -> None:
         """Close the bar."""
