@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from .core.protocol import PathLike, Reader, TokenReader, TokenWriter, Writer, l
 from .core.provenance import Provenance, save_provenance
 from .core.registry import descriptor, detect, formats
 from .errors import ConfigError, DataWarning, DTypeError, FormatError, NoFilesError, UnknownFormatError, option
+from .fs.filecopy import copy_progress
 from .fs.journal import one_recovery, recover_near
 from .fs.paths import is_url, names_checked, one_expansion
 
@@ -413,21 +415,31 @@ def export_tokenizer(tokenizer: Any, path: PathLike, format: str, *, overwrite: 
 
 
 def merge(
-    sources: Sequence[Any], destination: PathLike, *, overwrite: bool = False, **writer_options: Any
+    sources: Sequence[Any],
+    destination: PathLike,
+    *,
+    overwrite: bool = False,
+    progress: bool = False,
+    **writer_options: Any,
 ) -> Reader[Any]:
     """Concatenate datasets of one format into one dataset of that format, in order, and open it.
 
     A format whose module defines ``merge`` (Megatron: byte-identical to its ``add_index`` chain, the ``.bin`` files
     copied by the operating system) does it its own way; any other corpus format is read and written again with
-    the first dataset's dtype, keeping every document.
+    the first dataset's dtype, keeping every document. ``progress``: a bar on stderr (tqdm's, once the merge has run
+    a second) of the bytes copied (a format's own merge: the token and loss-mask bytes) or the documents written.
     """
     if not sources:
         raise NoFilesError("merge needs at least one dataset.")
     name = detect(sources[0])
     merging = descriptor(name).capability(Merges)
     if merging is not None:
-        return _merge_provenance(sources, merging.merge(sources, destination, overwrite=overwrite))
+        bar = progress_bar(_data_bytes(sources), f"merge -> {name}", enabled=True, unit="B") if progress else None
+        with _counted_copies(bar):
+            merged = merging.merge(sources, destination, overwrite=overwrite)
+        return _merge_provenance(sources, merged)
     readers = [open(source) for source in sources]
+    bar = None
     try:
         others = {r.format for r in readers} - {name}
         if others:
@@ -437,17 +449,56 @@ def merge(
             raise UnknownFormatError(f"{name} datasets are not token corpora; only corpora merge.")
         options = {"dtype": tokens[0].dtype, **writer_options}
         masked = any(corpus.loss_masks is not None for corpus in tokens)
+        bar = progress_bar(sum(map(len, tokens)), f"merge -> {name}", enabled=progress, unit="doc")
         with create_corpus(destination, name, overwrite=overwrite, **options) as writer:
             for corpus in tokens:
                 masks = corpus.loss_masks
                 if masked and masks is None:  # a dataset without masks is trained on everywhere: ones, not copied
                     masks = np.broadcast_to(np.uint8(1), (corpus.num_tokens,))
-                writer.write_all(corpus.tokens, corpus.lengths, loss_masks=masks)
+                _write_corpus(writer, corpus, masks, bar)
     finally:
+        if bar is not None:
+            bar.close()
         for reader in readers:
             reader.close()
     path = destination if Path(destination).exists() else writer.written[0]
     return _merge_provenance(sources, open(path))
+
+
+@contextlib.contextmanager
+def _counted_copies(bar: Any) -> Iterator[None]:
+    """Count the bytes a format's merge copies (:func:`~tokformats.fs.filecopy.append_file`) into ``bar`` (closed
+    at the end), or nothing when it is None."""
+    if bar is None:
+        yield
+        return
+    try:
+        with copy_progress(bar.update):
+            yield
+    finally:
+        bar.close()
+
+
+def _write_corpus(writer: TokenWriter, corpus: TokenReader, masks: Any, bar: Any) -> None:
+    """Write every document of ``corpus`` (with ``masks``, its loss masks or None) in runs of about 16 M tokens,
+    counting the documents into ``bar`` (or None)."""
+    offsets, lengths = corpus.offsets, np.asarray(corpus.lengths)
+    for first, stop in document_runs(offsets, 1 << 24):
+        start, end = offsets.item(first), offsets.item(stop)
+        window = None if masks is None else masks[start:end]
+        writer.write_all(corpus.tokens[start:end], lengths[first:stop], loss_masks=window)
+        if bar is not None:
+            bar.update(stop - first)
+
+
+def _data_bytes(sources: Sequence[Any]) -> int:
+    """The token and loss-mask bytes of ``sources`` (what a merge by file copy copies)."""
+    total = 0
+    for source in sources:
+        with open(source) as reader:
+            if isinstance(reader, TokenReader):
+                total += reader.num_tokens * (reader.dtype.itemsize + int(reader.loss_masks is not None))
+    return total
 
 
 def _merge_provenance(sources: Sequence[Any], merged: Reader[Any]) -> Reader[Any]:

@@ -552,8 +552,16 @@ def run_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _progress_shown(args: argparse.Namespace) -> bool:
+    """Whether a command shows its progress bar (on stderr): ``--progress``/``--no-progress``, else when stderr is
+    a terminal (or a notebook) and ``--json`` was not asked for."""
+    if args.progress is not None:
+        return bool(args.progress)
+    return not args.json and (sys.stderr.isatty() or "ipykernel" in sys.modules)
+
+
 def run_merge(args: argparse.Namespace) -> int:
-    with api.merge(args.inputs, args.output, overwrite=args.overwrite) as merged:
+    with api.merge(args.inputs, args.output, overwrite=args.overwrite, progress=_progress_shown(args)) as merged:
         if not isinstance(merged, TokenReader):
             raise FormatError(f"{args.output}: the merged dataset is not a token corpus ({merged.format}).")
         summary = {
@@ -700,7 +708,7 @@ def run_tokenize(args: argparse.Namespace) -> int:
 def run_publish(args: argparse.Namespace) -> int:
     from ..remote import publish
 
-    summary = publish(args.folder, args.url, dry_run=args.dry_run, prune=args.prune)
+    summary = publish(args.folder, args.url, dry_run=args.dry_run, prune=args.prune, progress=_progress_shown(args))
     if args.json:
         _print_json(summary)
         return 0
@@ -719,7 +727,11 @@ def run_fetch(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     dataset = fetch(
-        args.url, cache_dir=args.cache_dir, max_cache_bytes=args.max_cache_bytes, offline=args.offline or None
+        args.url,
+        cache_dir=args.cache_dir,
+        max_cache_bytes=args.max_cache_bytes,
+        offline=args.offline or None,
+        progress=_progress_shown(args),
     )
     dataset.lease.release()
     folder = dataset.cache.folder

@@ -98,6 +98,13 @@ def decoder_args(required: bool = False) -> list[Row]:
 
 
 JSON = Arg("--json", action="store_true", help="print the result as JSON for scripts")
+PROGRESS = Arg(
+    "--progress",
+    action=argparse.BooleanOptionalAction,
+    default=None,
+    help="a progress bar on stderr, once the work has run a second (default: when stderr is a terminal and "
+    "--json is not given)",
+)
 OVERWRITE = Arg("--overwrite", action="store_true", help="replace existing outputs")
 TEXT_INPUTS = Arg("inputs", nargs="+", help=".txt/.json/.jsonl/.parquet files (.gz/.zst), globs or folders")
 UNIT = Arg(
@@ -430,6 +437,7 @@ def _writing_commands() -> list[Command]:
                 Arg(
                     "--prune", action="store_true", help="delete files of an earlier version the new one does not hold"
                 ),
+                PROGRESS,
                 JSON,
             ],
         ),
@@ -448,6 +456,7 @@ def _writing_commands() -> list[Command]:
                     help="evict least-recently-used files no reader holds beyond N",
                 ),
                 Arg("--offline", action="store_true", help="use the cache only: fail naming a file not there"),
+                PROGRESS,
                 JSON,
             ],
         ),
@@ -460,6 +469,7 @@ def _writing_commands() -> list[Command]:
                 Arg("inputs", nargs="+", help="datasets (paths, prefixes or folders), in order"),
                 Arg("--output", "-o", required=True, help="where the merged dataset goes"),
                 Arg("--overwrite", action="store_true", help="replace an existing dataset at --output"),
+                PROGRESS,
                 JSON,
             ],
         ),

@@ -241,6 +241,9 @@ class TokenReader(Reader[np.ndarray]):
     #: The dataset's files when it was opened by URL and its data files are fetched on first use (readers that
     #: support it take a ``remote=`` option and set this), else None.
     _remote: LazyFiles | None = None
+    #: Where a dataset opened by URL keeps its provenance sidecar: the file the dataset itself lists, in its cache
+    #: folder (set by :mod:`tokformats.remote`; never a file beside the cache folder). None: beside :attr:`path`.
+    _provenance_sidecar: Path | None = None
 
     @property
     def _files(self) -> DatasetFiles:
@@ -372,9 +375,14 @@ class TokenReader(Reader[np.ndarray]):
         """Every document's source (a :class:`tokformats.core.provenance.Provenance`), loaded once; None when the
         dataset has no provenance sidecar."""
         if "_provenance" not in self.__dict__:
-            from .provenance import load_provenance
+            from .provenance import load_provenance, sidecar_in
 
-            self.__dict__["_provenance"] = load_provenance(self.path, len(self))
+            sidecar = self._provenance_sidecar
+            if sidecar is None and self._remote is not None:  # a lazy reader reopened from a pickle (a worker)
+                sidecar = sidecar_in(self.path, self._remote.folder)
+            if sidecar is not None and self._remote is not None and not sidecar.is_file() and self._remote.has(sidecar):
+                self._fetched(sidecar)  # by URL, on first use: verified like the data files
+            self.__dict__["_provenance"] = load_provenance(self.path, len(self), sidecar=sidecar)
         return self.__dict__["_provenance"]
 
     def decode(self, index: int, tokenizer: Any) -> str:

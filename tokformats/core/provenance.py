@@ -11,6 +11,10 @@ arrays, no pickle) holding:
   sidecar), ``record`` (1-based line, row or item number) and ``offset`` (the byte offset of the record's first
   byte in the decompressed input, -1 where bytes have no meaning: Parquet rows, JSON arrays, in-memory texts).
 
+A folder dataset's sidecar sits beside the folder; ``publish`` uploads it into the folder as
+:data:`FOLDER_SIDECAR` (a folder URL names that folder alone), where a reader opened by URL, or a fetched copy
+opened by path, finds it.
+
 20 bytes per document (60 MB for 3 M documents). The sidecar is read as untrusted input: no pickle, sizes checked
 before allocating, one row per document of the dataset or an error naming the file.
 """
@@ -33,11 +37,13 @@ from ..fs.untrusted import read_npy
 
 __all__ = [
     "SUFFIX",
+    "FOLDER_SIDECAR",
     "ROW_DTYPE",
     "UNKNOWN",
     "Provenance",
     "RowSpool",
     "sidecar_path",
+    "sidecar_in",
     "load_provenance",
     "save_provenance",
     "read_rows",
@@ -45,6 +51,8 @@ __all__ = [
 
 #: What the sidecar's name adds to the dataset's path.
 SUFFIX = ".provenance.npz"
+#: A folder dataset's sidecar inside the folder, as ``publish`` uploads it (the folder's URL names the folder alone).
+FOLDER_SIDECAR = "dataset" + SUFFIX
 #: One document's source.
 ROW_DTYPE = np.dtype([("input", "<u4"), ("record", "<u8"), ("offset", "<i8")])
 #: ``input`` of a document whose source is not known.
@@ -56,6 +64,14 @@ UNITS = ("line", "row", "item")
 def sidecar_path(dataset_path: str | Path) -> Path:
     """Where the provenance sidecar of the dataset whose reader reports ``dataset_path`` lives."""
     return Path(str(dataset_path).rstrip("/") + SUFFIX)
+
+
+def sidecar_in(dataset_path: str | Path, folder: str | Path) -> Path:
+    """The provenance sidecar of a dataset whose files are ``folder`` (a dataset opened by URL: its cache folder):
+    the file beside ``dataset_path`` when that is in the folder, else the folder's :data:`FOLDER_SIDECAR` (what
+    ``publish`` uploads of a folder dataset). Never a file beside the folder, which the dataset does not hold."""
+    beside = sidecar_path(dataset_path)
+    return beside if beside.is_relative_to(folder) else Path(folder) / FOLDER_SIDECAR
 
 
 @dataclass
@@ -142,10 +158,16 @@ def _member(archive: zipfile.ZipFile, name: str, where: str) -> np.ndarray:
         return read_npy(handle, f"{where} ({name})", budget=info.file_size)
 
 
-def load_provenance(dataset_path: str | Path, documents: int) -> Provenance | None:
+def load_provenance(
+    dataset_path: str | Path, documents: int, *, sidecar: str | Path | None = None
+) -> Provenance | None:
     """The sidecar of the dataset whose reader reports ``dataset_path`` (``documents`` documents), or None when there
-    is none. A sidecar that is not one, or whose rows do not match the dataset, raises :class:`FormatError`."""
-    path = sidecar_path(dataset_path)
+    is none: ``sidecar`` when given, else the file beside ``dataset_path``, else (a folder) its
+    :data:`FOLDER_SIDECAR`. A sidecar that is not one, or whose rows do not match the dataset, raises
+    :class:`FormatError`."""
+    path = Path(sidecar) if sidecar is not None else sidecar_path(dataset_path)
+    if sidecar is None and not path.is_file() and Path(dataset_path).is_dir():
+        path = Path(dataset_path) / FOLDER_SIDECAR
     if not path.is_file():
         return None
     where = str(path)

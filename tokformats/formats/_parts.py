@@ -26,8 +26,10 @@ __all__ = ["Part", "PartTable", "MappedParts", "PartsReader", "checked_offsets",
 
 def sibling_masks(reader: TokenReader, parts: Sequence[Part], paths: list[Path]) -> TokenArray | None:
     """The loss masks stored beside ``parts`` (``paths[k]``: part k's mask file, one byte per token), mapped and
-    joined in order; None when no part has one. Some parts with masks and others without is an error."""
-    present = [p.is_file() for p in paths]
+    joined in order; None when no part has one. Some parts with masks and others without is an error. A dataset
+    opened by URL fetches the masks it lists when they are first used."""
+    remote = reader._remote
+    present = [p.is_file() or (remote is not None and remote.has(p)) for p in paths]
     if not any(present):
         return None
     if not all(present):
@@ -35,6 +37,7 @@ def sibling_masks(reader: TokenReader, parts: Sequence[Part], paths: list[Path])
         raise FormatError(f"{missing} is missing, while other files of {reader.path} have their loss masks.")
     maps = []
     for part, path in zip(parts, paths):
+        reader._fetched(path)
         size = path.stat().st_size
         if size != part.tokens:
             raise FormatError(f"{path}: {size:,} loss-mask bytes for {part.tokens:,} tokens in {part.path.name}.")

@@ -255,14 +255,16 @@ PUBLISHED_LAST = ("*.csv.gz",)
 
 
 def remote_companions(name: str) -> list[tuple[str, bool]]:
-    """A memmap's ``.csv.gz`` rows (when there are any)."""
-    return [(name[: -len(".npy")] + METADATA_SUFFIX, False)] if name.endswith(".npy") else []
+    """A memmap's ``.csv.gz`` rows and ``.label_mask.npy`` loss mask (when there are any)."""
+    if not name.endswith(".npy") or name.endswith(LABEL_MASK_SUFFIX):
+        return []
+    return [(name[: -len(".npy")] + METADATA_SUFFIX, False), (name[: -len(".npy")] + LABEL_MASK_SUFFIX, False)]
 
 
 def remote_lazy(folder: Path, names: list[str]) -> bool:
     """Whether a folder opened by URL can fetch its ``.npy`` files on first use: each has its ``.csv.gz`` rows
     (fetched at open), which give its documents."""
-    data = [n for n in names if n.endswith(".npy")]
+    data = [n for n in names if n.endswith(".npy") and not n.endswith(LABEL_MASK_SUFFIX)]  # masks are no memmaps
     return bool(data) and all(n[: -len(".npy")] + METADATA_SUFFIX in names for n in data)
 
 

@@ -180,10 +180,14 @@ PUBLISHED_LAST = ("*.idx",)
 
 def remote_companions(name: str) -> list[tuple[str, bool]]:
     """The files fetched with ``name`` from a URL: a prefix's ``.idx`` and ``.bin`` (and its ``PREFIX_loss_mask``
-    files when there are any), a ``.bin``'s ``.idx`` (when there is one: an llm.c ``.bin`` has none)."""
+    files when there are any), a ``.bin``'s ``.idx`` (when there is one: an llm.c ``.bin`` has none), and the
+    loss-mask files of the prefix of a ``.bin`` or ``.idx``."""
     for suffix, other in ((".bin", ".idx"), (".idx", ".bin")):
         if name.endswith(suffix):
-            return [(name[: -len(suffix)] + other, suffix == ".idx")]
+            prefix = name[: -len(suffix)]
+            masks = f"{prefix}{LOSS_MASK_SUFFIX}"
+            extra = [] if prefix.endswith(LOSS_MASK_SUFFIX) else [(f"{masks}.idx", False), (f"{masks}.bin", False)]
+            return [(prefix + other, suffix == ".idx"), *extra]
     if "." in Path(name).name:
         return []
     masks = f"{name}{LOSS_MASK_SUFFIX}"  # a prefix's loss masks, when the store has them

@@ -296,6 +296,13 @@ def remote_lazy(folder: Path, names: list[str]) -> bool:
     )
 
 
+def remote_companions(name: str) -> list[tuple[str, bool]]:
+    """A ``.pt`` file's loss mask ``NAME.loss_mask.pt`` (when the store has one)."""
+    if not name.endswith(".pt") or name.endswith(LOSS_MASK_SUFFIX):
+        return []
+    return [(name[: -len(".pt")] + LOSS_MASK_SUFFIX, False)]
+
+
 def remote_adopt(root: Path, name: str) -> Path | None:
     """NeuroShard's own cache name for shard ``name`` (``genesis_shard_N.pt`` in ``~/.neuroshard/data_cache``): used
     only when it verifies against the manifest."""
@@ -459,12 +466,13 @@ class FolderReader(Reader):
     @cached_property
     def _loss_masks(self) -> TokenArray | None:
         paths = [loss_mask_path(shard) for _, shard in self._shards]
-        present = [p.is_file() for p in paths]
+        remote = self._remote  # by URL: the masks the dataset lists (SHA256SUMS, a listing), fetched here
+        present = [p.is_file() or (remote is not None and remote.has(p)) for p in paths]
         if not any(present):
             return None
         if not all(present):
             raise FormatError(f"{paths[present.index(False)]} is missing, while other shards have their loss masks.")
-        masks = [_mask_tensor(p, len(a)) for p, a in zip(paths, self._arrays)]
+        masks = [_mask_tensor(self._fetched(p), len(a)) for p, a in zip(paths, self._arrays)]
         return masks[0] if len(masks) == 1 else ConcatenatedArray(masks)
 
     @property

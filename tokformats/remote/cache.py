@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import hashlib
 import os
 import re
@@ -46,6 +47,7 @@ from .backends import (
     _safe,
     backend_for,
 )
+from .byte_progress import ByteProgress
 from .cachefiles import (
     LOCKS,
     META,
@@ -203,6 +205,8 @@ class Cache:
         self.revalidate = revalidate
         self._backend = backend
         self._fresh: dict[str, bool] = {}  # index files revalidated by this cache: whether the cached copy is current
+        #: Where downloads report the bytes that arrive (a ``fetch``'s progress bar), or None.
+        self.progress: ByteProgress | None = None
 
     @property
     def source(self) -> str:
@@ -425,7 +429,7 @@ class Cache:
         failure: BaseException | None = None
         for attempt in range(1, self.limits.retries + 2):
             try:
-                complete = self._attempt(transfer)
+                complete = self._attempt(transfer, name)
             except (NotFoundError, DeniedError, ChecksumError, OversizeError) as error:  # no attempt would mend them
                 transfer.discard(only_empty=isinstance(error, (NotFoundError, DeniedError)))
                 failure = error
@@ -459,16 +463,26 @@ class Cache:
         transfer.record.unlink(missing_ok=True)
         fsync_folder(target.parent)
 
-    def _attempt(self, transfer: Transfer) -> bool:
-        """One request of ``transfer``, appended to its partial file (opened without following a link); whether
-        the partial now holds the whole object."""
+    def _attempt(self, transfer: Transfer, name: str) -> bool:
+        """One request of ``transfer`` (of file ``name``), appended to its partial file (opened without following a
+        link); whether the partial now holds the whole object."""
         start = transfer.held()
+        progress = self.progress
         descriptor = open_no_follow(transfer.partial, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         with os.fdopen(descriptor, "ab") as handle:
-            sink = Hashing(handle, transfer.digest)
+            if progress is not None:
+                progress.at(name, start)  # a resume counts what the partial file holds; a restart goes back to 0
+            report = None if progress is None else functools.partial(progress.at, name)
+            sink = Hashing(handle, transfer.digest, start, report)
+
+            def answered(stat: RemoteStat, whole: bool) -> None:
+                transfer.answered(stat, whole, sink, start)
+                if progress is not None:
+                    progress.size(name, stat.size)
+
             try:
                 self.backend.download(transfer.url, sink, start, transfer.recorded.get("etag"),  # type: ignore[arg-type]
-                                      lambda stat, whole: transfer.answered(stat, whole, sink, start))  # fmt: skip
+                                      answered)  # fmt: skip
             finally:
                 sink.close()  # what arrived is on disk (and hashed) before resuming after it
             transfer.digest = sink.digest

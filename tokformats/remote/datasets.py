@@ -14,10 +14,14 @@ from typing import Any
 
 from ..core.files import LazyFiles
 from ..core.format_module import PublishedLast, RemoteLazy
+from ..core.protocol import TokenReader
+from ..core.provenance import SUFFIX as PROVENANCE_SUFFIX
+from ..core.provenance import sidecar_in
 from ..core.registry import FormatDescriptor, formats
 from ..errors import FormatError, HeaderError
 from ..fs.paths import public_url
 from .backends import Backend, DeniedError, NotFoundError, RemoteError
+from .byte_progress import ByteProgress
 from .cache import SUMS, Cache, IndexFormatError, Lease
 from .hooks import adopted, companions, index_readers, published_last
 from .lazy import RemoteFiles
@@ -180,8 +184,11 @@ def _plan(url: str, **cache_options: Any) -> _Plan:
         if not chosen:
             raise NotFoundError(f"the pattern {public_url(base)}/{glob_pattern} matches no file.")
         entries = [Entry(n, sha256=sums.get(n)) for n in chosen]
+        listed = set(listing)  # a glob's store lists: an optional companion it does not list is absent
         for name in chosen:
-            entries += [Entry(c, required=r) for c, r in companions(name) if c not in chosen]
+            others = [*companions(name), *((c, False) for c in _sidecars(name))]
+            entries += [Entry(c, sha256=sums.get(c), required=r) for c, r in others
+                        if c not in chosen and (r or c in listed)]  # fmt: skip
         return _Plan(url, cache, entries, [cache.path(n) for n in chosen])
     if url.endswith("/"):
         cache = Cache(url, query=query, **cache_options)
@@ -191,8 +198,20 @@ def _plan(url: str, **cache_options: Any) -> _Plan:
     name = cache.check_name(name, f"the URL {public_url(url)}")
     sums = cache.sums()
     entries = [Entry(name, sha256=sums.get(name), required=False)]
-    entries += [Entry(c, sha256=sums.get(c), required=r) for c, r in companions(name)]
+    others = [*companions(name), *((c, False) for c in _sidecars(name))]
+    # A published folder's SHA256SUMS names every file it holds: an optional companion it does not name is absent
+    # (not asked of the store); without one, each is asked once.
+    entries += [Entry(c, sha256=sums.get(c), required=r) for c, r in others if r or not sums or c in sums]
     return _Plan(url, cache, entries, cache.path(name))
+
+
+def _sidecars(name: str) -> list[str]:
+    """The provenance sidecars file or prefix ``name`` may have: beside the path its reader reports (the file itself,
+    or the Megatron prefix of a ``.bin``/``.idx``)."""
+    found = [name + PROVENANCE_SUFFIX]
+    if name.endswith((".bin", ".idx")):
+        found.append(name[: -len(".bin")] + PROVENANCE_SUFFIX)
+    return found
 
 
 def fetch(
@@ -204,27 +223,33 @@ def fetch(
     offline: bool | None = None,
     backend: Backend | None = None,
     adopt: dict[str, Path] | None = None,
+    progress: bool = False,
     **limits: Any,
 ) -> Dataset:
     """Fetch the dataset at ``url`` (a folder ``.../``, a file, a Megatron prefix, or a glob on a store that lists)
-    into the cache, index files first, each file verified; ``names`` limits the fetch to those files (plus the
-    index files; ``[]``: the index files alone, which may be none). ``adopt`` maps file names to files already on
-    disk that are used when they verify. ``limits``: ``connect_timeout``, ``stall_timeout``, ``retries``,
+    into the cache, index files first, each file verified; ``names`` limits the fetch to those files (plus their
+    companions the dataset lists, such as loss masks, and the index files; ``[]``: the index files alone, which may
+    be none). ``adopt`` maps file names to files already on disk that are used when they verify. ``progress``: a
+    bar of the bytes fetched on stderr (tqdm's, once the fetch has run a second; the total grows when a file no
+    record sizes is answered). ``limits``: ``connect_timeout``, ``stall_timeout``, ``retries``,
     ``max_index_bytes``, ``revalidate`` (see :class:`~tokformats.remote.Cache`)."""
     unknown = set(limits) - set(_CACHE_OPTIONS)
     if unknown:
         raise TypeError(f"fetch() got unexpected options {sorted(unknown)}; it takes {list(_CACHE_OPTIONS)}.")
     plan = _plan(url, cache_dir=cache_dir, max_cache_bytes=max_cache_bytes, offline=offline, backend=backend,
                  **limits)  # fmt: skip
-    return _bring(plan, names, adopt)
+    return _bring(plan, names, adopt, progress=progress)
 
 
-def _bring(plan: _Plan, names: list[str] | None = None, adopt: dict[str, Path] | None = None) -> Dataset:
-    """Fetch the files of ``plan`` (those in ``names`` and the index files, when given) into its cache."""
+def _bring(
+    plan: _Plan, names: list[str] | None = None, adopt: dict[str, Path] | None = None, *, progress: bool = False
+) -> Dataset:
+    """Fetch the files of ``plan`` (those in ``names``, their companions and the index files, when given) into its
+    cache."""
     cache = plan.cache
     entries = plan.entries
     if names is not None:
-        wanted = set(names)
+        wanted = set(names) | {c for n in names for c, _ in companions(n)}  # a shard's loss mask comes with it
         entries = [e for e in entries if e.name in wanted or published_last(e.name)]
     # Index files first (a reader keys on them, and their records check the data files), then the data files, a few
     # at a time: each download hashes in its own thread, so two run at the speed of one on a fast link.
@@ -238,20 +263,39 @@ def _bring(plan: _Plan, names: list[str] | None = None, adopt: dict[str, Path] |
     done: dict[str, bool] = {}
     missing: list[RemoteError] = []
     bringing = {cache.path(e.name) for e in entries}  # never evicted by this fetch's own downloads
+    meter = ByteProgress.shown({e.name: e.size for e in entries}, f"fetch {plan.cache.url}", enabled=progress)
 
     def get(entry: Entry) -> None:
         candidate = (adopt or {}).get(entry.name) or adopted(cache.root, entry.name)
         try:
-            cache.fetch_held(entry.name, lease, size=entry.size, sha256=entry.sha256, adopt=candidate,
-                             keep=bringing, listed_by=entry.listed_by)  # fmt: skip
+            path = cache.fetch_held(entry.name, lease, size=entry.size, sha256=entry.sha256, adopt=candidate,
+                                    keep=bringing, listed_by=entry.listed_by)  # fmt: skip
         except (NotFoundError, DeniedError) as error:
             absent = isinstance(error, NotFoundError) or cache.query_for is not None  # a presigned file's neighbours
             if entry.required or not absent:
                 raise
             missing.append(error)
             return
+        meter.done(entry.name, path.stat().st_size)  # downloaded, or found in the cache
         done[entry.name] = True
 
+    cache.progress = meter
+    try:
+        _get_all(get, first, rest)
+    finally:
+        cache.progress = None
+        meter.close()
+    if plan.target == cache.folder:  # a folder is read as a whole: only the files the dataset names now are in it
+        cache.forget_others({SUMS, *(e.name for e in plan.entries)})
+    fetched = list(dict.fromkeys(e.name for e in entries if e.name in done))
+    if not fetched and names != []:
+        raise missing[0] if missing else NotFoundError(f"{public_url(plan.url)} does not exist.")
+    return Dataset(plan.target, fetched, cache, lease, plan.entries)
+
+
+def _get_all(get: Callable[[Entry], None], first: list[Entry], rest: list[Entry]) -> None:
+    """``get`` the ``first`` entries in order, then the ``rest`` a few at a time; the first failure is raised (files
+    not started then are not downloaded)."""
     for entry in first:
         get(entry)
     with ThreadPoolExecutor(max_workers=PARALLEL_DOWNLOADS) as pool:
@@ -259,16 +303,19 @@ def _bring(plan: _Plan, names: list[str] | None = None, adopt: dict[str, Path] |
         try:
             for future in futures:
                 future.result()
-        except BaseException:  # the first failure is raised: files not started are not downloaded
+        except BaseException:
             for future in futures:
                 future.cancel()
             raise
-    if plan.target == cache.folder:  # a folder is read as a whole: only the files the dataset names now are in it
-        cache.forget_others({SUMS, *(e.name for e in plan.entries)})
-    fetched = list(dict.fromkeys(e.name for e in entries if e.name in done))
-    if not fetched and names != []:
-        raise missing[0] if missing else NotFoundError(f"{public_url(plan.url)} does not exist.")
-    return Dataset(plan.target, fetched, cache, lease, plan.entries)
+
+
+def _keep_provenance_inside(reader: Any, folder: Path) -> Any:
+    """Make ``reader`` (opened over a dataset's cache ``folder``) read its provenance sidecar from the dataset's own
+    files (:func:`~tokformats.core.provenance.sidecar_in`: beside its path when that is in the folder, else the
+    folder's ``dataset.provenance.npz``), never from beside the cache folder, which the dataset did not list."""
+    if isinstance(reader, TokenReader):
+        reader._provenance_sidecar = sidecar_in(reader.path, folder)
+    return reader
 
 
 def open_url(url: str, opener: Opener, **options: Any) -> Any:
@@ -289,7 +336,7 @@ def open_url(url: str, opener: Opener, **options: Any) -> Any:
     dataset = _bring(plan)
     reader = opener(dataset.target, **options)
     reader.hold(dataset.lease)  # released by close() (or when the reader is collected)
-    return reader
+    return _keep_provenance_inside(reader, plan.cache.folder)
 
 
 def _open_lazily(plan: _Plan, opener: Opener, cache_options: dict[str, Any], options: dict[str, Any]) -> Any:
@@ -330,6 +377,6 @@ def _open_lazily(plan: _Plan, opener: Opener, cache_options: dict[str, Any], opt
             remote.release()
             return None
         reader.hold(remote)
-        return reader
+        return _keep_provenance_inside(reader, index.cache.folder)
     index.lease.release()
     return None

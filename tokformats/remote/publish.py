@@ -7,9 +7,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ..core.provenance import FOLDER_SIDECAR, sidecar_path
 from ..fs.names import UnsafeNameError
 from ..fs.paths import public_url
 from .backends import Backend, Limits, NotFoundError, OversizeError, RemoteError, RemoteStat, backend_for
+from .byte_progress import ByteProgress
 from .cache import file_sha256
 from .cachefiles import dataset_name
 from .hooks import published_last
@@ -31,11 +33,15 @@ def publish(
     dry_run: bool = False,
     backend: Backend | None = None,
     prune: bool = False,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Upload a dataset folder to ``url`` (a folder URL): data files first, then ``SHA256SUMS``, then the index files
     readers key on, so that no reader ever sees an index pointing at missing files. Files whose published SHA-256
     already matches are skipped; hidden files (a commit journal, locks) are never uploaded. ``dry_run`` only says
-    what would be uploaded.
+    what would be uploaded. Loss masks and other companions are files of the folder like the others; the provenance
+    sidecar ``tokenize`` writes beside a folder dataset (``FOLDER.provenance.npz``) is uploaded into it as
+    ``dataset.provenance.npz`` (the URL names the folder alone), where readers by URL find it. ``progress``: bars
+    of the bytes checksummed and uploaded on stderr (tqdm's, once a step has run a second).
 
     Republishing over an earlier version: files the store holds (its ``SHA256SUMS``, and its listing where it can
     list) that the new version does not are deleted after the upload with ``prune=True`` (``--prune``); without it,
@@ -49,13 +55,9 @@ def publish(
         raise NotFoundError(f"{root} is not a folder to publish.")
     base = url.rstrip("/")
     store = backend or backend_for(base)
-    files = sorted(
-        p.relative_to(root).as_posix()
-        for p in root.rglob("*")
-        if p.is_file() and not p.is_symlink() and p.name != SUMS
-        and not any(part.startswith(".") for part in p.relative_to(root).parts)
-    )
-    sums = {name: file_sha256(root / name) for name in files}
+    local = _local_files(root)
+    files = sorted(local)
+    sums = _checksums(local, progress)
     published = _published_sums(store, f"{base}/{SUMS}")
     stale = _stale_files(store, base, published, set(files))
     if stale and not prune:
@@ -65,24 +67,60 @@ def publish(
             "Publish with prune=True (tokformats publish --prune FOLDER URL) to delete them after the upload, or "
             "publish to a new URL."
         )
-    uploaded, skipped, sent = [], [], 0
+    uploaded: list[str] = []
+    sent = 0
     order = [n for n in files if not published_last(n)] + [SUMS] + [n for n in files if published_last(n)]
     with tempfile.TemporaryDirectory(prefix="tokformats-publish-") as scratch:
-        listing = Path(scratch) / SUMS
-        listing.write_text("".join(f"{sums[n]}  {n}\n" for n in files), encoding="utf-8")
-        for name in order:
-            path = listing if name == SUMS else root / name
-            if (name != SUMS and published.get(name) == sums[name]) or (name == SUMS and published == sums):
-                skipped.append(name)
-                continue
-            if not dry_run:
-                store.upload(str(path), f"{base}/{name}")
-            uploaded.append(name)
-            sent += path.stat().st_size
+        local[SUMS] = Path(scratch) / SUMS
+        local[SUMS].write_text("".join(f"{sums[n]}  {n}\n" for n in files), encoding="utf-8")
+        same = {n: published == sums if n == SUMS else published.get(n) == sums[n] for n in order}
+        changed = [n for n in order if not same[n]]
+        skipped = [n for n in order if same[n]]
+        meter = ByteProgress.shown({n: local[n].stat().st_size for n in changed}, f"publish {public_url(base)}",
+                                   enabled=progress and not dry_run)  # fmt: skip
+        try:
+            for name in changed:
+                size = local[name].stat().st_size
+                if not dry_run:
+                    store.upload(str(local[name]), f"{base}/{name}")
+                meter.done(name, size)
+                uploaded.append(name)
+                sent += size
+        finally:
+            meter.close()
     if not dry_run:
         for name in stale:  # after the new index: a reader of the new version never needs them
             store.delete(f"{base}/{name}")
     return {"uploaded": uploaded, "skipped": skipped, "removed": stale, "bytes": sent, "dry_run": dry_run}
+
+
+def _local_files(root: Path) -> dict[str, Path]:
+    """The files of dataset folder ``root`` to publish, by their name in the store: every regular file below it but
+    hidden ones (a commit journal, locks) and a stale ``SHA256SUMS``, plus the provenance sidecar beside the folder
+    (as :data:`~tokformats.core.provenance.FOLDER_SIDECAR`, unless the folder holds one)."""
+    files = {
+        p.relative_to(root).as_posix(): p
+        for p in root.rglob("*")
+        if p.is_file() and not p.is_symlink() and p.name != SUMS
+        and not any(part.startswith(".") for part in p.relative_to(root).parts)
+    }  # fmt: skip
+    beside = sidecar_path(root)
+    if beside.is_file() and not beside.is_symlink() and FOLDER_SIDECAR not in files:
+        files[FOLDER_SIDECAR] = beside
+    return dict(sorted(files.items()))
+
+
+def _checksums(files: dict[str, Path], progress: bool) -> dict[str, str]:
+    """The SHA-256 of each file, with a bar of the bytes read when ``progress``."""
+    meter = ByteProgress.shown({n: p.stat().st_size for n, p in files.items()}, "checksums", enabled=progress)
+    sums = {}
+    try:
+        for name, path in files.items():
+            sums[name] = file_sha256(path)
+            meter.done(name, path.stat().st_size)
+    finally:
+        meter.close()
+    return sums
 
 
 def _stale_files(store: Backend, base: str, published: dict[str, str], files: set[str]) -> list[str]:

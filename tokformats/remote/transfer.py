@@ -9,6 +9,7 @@ import json
 import os
 import queue
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -34,10 +35,14 @@ class Restart(Exception):
 class Hashing:
     """A file handle that hashes what is written through it, in a second thread: reading the next block from the
     network overlaps hashing and writing the previous one (``hashlib`` and file writes release the GIL). The queue is
-    short, so memory stays a few blocks."""
+    short, so memory stays a few blocks. ``on_position`` (a progress bar's) is told how many bytes the file holds
+    after each block, counting from ``start`` (what the partial file held before)."""
 
-    def __init__(self, handle: BinaryIO, digest: Any) -> None:
+    def __init__(
+        self, handle: BinaryIO, digest: Any, start: int = 0, on_position: Callable[[int], None] | None = None
+    ) -> None:
         self.handle, self.digest = handle, digest
+        self.position, self._on_position = start, on_position
         self._blocks: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
         self._error: BaseException | None = None
         self._worker = threading.Thread(target=self._run, daemon=True)
@@ -62,6 +67,9 @@ class Hashing:
         if self._error is not None:
             raise self._error
         self._blocks.put(bytes(data))
+        self.position += len(data)
+        if self._on_position is not None:
+            self._on_position(self.position)
         return len(data)
 
     def restart(self) -> None:
@@ -69,6 +77,9 @@ class Hashing:
         object."""
         self.handle.truncate(0)
         self.digest = hashlib.sha256()
+        self.position = 0
+        if self._on_position is not None:
+            self._on_position(0)
 
     def close(self) -> None:
         """Wait until every block is hashed and written; raise what the worker met."""
