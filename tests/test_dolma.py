@@ -279,3 +279,48 @@ def test_rows_counted_without_parsing_are_the_parsed_rows(tmp_path: Path, text: 
     tokens = 7 if "3,7" in text else 0
     counted = RowStream(path, tokens).total()
     assert counted == len(RowStream(path, tokens).columns()[1]) == len(dolma.read_start_end(path)[1])
+
+
+def test_vectorised_rows_are_what_csv_writes_across_batches_and_shards(tmp_path: Path) -> None:
+    import csv
+    import io
+
+    rng = np.random.default_rng(11)
+    batches = [rng.integers(0, 2_000, size=n) for n in (1, 700, 2, 1_300)]
+    with tokformats.create(tmp_path / "o", "dolma", vocab_size=1000, max_tokens=900_000, source="s") as writer:
+        for lengths in batches:
+            writer.write_batch(np.zeros(int(lengths.sum()), dtype=np.uint16), lengths)
+    lengths = np.concatenate(batches)
+    texts = []
+    for path in sorted((tmp_path / "o").glob("*.csv.gz")):
+        texts.append(gzip.decompress(path.read_bytes()).decode())
+    number, expected = 0, []
+    for text in texts:
+        expected_rows = io.StringIO()
+        count = len(text.splitlines())
+        ends = np.cumsum(lengths[number : number + count])
+        starts = np.concatenate([[0], ends[:-1]])
+        csv.writer(expected_rows).writerows((a, b, number + k, "s", number + k) for k, (a, b) in
+                                            enumerate(zip(starts.tolist(), ends.tolist())))  # fmt: skip
+        expected.append(expected_rows.getvalue())
+        number += count
+    assert number == len(lengths) and len(texts) > 1  # several shards, rows numbered across them
+    assert texts == expected
+
+
+@pytest.mark.parametrize("level", [1, 6, 9])
+def test_rows_compressed_as_they_come_are_gzipfile_bytes(tmp_path: Path, level: int) -> None:
+    import io
+
+    from tokformats.formats._dolma_rows import GzipRows
+
+    pieces = [b"0,3,0,,0\r\n", b"3,9,1,,1\r\n" * 1000, b""]
+    out = io.BytesIO()
+    rows = GzipRows(out, level)
+    for piece in pieces:
+        rows.write(piece)
+    rows.close()
+    reference = io.BytesIO()
+    with gzip.GzipFile(fileobj=reference, mode="wb", mtime=0, filename="", compresslevel=level) as packed:
+        packed.write(b"".join(pieces))
+    assert out.getvalue() == reference.getvalue()

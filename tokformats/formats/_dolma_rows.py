@@ -1,5 +1,5 @@
 """dolma's ``.csv.gz`` rows (``start,end,id,src,loc``): the two columns a reader needs, parsed with NumPy, and
-read only as far as they are used.
+read only as far as they are used; and the rows a writer writes, formatted with NumPy and compressed as they come.
 
 Opening a dolma file reads none of its rows when the dtype is known (and only the last row, streamed, when it has
 to be inferred); the first document decompresses the first few kilobytes; ``len()`` and the offsets decompress the
@@ -14,16 +14,18 @@ from __future__ import annotations
 import csv
 import io
 import os
+import struct
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from ..errors import FormatError, NoFilesError
 from ..fs.untrusted import MAX_DEFLATE_RATIO, require_regular
 
-__all__ = ["RowStream", "last_end", "parse_rows", "rows_text", "start_end_columns"]
+__all__ = ["GzipRows", "RowStream", "format_rows", "last_end", "parse_rows", "rows_text", "start_end_columns"]
 
 _DIGITS = 19  # an int64 holds every number of up to 18 digits; longer ones go to the csv parser
 _ROWS_PER_STEP = 1 << 18
@@ -360,3 +362,66 @@ def last_end(path: Path) -> int | None:
     if len(fields) < 2 or not fields[1].isdigit() or len(fields[1]) >= _DIGITS:
         return None
     return int(fields[1])
+
+
+def _digits(values: np.ndarray) -> np.ndarray:
+    """Non-negative integers as a matrix of ASCII digits, one row each, right-aligned; the positions before a
+    number's first digit hold 0 (no character: dropped when the rows are joined)."""
+    top = int(values.max()) if len(values) else 0
+    width = len(str(top))
+    quotient = values.astype(np.uint32 if top < 2**32 else np.uint64)
+    matrix = np.empty((len(values), width), dtype=np.uint8)
+    for column in range(width - 1, -1, -1):
+        quotient, remainder = np.divmod(quotient, 10)
+        matrix[:, column] = remainder
+    matrix += ord("0")
+    digits = np.ones(len(values), dtype=np.int64)
+    for place in range(1, width):
+        digits += values >= 10**place
+    matrix[np.arange(width) < (width - digits)[:, None]] = 0
+    return matrix
+
+
+def format_rows(starts: np.ndarray, ends: np.ndarray, first: int, source: bytes) -> bytes | None:
+    """Rows ``start,end,N,source,N`` (``N`` numbering the documents from ``first``) with csv's line ending, for
+    every document at once: what ``csv.writer`` writes for them, byte for byte (``source`` already quoted as it
+    quotes it). None when ``source`` holds a NUL byte (the formatter's filler): the caller formats those rows."""
+    count = len(ends)
+    if b"\0" in source or count == 0 or starts.min() < 0 or first < 0:
+        return None if count else b""
+    numbers = _digits(np.arange(first, first + count, dtype=np.int64))
+    end_digits = _digits(ends)
+    if 0 <= starts[0] <= ends.max() and (starts[1:] == ends[:-1]).all():
+        start_digits = np.empty_like(end_digits)  # each start is the previous end: its digits, shifted down a row
+        start_digits[1:] = end_digits[:-1]
+        start_digits[0] = _digits(np.array([starts[0], ends.max()], dtype=np.int64))[0]  # the widths agree
+    else:
+        start_digits = _digits(starts)
+    comma = np.full((count, 1), ord(","), dtype=np.uint8)
+    line_end = np.broadcast_to(np.frombuffer(b"\r\n", dtype=np.uint8), (count, 2))
+    named = np.broadcast_to(np.frombuffer(source, dtype=np.uint8), (count, len(source)))
+    table = np.hstack([start_digits, comma, end_digits, comma, numbers, comma, named, comma, numbers, line_end])
+    return bytes(table[table != 0].tobytes())
+
+
+class GzipRows:
+    """Rows compressed into ``handle`` as they are written: one gzip member, the header ``gzip.GzipFile`` writes
+    with ``mtime=0`` and no file name (the output is byte-for-byte reproducible)."""
+
+    def __init__(self, handle: Any, level: int) -> None:
+        self.handle = handle
+        self._deflate = zlib.compressobj(level, zlib.DEFLATED, -zlib.MAX_WBITS, zlib.DEF_MEM_LEVEL, 0)
+        self._crc = 0
+        self._size = 0
+        extra = b"\x02" if level == 9 else b"\x04" if level == 1 else b"\x00"  # what GzipFile records of the level
+        handle.write(b"\x1f\x8b\x08\x00\x00\x00\x00\x00" + extra + b"\xff")
+
+    def write(self, rows: bytes) -> None:
+        """Compress ``rows`` into the file."""
+        self._crc = zlib.crc32(rows, self._crc)
+        self._size += len(rows)
+        self.handle.write(self._deflate.compress(rows))
+
+    def close(self) -> None:
+        """End the member: the rest of the compressed stream, its CRC and its size."""
+        self.handle.write(self._deflate.flush() + struct.pack("<II", self._crc, self._size & 0xFFFFFFFF))
