@@ -324,3 +324,52 @@ def test_rows_compressed_as_they_come_are_gzipfile_bytes(tmp_path: Path, level: 
     with gzip.GzipFile(fileobj=reference, mode="wb", mtime=0, filename="", compresslevel=level) as packed:
         packed.write(b"".join(pieces))
     assert out.getvalue() == reference.getvalue()
+
+
+@pytest.mark.parametrize("source", ["", "nul\0byte", "a,b"])
+def test_formatted_rows_equal_the_csv_writer(source: str) -> None:
+    import csv
+    import io
+
+    from tokformats.formats._dolma_rows import format_rows
+
+    ends = np.cumsum(np.random.default_rng(4).integers(0, 10**6, size=5_000)) + 10**9
+    starts = np.concatenate([[10**9], ends[:-1]])
+    quoted = io.StringIO()
+    csv.writer(quoted).writerow([source])
+    field = quoted.getvalue()[:-2] if source else ""
+    expected = io.StringIO()
+    csv.writer(expected).writerows((a, b, 7 + k, source, 7 + k) for k, (a, b) in enumerate(zip(starts, ends)))
+    assert format_rows(starts, ends, 7, field.encode()) == expected.getvalue().encode()
+    assert format_rows(ends, ends + 1, 0, b"") == b"".join(b"%d,%d,%d,,%d\r\n" % (e, e + 1, k, k) for k, e in
+                                                         enumerate(ends.tolist()))  # fmt: skip
+
+
+def test_rows_compressed_in_the_background_are_in_order_and_a_failure_is_raised(tmp_path: Path) -> None:
+    import io
+
+    from tokformats.formats._dolma_rows import GzipRows
+
+    out = io.BytesIO()
+    rows = GzipRows(out, 1)
+    for k in range(5):
+        rows.write(lambda k=k: b"%d\r\n" % k * 1000, background=k % 2 == 0)
+    rows.close()
+    assert gzip.decompress(out.getvalue()) == b"".join(b"%d\r\n" % k * 1000 for k in range(5))
+
+    def broken() -> bytes:
+        raise FormatError("the rows could not be made")
+
+    rows = GzipRows(io.BytesIO(), 1)
+    rows.write(broken, background=True)
+    with pytest.raises(FormatError, match="the rows could not be made"):
+        rows.close()
+
+
+def test_an_aborted_writer_leaves_nothing_with_rows_in_flight(tmp_path: Path) -> None:
+    lengths = np.full(10_000, 3)
+    with pytest.raises(KeyError, match="stop"):
+        with tokformats.create(tmp_path / "d", "dolma", vocab_size=100) as writer:
+            writer.write_batch(np.zeros(int(lengths.sum()), dtype=np.uint16), lengths)  # rows compressed on a thread
+            raise KeyError("stop")
+    assert not list((tmp_path / "d").glob("*.npy")) and not list((tmp_path / "d").glob("*.csv.gz"))

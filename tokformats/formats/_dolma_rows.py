@@ -15,8 +15,9 @@ import csv
 import io
 import os
 import struct
+import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -382,13 +383,16 @@ def _digits(values: np.ndarray) -> np.ndarray:
     return matrix
 
 
-def format_rows(starts: np.ndarray, ends: np.ndarray, first: int, source: bytes) -> bytes | None:
+def format_rows(starts: np.ndarray, ends: np.ndarray, first: int, source: bytes) -> bytes:
     """Rows ``start,end,N,source,N`` (``N`` numbering the documents from ``first``) with csv's line ending, for
     every document at once: what ``csv.writer`` writes for them, byte for byte (``source`` already quoted as it
-    quotes it). None when ``source`` holds a NUL byte (the formatter's filler): the caller formats those rows."""
+    quotes it)."""
     count = len(ends)
-    if b"\0" in source or count == 0 or starts.min() < 0 or first < 0:
-        return None if count else b""
+    if count == 0:
+        return b""
+    if b"\0" in source:  # the formatter's filler cannot mark it: these rows one by one
+        pairs = zip(starts.tolist(), ends.tolist(), range(first, first + count))
+        return b"".join(b"%d,%d,%d,%s,%d\r\n" % (a, b, n, source, n) for a, b, n in pairs)
     numbers = _digits(np.arange(first, first + count, dtype=np.int64))
     end_digits = _digits(ends)
     if 0 <= starts[0] <= ends.max() and (starts[1:] == ends[:-1]).all():
@@ -401,27 +405,64 @@ def format_rows(starts: np.ndarray, ends: np.ndarray, first: int, source: bytes)
     line_end = np.broadcast_to(np.frombuffer(b"\r\n", dtype=np.uint8), (count, 2))
     named = np.broadcast_to(np.frombuffer(source, dtype=np.uint8), (count, len(source)))
     table = np.hstack([start_digits, comma, end_digits, comma, numbers, comma, named, comma, numbers, line_end])
-    return bytes(table[table != 0].tobytes())
+    text: bytes = table[table != 0].tobytes()
+    return text
 
 
 class GzipRows:
     """Rows compressed into ``handle`` as they are written: one gzip member, the header ``gzip.GzipFile`` writes
-    with ``mtime=0`` and no file name (the output is byte-for-byte reproducible)."""
+    with ``mtime=0`` and no file name (the output is byte-for-byte reproducible).
+
+    ``write(rows, background=True)`` formats and compresses a batch's rows on a helper thread while the caller goes
+    on (writing the batch's tokens: zlib and file writes release the GIL); the next ``write`` or ``close`` waits for
+    it first, so rows stay in order, at most one batch is in flight, and a failure is raised there."""
 
     def __init__(self, handle: Any, level: int) -> None:
         self.handle = handle
         self._deflate = zlib.compressobj(level, zlib.DEFLATED, -zlib.MAX_WBITS, zlib.DEF_MEM_LEVEL, 0)
         self._crc = 0
         self._size = 0
+        self._pending: threading.Thread | None = None
+        self._failure: BaseException | None = None
         extra = b"\x02" if level == 9 else b"\x04" if level == 1 else b"\x00"  # what GzipFile records of the level
         handle.write(b"\x1f\x8b\x08\x00\x00\x00\x00\x00" + extra + b"\xff")
 
-    def write(self, rows: bytes) -> None:
-        """Compress ``rows`` into the file."""
-        self._crc = zlib.crc32(rows, self._crc)
-        self._size += len(rows)
-        self.handle.write(self._deflate.compress(rows))
+    def write(self, rows: bytes | Callable[[], bytes], *, background: bool = False) -> None:
+        """Compress ``rows`` (or what ``rows()`` makes) into the file; on a helper thread when ``background``."""
+        self._wait()
+        if background:
+            self._pending = threading.Thread(target=self._compress_caught, args=(rows,), daemon=True)
+            self._pending.start()
+        else:
+            self._compress(rows)
 
     def close(self) -> None:
         """End the member: the rest of the compressed stream, its CRC and its size."""
+        self._wait()
         self.handle.write(self._deflate.flush() + struct.pack("<II", self._crc, self._size & 0xFFFFFFFF))
+
+    def abandon(self) -> None:
+        """Let a batch in flight finish, and drop what it raised (the file is being discarded)."""
+        if self._pending is not None:
+            self._pending.join()
+        self._pending, self._failure = None, None
+
+    def _compress(self, rows: bytes | Callable[[], bytes]) -> None:
+        text = rows() if callable(rows) else rows
+        self._crc = zlib.crc32(text, self._crc)
+        self._size += len(text)
+        self.handle.write(self._deflate.compress(text))
+
+    def _compress_caught(self, rows: bytes | Callable[[], bytes]) -> None:
+        try:
+            self._compress(rows)
+        except BaseException as error:  # raised in the caller's thread by the next write or close
+            self._failure = error
+
+    def _wait(self) -> None:
+        if self._pending is not None:
+            self._pending.join()
+            self._pending = None
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure

@@ -59,6 +59,8 @@ METADATA_SUFFIX = ".csv.gz"
 LABEL_MASK_SUFFIX = ".label_mask.npy"
 #: The gzip level of the rows the writer compresses (any level reads the same).
 ROWS_COMPRESSION = 1
+#: Batches of at least this many documents have their rows formatted and compressed on a helper thread.
+_BACKGROUND_ROWS = 4096
 _ITEMSIZES: dict[int, np.dtype] = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
 _NUMPY_MAGIC = b"\x93NUMPY"
 
@@ -170,6 +172,10 @@ class Reader(PartsReader):
         remote: set by ``tokformats.open(URL)``: the dataset's files, each ``.npy`` fetched on first use.
 
     ``document_metadata(i)`` gives the ``id``, ``src`` and ``loc`` dolma recorded for document ``i``.
+
+    Rows are read where they are used: the open reads none when ``dtype`` is given (the last row's end, streamed,
+    when it is inferred); document ``i`` parses its file's rows up to its own; ``len()`` counts rows; ``offsets``
+    parse them all. Each row is checked before it is used.
     """
 
     format = "dolma"
@@ -471,10 +477,12 @@ class Writer(TokenWriter):
         """The rows of documents ``number ...`` (``starts``/``ends`` in the current shard), as csv writes them."""
         id_, src, loc = self._fields
         if self._fields == (None, None, None):  # the batch path: every row's bytes at once
-            text = format_rows(starts, ends, number, self._quoted_source.encode("utf-8"))
-            if text is not None:
-                self._rows.write(text)
-                return
+            source = self._quoted_source.encode("utf-8")
+            if len(ends) < _BACKGROUND_ROWS:
+                self._rows.write(format_rows(starts, ends, number, source))
+            else:  # formatted and compressed while the next tokens are written
+                self._rows.write(lambda: format_rows(starts, ends, number, source), background=True)
+            return
         lines = io.StringIO()
         rows = csv.writer(lines)
         for k, (row_start, row_end) in enumerate(zip(starts.tolist(), ends.tolist())):
@@ -491,3 +499,9 @@ class Writer(TokenWriter):
 
     def _finish(self) -> None:
         self._shards.finish()
+
+    def abort(self) -> None:
+        """Discard everything written (a batch of rows being compressed is let finish first)."""
+        if self._rows is not None:
+            self._rows.abandon()
+        super().abort()
