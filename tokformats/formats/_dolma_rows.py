@@ -411,15 +411,16 @@ def format_rows(starts: np.ndarray, ends: np.ndarray, first: int, source: bytes)
 
 class GzipRows:
     """Rows compressed into ``handle`` as they are written: one gzip member, the header ``gzip.GzipFile`` writes
-    with ``mtime=0`` and no file name (the output is byte-for-byte reproducible).
+    with ``mtime=0`` and no file name (the output is byte-for-byte reproducible; with the default ``strategy``, the
+    bytes ``GzipFile`` writes at ``level``).
 
     ``write(rows, background=True)`` formats and compresses a batch's rows on a helper thread while the caller goes
     on (writing the batch's tokens: zlib and file writes release the GIL); the next ``write`` or ``close`` waits for
     it first, so rows stay in order, at most one batch is in flight, and a failure is raised there."""
 
-    def __init__(self, handle: Any, level: int) -> None:
+    def __init__(self, handle: Any, level: int, strategy: int = zlib.Z_DEFAULT_STRATEGY) -> None:
         self.handle = handle
-        self._deflate = zlib.compressobj(level, zlib.DEFLATED, -zlib.MAX_WBITS, zlib.DEF_MEM_LEVEL, 0)
+        self._deflate = zlib.compressobj(level, zlib.DEFLATED, -zlib.MAX_WBITS, zlib.DEF_MEM_LEVEL, strategy)
         self._crc = 0
         self._size = 0
         self._pending: threading.Thread | None = None

@@ -22,6 +22,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import zlib
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,8 +58,12 @@ DEFAULT_MAX_TOKENS = 512 * 1024 * 1024
 METADATA_SUFFIX = ".csv.gz"
 #: Replaces ``.npy`` in a memmap's name to name its loss-mask file.
 LABEL_MASK_SUFFIX = ".label_mask.npy"
-#: The gzip level of the rows the writer compresses (any level reads the same).
+#: The gzip level and deflate strategy of the rows the writer compresses (any level reads the same). Level 1 with
+#: run-length matching only (``Z_RLE``): for 1,000,000 rows (35 MB of text) 15.6 MB in a third of level 1's time
+#: (12.0 MB), against 9.8 MB and ~20x the time at gzip's default level 9 (what dolma's and OLMo-core's writers get);
+#: the rows are ~2% of the tokens' size either way.
 ROWS_COMPRESSION = 1
+ROWS_STRATEGY = zlib.Z_RLE
 #: Batches of at least this many documents have their rows formatted and compressed on a helper thread.
 _BACKGROUND_ROWS = 4096
 _ITEMSIZES: dict[int, np.dtype] = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
@@ -421,10 +426,9 @@ class Writer(TokenWriter):
         self.shard_paths.append(final)
         if self.loss_masked:
             self._mask = self._files.create(label_mask_path(final))
-        # the rows are compressed as each batch arrives (no second pass over them at the shard's end); level 1:
-        # the rows are ~2% of the data, and level 9 (gzip's default, what dolma's and OLMo-core's writers get)
-        # spent more time than writing the tokens; any level reads the same
-        self._rows = GzipRows(self._files.create(metadata_path(final)), ROWS_COMPRESSION)
+        # the rows are compressed as each batch arrives (no second pass over them at the shard's end), at a level
+        # that costs little next to writing the tokens (ROWS_COMPRESSION)
+        self._rows = GzipRows(self._files.create(metadata_path(final)), ROWS_COMPRESSION, ROWS_STRATEGY)
         return handle
 
     def _end(self, handle: Any, tokens: int) -> None:
