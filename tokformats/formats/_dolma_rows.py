@@ -370,17 +370,16 @@ def _digits(values: np.ndarray) -> np.ndarray:
     number's first digit hold 0 (no character: dropped when the rows are joined)."""
     top = int(values.max()) if len(values) else 0
     width = len(str(top))
-    quotient = values.astype(np.uint32 if top < 2**32 else np.uint64)
-    matrix = np.empty((len(values), width), dtype=np.uint8)
-    for column in range(width - 1, -1, -1):
-        quotient, remainder = np.divmod(quotient, 10)
-        matrix[:, column] = remainder
+    quotient: np.ndarray = values.astype(np.uint32 if top < 2**32 else np.uint64)
+    matrix = np.empty((width, len(values)), dtype=np.uint8)  # digit by digit, each a contiguous row: then .T
+    for place in range(width - 1, -1, -1):
+        shifted: np.ndarray = quotient // 10
+        matrix[place] = quotient - shifted * 10
+        quotient = shifted
     matrix += ord("0")
-    digits = np.ones(len(values), dtype=np.int64)
-    for place in range(1, width):
-        digits += values >= 10**place
-    matrix[np.arange(width) < (width - digits)[:, None]] = 0
-    return matrix
+    digits = np.searchsorted(10 ** np.arange(1, width, dtype=np.int64), values, side="right") + 1
+    matrix[np.arange(width)[:, None] < (width - digits)] = 0
+    return matrix.T
 
 
 def format_rows(starts: np.ndarray, ends: np.ndarray, first: int, source: bytes) -> bytes:
