@@ -1,15 +1,17 @@
 """dolma memmaps: opening a folder, its first document and its document count, and converting into dolma, against
 the token copy.
 
-Run: ``python benchmarks/bench_dolma.py [--documents 1000000] [--repeat 3]``. A Megatron dataset of ``--documents``
-documents (~300 uint16 tokens each) is converted to dolma (``tokformats.convert``: tokens, rows, gzip, fsync,
-atomic commit) and, alternately, copied as bare tokens (``ndarray.tofile`` of the same stream + fsync: the token
-copy the conversion cannot beat). The converted folder is then read in fresh processes, sides alternating, each
-step timed on its own: the open, the first document, and the number of documents. Sides: tokformats told the dtype
-(as OLMo-core is), tokformats inferring it (which reads the last row), OLMo-core (``NumpyFSLDataset`` +
-``prepare()``, which reads no rows: it cuts fixed-length instances; its documents counted with its own
-``get_document_indices``, since its ``len()`` counts instances), and the row parser of tokformats 0.1
-(``csv.reader`` over every row, kept below as ``csv_rows``). Times are min/median/max over the alternated runs.
+Run: ``python benchmarks/bench_dolma.py [--documents 1000000] [--repeat 3] [--read-repeat N]`` (the reads are
+alternated ``--read-repeat`` times, default ``--repeat``: millisecond steps on a loaded machine need more runs).
+A Megatron dataset of ``--documents`` documents (~300 uint16 tokens each) is converted to dolma
+(``tokformats.convert``: tokens, rows, gzip, fsync, atomic commit) and, alternately, copied as bare tokens
+(``ndarray.tofile`` of the same stream + fsync: the token copy the conversion cannot beat). The converted folder
+is then read in fresh processes, sides alternating, each step timed on its own: the open, the first document, and
+the number of documents. Sides: tokformats told the dtype (as OLMo-core is), tokformats inferring it (which reads
+the last row), OLMo-core (``NumpyFSLDataset`` + ``prepare()``, which reads no rows: it cuts fixed-length
+instances; its documents counted with its own ``get_document_indices``, since its ``len()`` counts instances), and
+the row parser of tokformats 0.1 (``csv.reader`` over every row, kept below as ``csv_rows``). Times are
+min/median/max over the alternated runs.
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--documents", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--read-repeat", type=int, default=None)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -139,7 +142,7 @@ def main() -> None:
         tokformats.convert(folder / "source", folder / "dolma", "dolma", overwrite=True)
         converts.append(time.perf_counter() - started)
     runs: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
-    for k in range(args.repeat):
+    for k in range(args.read_repeat or args.repeat):
         for side in SIDES if k % 2 == 0 else SIDES[::-1]:
             result = run(side, folder)
             if result["first_ids"] != run_first(folder) or result["documents"] != args.documents:
@@ -164,7 +167,8 @@ def main() -> None:
         rows.append({"measure": f"open + first document, {args.documents:,} documents (ms)",
                      "tokformats": spread(mine, 1e3), "peer": f"{side} {spread(theirs, 1e3)}",
                      "ratio": ratio_text})  # fmt: skip
-    print(f"{machine()}; load: {os.getloadavg()[0]:.2f}; {args.repeat} alternated runs; min/median/max")
+    runs_text = f"{args.repeat} alternated converts, {args.read_repeat or args.repeat} alternated reads"
+    print(f"{machine()}; load: {os.getloadavg()[0]:.2f}; {runs_text}; min/median/max")
     print(table(rows))
 
 

@@ -31,8 +31,8 @@ __all__ = ["GzipRows", "RowStream", "format_rows", "last_end", "parse_rows", "ro
 _DIGITS = 19  # an int64 holds every number of up to 18 digits; longer ones go to the csv parser
 _ROWS_PER_STEP = 1 << 18
 _POWERS_OF_TEN = 10 ** np.arange(_DIGITS, dtype=np.int64)
-#: Compressed bytes read for a file's first rows (~4,000 rows of dolma's writer); each later read doubles, to 16 MiB.
-_FIRST_READ = 1 << 14
+#: Compressed bytes read for a file's first rows (~400 rows of dolma's writer); each later read doubles, to 16 MiB.
+_FIRST_READ = 1 << 12
 _LARGEST_READ = 1 << 24
 _GZIP = 16 + zlib.MAX_WBITS
 
