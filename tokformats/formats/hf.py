@@ -287,7 +287,14 @@ class Reader(PartsReader):
     @cached_property
     def _file_maps(self) -> dict[Path, np.ndarray]:
         """Each ``.arrow`` file mapped once (as bytes); every batch's tokens are views of it."""
-        return {path: self._map(path, np.dtype("u1")) for path in dict.fromkeys(p.path for p in self._parts)}
+        return {path: self._file_map(path) for path in dict.fromkeys(p.path for p in self._parts)}
+
+    def _file_map(self, path: Path) -> np.ndarray:
+        """``path`` mapped (as bytes), once: a row read maps only its own file."""
+        maps = self.__dict__.setdefault("_maps_by_file", {})
+        if path not in maps:
+            maps[path] = self._map(path, np.dtype("u1"))
+        return maps[path]  # type: ignore[no-any-return]
 
     @cached_property
     def shards(self) -> list[np.ndarray]:
@@ -302,7 +309,7 @@ class Reader(PartsReader):
         return views
 
     def _cached_maps(self) -> tuple[str, ...]:
-        return (*super()._cached_maps(), "_file_maps", "loss_masks")
+        return (*super()._cached_maps(), "_file_maps", "_maps_by_file", "loss_masks")
 
     def _part_offsets(self, index: int) -> np.ndarray:
         """Record batch ``index``'s row offsets, read from its mapped file and checked (from 0, never backwards,
@@ -310,7 +317,7 @@ class Reader(PartsReader):
         part, batch = self._parts[index], self._batches[index]
         if batch.at < 0:  # no rows at all
             return np.zeros(1, dtype=np.int64)
-        raw = self._file_maps[part.path].view(np.ndarray)[batch.at : batch.at + (batch.rows + 1) * batch.kind.itemsize]
+        raw = self._file_map(part.path).view(np.ndarray)[batch.at : batch.at + (batch.rows + 1) * batch.kind.itemsize]
         stored = raw.view(batch.kind)  # the batch's own offsets as stored (rows may start past 0)
         offsets = stored.astype(np.int64) - int(stored[0])
         where = f"{part.path} (record batch {batch.number})"
@@ -318,6 +325,12 @@ class Reader(PartsReader):
 
     def _part_documents(self, index: int) -> int:
         return self._batches[index].rows
+
+    @cached_property
+    def _document_starts(self) -> np.ndarray:
+        """Where each record batch's rows start among all rows (from the row counts recorded at open)."""
+        counts = np.array([batch.rows for batch in self._batches], dtype=np.int64)
+        return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
     def __len__(self) -> int:
         """Rows: each record batch's row count, recorded in its header (its offsets are read where they are used)."""
@@ -341,7 +354,7 @@ class Reader(PartsReader):
         part = self._parts[index]
         if part.tokens == 0:
             return np.zeros(0, dtype=part.dtype)
-        raw = self._file_maps[part.path][part.offset : part.offset + part.tokens * part.dtype.itemsize]
+        raw = self._file_map(part.path)[part.offset : part.offset + part.tokens * part.dtype.itemsize]
         return raw.view(np.ndarray).view(part.dtype)
 
     @property
