@@ -1,12 +1,17 @@
-"""dolma memmaps: opening a folder (its ``.csv.gz`` rows parsed) and converting into dolma, against the token copy.
+"""dolma memmaps: opening a folder, its first document and its document count, and converting into dolma, against
+the token copy.
 
-Run: ``python benchmarks/bench_dolma.py [--documents 1000000] [--repeat 3]``. A Megatron dataset of ``--documents``
-documents (~300 uint16 tokens each) is converted to dolma (``tokformats.convert``: tokens, rows, gzip, fsync,
-atomic commit) and, alternately, copied as bare tokens (``ndarray.tofile`` of the same stream + fsync: the token
-copy the conversion cannot beat). The converted folder is then opened in fresh processes, alternating with
-OLMo-core's ``NumpyFSLDataset`` on the same ``.npy`` (which reads no rows: it cuts fixed-length instances), and
-with the row parser of tokformats 0.1 (``csv.reader`` over every row, kept below as ``csv_rows`` for the
-comparison). Times are min/median/max over the alternated runs.
+Run: ``python benchmarks/bench_dolma.py [--documents 1000000] [--repeat 3] [--read-repeat N]`` (the reads are
+alternated ``--read-repeat`` times, default ``--repeat``: millisecond steps on a loaded machine need more runs).
+A Megatron dataset of ``--documents`` documents (~300 uint16 tokens each) is converted to dolma
+(``tokformats.convert``: tokens, rows, gzip, fsync, atomic commit) and, alternately, copied as bare tokens
+(``ndarray.tofile`` of the same stream + fsync: the token copy the conversion cannot beat). The converted folder
+is then read in fresh processes, sides alternating, each step timed on its own: the open, the first document, and
+the number of documents. Sides: tokformats told the dtype (as OLMo-core is), tokformats inferring it (which reads
+the last row), OLMo-core (``NumpyFSLDataset`` + ``prepare()``, which reads no rows: it cuts fixed-length
+instances; its documents counted with its own ``get_document_indices``, since its ``len()`` counts instances), and
+the row parser of tokformats 0.1 (``csv.reader`` over every row, kept below as ``csv_rows``). Times are
+min/median/max over the alternated runs.
 """
 
 from __future__ import annotations
@@ -44,38 +49,53 @@ def csv_rows(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64)
 
 
+SIDES = ("tokformats", "tokformats, dtype inferred", "olmo-core", "csv rows (0.1)")
+
+
 def child(side: str, folder: Path) -> None:
+    """One side in a fresh process: the open, the first document and the count, each timed on its own."""
     warnings.filterwarnings("ignore")
     if side == "olmo-core":
         from olmo_core.data.numpy_dataset import NumpyFSLDataset
+        from olmo_core.data.utils import get_document_indices
     else:
         import importlib
 
         import tokformats
 
         importlib.import_module("tokformats.formats.dolma")
-    started = time.perf_counter()
-    if side == "tokformats":
-        reader = tokformats.open(folder / "dolma", format="dolma")
+    path = folder / "dolma" / "part-0-00000.npy"
+    clock = [time.perf_counter()]
+    if side.startswith("tokformats"):  # told the dtype, as OLMo-core is; or inferring it (the last row read)
+        reader = tokformats.open(
+            folder / "dolma", format="dolma", **({} if "inferred" in side else {"dtype": "uint16"})
+        )
+        clock.append(time.perf_counter())
         first = np.asarray(reader[0][:4]).tolist()
-        count = len(reader)
+        clock.append(time.perf_counter())
+        count = len(reader)  # documents: every row counted
     elif side == "csv rows (0.1)":
-        _, ends = csv_rows(folder / "dolma" / "part-0-00000.csv.gz")
-        first = np.fromfile(folder / "dolma" / "part-0-00000.npy", dtype=np.uint16, count=4).tolist()
+        _, ends = csv_rows(metadata_path(path))
+        clock.append(time.perf_counter())
+        first = np.fromfile(path, dtype=np.uint16, count=4).tolist()
+        clock.append(time.perf_counter())
         count = len(ends)
     else:
         dataset = NumpyFSLDataset(
-            str(folder / "dolma" / "part-0-00000.npy"),
-            sequence_length=2048,
-            pad_token_id=0,
-            eos_token_id=0,
-            vocab_size=50257,
-            dtype=np.uint16,
+            str(path), sequence_length=2048, pad_token_id=0, eos_token_id=0, vocab_size=50257, dtype=np.uint16
         )
         dataset.prepare()
+        clock.append(time.perf_counter())
         first = np.asarray(dataset[0]["input_ids"][:4]).tolist()
-        count = len(dataset)
-    print(json.dumps({"seconds": time.perf_counter() - started, "first": first, "count": count}))
+        clock.append(time.perf_counter())
+        count = len(get_document_indices(str(path)))  # documents, as OLMo-core counts them (its len() is instances)
+    clock.append(time.perf_counter())
+    steps = dict(zip(("open", "first", "count"), np.diff(clock).tolist()))
+    print(json.dumps({**steps, "first_ids": first, "documents": count}))
+
+
+def metadata_path(path: Path) -> Path:
+    return path.with_name(path.name[: -len(".npy")] + ".csv.gz")
 
 
 def run(side: str, folder: Path) -> dict[str, object]:
@@ -86,14 +106,15 @@ def run(side: str, folder: Path) -> dict[str, object]:
     return dict(json.loads(out.strip().splitlines()[-1]))
 
 
-def spread(values: list[float]) -> str:
-    return "/".join(f"{v:.3f}" for v in (min(values), statistics.median(values), max(values)))
+def spread(values: list[float], scale: float = 1.0) -> str:
+    return "/".join(f"{v * scale:.3f}" for v in (min(values), statistics.median(values), max(values)))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--documents", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--read-repeat", type=int, default=None)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -120,26 +141,39 @@ def main() -> None:
         started = time.perf_counter()
         tokformats.convert(folder / "source", folder / "dolma", "dolma", overwrite=True)
         converts.append(time.perf_counter() - started)
-    opens: dict[str, list[float]] = {"tokformats": [], "csv rows (0.1)": [], "olmo-core": []}
-    for k in range(args.repeat):
-        for side in list(opens) if k % 2 == 0 else list(opens)[::-1]:
-            opens[side].append(float(run(side, folder)["seconds"]))  # type: ignore[arg-type]
+    runs: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
+    for k in range(args.read_repeat or args.repeat):
+        for side in SIDES if k % 2 == 0 else SIDES[::-1]:
+            result = run(side, folder)
+            if result["first_ids"] != run_first(folder) or result["documents"] != args.documents:
+                raise SystemExit(f"{side} read {result['first_ids']} and {result['documents']} documents")
+            runs[side].append({step: float(result[step]) for step in ("open", "first", "count")})  # type: ignore[arg-type]
     ratio = statistics.median(converts) / statistics.median(copies)
     rows = [
         {"measure": f"convert {args.documents:,} documents to dolma (s)", "tokformats": spread(converts),
          "peer": f"token copy (tofile + fsync) {spread(copies)}", "ratio": f"{ratio:.2f}x the copy (goal <= 1.5x)"},
     ]  # fmt: skip
-    for side in ("csv rows (0.1)", "olmo-core"):
-        rows.append(
-            {
-                "measure": f"open the folder + first document, {args.documents:,} documents (s)",
-                "tokformats": spread(opens["tokformats"]),
-                "peer": f"{side} {spread(opens[side])}",
-                "ratio": f"{statistics.median(opens[side]) / statistics.median(opens['tokformats']):.2f}",
-            }
-        )
-    print(f"{machine()}; load: {os.getloadavg()[0]:.2f}; {args.repeat} alternated runs; min/median/max")
+    for step, label in (("open", "open"), ("first", "first document"), ("count", "count the documents")):
+        mine = [r[step] for r in runs["tokformats"]]
+        for side in SIDES[1:]:
+            theirs = [r[step] for r in runs[side]]
+            ratio_text = f"{statistics.median(theirs) / max(statistics.median(mine), 1e-9):.2f}"
+            rows.append({"measure": f"{label}, {args.documents:,} documents (ms)", "tokformats": spread(mine, 1e3),
+                         "peer": f"{side} {spread(theirs, 1e3)}", "ratio": ratio_text})  # fmt: skip
+    mine = [r["open"] + r["first"] for r in runs["tokformats"]]
+    for side in SIDES[1:]:
+        theirs = [r["open"] + r["first"] for r in runs[side]]
+        ratio_text = f"{statistics.median(theirs) / max(statistics.median(mine), 1e-9):.2f}"
+        rows.append({"measure": f"open + first document, {args.documents:,} documents (ms)",
+                     "tokformats": spread(mine, 1e3), "peer": f"{side} {spread(theirs, 1e3)}",
+                     "ratio": ratio_text})  # fmt: skip
+    runs_text = f"{args.repeat} alternated converts, {args.read_repeat or args.repeat} alternated reads"
+    print(f"{machine()}; load: {os.getloadavg()[0]:.2f}; {runs_text}; min/median/max")
     print(table(rows))
+
+
+def run_first(folder: Path) -> list[int]:
+    return np.fromfile(folder / "dolma" / "part-0-00000.npy", dtype=np.uint16, count=4).tolist()
 
 
 if __name__ == "__main__":

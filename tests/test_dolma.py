@@ -61,8 +61,11 @@ def test_rows_must_tile_the_file(tmp_path: Path) -> None:
     csv = tmp_path / "d" / "part-0-00000.csv.gz"
     csv.write_bytes(gzip.compress(b"0,2,a,s,0\r\n3,6,b,s,1\r\n"))
     with tokformats.open(tmp_path / "d" / "part-0-00000.npy") as reader:
-        with pytest.raises(FormatError, match=r"row 2 starts at token 3, not where the previous document ends"):
-            reader[0]
+        assert reader[0].tolist() == [0, 1]  # row 1 is sound; row 2 is checked where it is used
+        with pytest.raises(FormatError, match=r"row 2 starts at token 3, not where the previous document ends \(2\)"):
+            reader[1]
+        with pytest.raises(FormatError, match=r"row 2 starts at token 3"):
+            reader.offsets  # noqa: B018
     csv.write_bytes(gzip.compress(b"0,2,a,s,0\r\n2,5,b,s,1\r\n"))
     with pytest.raises(SizeMismatchError, match="ends at token 5"):
         tokformats.open(tmp_path / "d" / "part-0-00000.npy")
@@ -190,3 +193,183 @@ def test_batch_rows_are_what_csv_writes(tmp_path: Path, source: str) -> None:
     with tokformats.open(tmp_path / "o") as reader:
         assert reader.lengths.tolist() == [3, 0, 7, 2]
         assert reader.document_metadata(3) == {"id": "x,y", "src": source, "loc": "9"}
+
+
+def _many_rows(tmp_path: Path, documents: int = 50_000) -> tuple[Path, np.ndarray]:
+    """A dolma file of ``documents`` short documents (rows well past the first read of the ``.csv.gz``)."""
+    lengths = np.random.default_rng(3).integers(1, 9, size=documents)
+    with tokformats.create(tmp_path / "d", "dolma", vocab_size=1000) as writer:
+        writer.write_batch(np.arange(int(lengths.sum())) % 1000, lengths)
+    return tmp_path / "d" / "part-0-00000.npy", lengths
+
+
+def _rewrite_rows(npy: Path, edit: Any) -> None:
+    path = dolma.metadata_path(npy)
+    lines = gzip.decompress(path.read_bytes()).decode().splitlines(keepends=True)
+    edit(lines)
+    path.write_bytes(gzip.compress("".join(lines).encode()))
+
+
+def test_the_first_document_reads_only_the_first_rows(tmp_path: Path) -> None:
+    npy, lengths = _many_rows(tmp_path)
+    ends = np.cumsum(lengths)
+
+    def break_row_40000(lines: list[str]) -> None:  # starts one token late: the rows no longer tile the file
+        fields = lines[39_999].split(",")
+        lines[39_999] = ",".join([str(int(fields[0]) + 1), *fields[1:]])
+
+    _rewrite_rows(npy, break_row_40000)
+    with tokformats.open(npy, dtype="uint16") as reader:
+        assert reader[0].tolist() == list(range(int(lengths[0])))
+        assert len(reader[39_998]) == lengths[39_998]
+        assert len(reader) == 50_000  # counted, not parsed: the broken row is found where it is used
+        message = (
+            rf"part-0-00000.csv.gz: row 40000 starts at token {int(ends[39_998]) + 1:,}, not where the previous "
+            rf"document ends \({int(ends[39_998]):,}\)"
+        )
+        with pytest.raises(FormatError, match=message):
+            reader[39_999]
+        with pytest.raises(FormatError, match=message):  # the same error again, never a shorter table
+            reader.offsets  # noqa: B018
+
+
+def test_a_row_past_the_file_is_refused_where_it_is_read(tmp_path: Path) -> None:
+    npy, lengths = _many_rows(tmp_path)
+    tokens = int(lengths.sum())
+
+    def end_past_the_file(lines: list[str]) -> None:
+        fields = lines[30_000].split(",")
+        lines[30_000] = ",".join([fields[0], str(tokens + 5), *fields[2:]])
+
+    _rewrite_rows(npy, end_past_the_file)
+    with tokformats.open(npy, dtype="uint16") as reader:
+        assert len(reader[10]) == lengths[10]
+        with pytest.raises(FormatError, match=rf"row 30001: end is token {tokens + 5:,}, past the {tokens:,} tokens"):
+            reader[30_000]
+
+
+def test_a_truncated_gzip_is_refused_where_its_rows_are_needed(tmp_path: Path) -> None:
+    npy, lengths = _many_rows(tmp_path)
+    rows = dolma.metadata_path(npy)
+    rows.write_bytes(rows.read_bytes()[: rows.stat().st_size // 2])
+    with pytest.raises(FormatError, match=r"part-0-00000\.csv\.gz: the gzip stream is truncated"):
+        tokformats.open(npy)  # the dtype comes from the last row, which is gone
+    with tokformats.open(npy, dtype="uint16") as reader:
+        assert len(reader[0]) == lengths[0]  # the first rows are whole
+        with pytest.raises(FormatError, match="the gzip stream is truncated"):
+            len(reader)
+
+
+def test_rows_changed_after_open_are_refused(tmp_path: Path) -> None:
+    npy, _ = _many_rows(tmp_path, 100)
+    with tokformats.open(npy, dtype="uint16") as reader:
+        _rewrite_rows(npy, lambda lines: lines.append("\r\n"))
+        with pytest.raises(FormatError, match=r"part-0-00000\.csv\.gz changed since it was opened"):
+            reader[0]
+
+
+@pytest.mark.parametrize(
+    "text", ["0,3,a,s,0\r\n\r\n3,7,b,s,1\r\n", "\n0,3\n\n\r\n3,7", "", "\r\n", '0,3,"a\nb",s,0\r\n3,7,b,s,1\r\n']
+)
+def test_rows_counted_without_parsing_are_the_parsed_rows(tmp_path: Path, text: str) -> None:
+    from tokformats.formats._dolma_rows import RowStream
+
+    path = tmp_path / "x.csv.gz"
+    path.write_bytes(gzip.compress(text.encode()))
+    tokens = 7 if "3,7" in text else 0
+    counted = RowStream(path, tokens).total()
+    assert counted == len(RowStream(path, tokens).columns()[1]) == len(dolma.read_start_end(path)[1])
+
+
+def test_vectorised_rows_are_what_csv_writes_across_batches_and_shards(tmp_path: Path) -> None:
+    import csv
+    import io
+
+    rng = np.random.default_rng(11)
+    batches = [rng.integers(0, 2_000, size=n) for n in (1, 700, 2, 1_300)]
+    with tokformats.create(tmp_path / "o", "dolma", vocab_size=1000, max_tokens=900_000, source="s") as writer:
+        for lengths in batches:
+            writer.write_batch(np.zeros(int(lengths.sum()), dtype=np.uint16), lengths)
+    lengths = np.concatenate(batches)
+    texts = []
+    for path in sorted((tmp_path / "o").glob("*.csv.gz")):
+        texts.append(gzip.decompress(path.read_bytes()).decode())
+    number, expected = 0, []
+    for text in texts:
+        expected_rows = io.StringIO()
+        count = len(text.splitlines())
+        ends = np.cumsum(lengths[number : number + count])
+        starts = np.concatenate([[0], ends[:-1]])
+        csv.writer(expected_rows).writerows((a, b, number + k, "s", number + k) for k, (a, b) in
+                                            enumerate(zip(starts.tolist(), ends.tolist())))  # fmt: skip
+        expected.append(expected_rows.getvalue())
+        number += count
+    assert number == len(lengths) and len(texts) > 1  # several shards, rows numbered across them
+    assert texts == expected
+
+
+@pytest.mark.parametrize("level", [1, 6, 9])
+def test_rows_compressed_as_they_come_are_gzipfile_bytes(tmp_path: Path, level: int) -> None:
+    import io
+
+    from tokformats.formats._dolma_rows import GzipRows
+
+    pieces = [b"0,3,0,,0\r\n", b"3,9,1,,1\r\n" * 1000, b""]
+    out = io.BytesIO()
+    rows = GzipRows(out, level)
+    for piece in pieces:
+        rows.write(piece)
+    rows.close()
+    reference = io.BytesIO()
+    with gzip.GzipFile(fileobj=reference, mode="wb", mtime=0, filename="", compresslevel=level) as packed:
+        packed.write(b"".join(pieces))
+    assert out.getvalue() == reference.getvalue()
+
+
+@pytest.mark.parametrize("source", ["", "nul\0byte", "a,b"])
+def test_formatted_rows_equal_the_csv_writer(source: str) -> None:
+    import csv
+    import io
+
+    from tokformats.formats._dolma_rows import format_rows
+
+    ends = np.cumsum(np.random.default_rng(4).integers(0, 10**6, size=5_000)) + 10**9
+    starts = np.concatenate([[10**9], ends[:-1]])
+    quoted = io.StringIO()
+    csv.writer(quoted).writerow([source])
+    field = quoted.getvalue()[:-2] if source else ""
+    expected = io.StringIO()
+    csv.writer(expected).writerows((a, b, 7 + k, source, 7 + k) for k, (a, b) in enumerate(zip(starts, ends)))
+    assert format_rows(starts, ends, 7, field.encode()) == expected.getvalue().encode()
+    assert format_rows(ends, ends + 1, 0, b"") == b"".join(b"%d,%d,%d,,%d\r\n" % (e, e + 1, k, k) for k, e in
+                                                         enumerate(ends.tolist()))  # fmt: skip
+
+
+def test_rows_compressed_in_the_background_are_in_order_and_a_failure_is_raised(tmp_path: Path) -> None:
+    import io
+
+    from tokformats.formats._dolma_rows import GzipRows
+
+    out = io.BytesIO()
+    rows = GzipRows(out, 1)
+    for k in range(5):
+        rows.write(lambda k=k: b"%d\r\n" % k * 1000, background=k % 2 == 0)
+    rows.close()
+    assert gzip.decompress(out.getvalue()) == b"".join(b"%d\r\n" % k * 1000 for k in range(5))
+
+    def broken() -> bytes:
+        raise FormatError("the rows could not be made")
+
+    rows = GzipRows(io.BytesIO(), 1)
+    rows.write(broken, background=True)
+    with pytest.raises(FormatError, match="the rows could not be made"):
+        rows.close()
+
+
+def test_an_aborted_writer_leaves_nothing_with_rows_in_flight(tmp_path: Path) -> None:
+    lengths = np.full(10_000, 3)
+    with pytest.raises(KeyError, match="stop"):
+        with tokformats.create(tmp_path / "d", "dolma", vocab_size=100) as writer:
+            writer.write_batch(np.zeros(int(lengths.sum()), dtype=np.uint16), lengths)  # rows compressed on a thread
+            raise KeyError("stop")
+    assert not list((tmp_path / "d").glob("*.npy")) and not list((tmp_path / "d").glob("*.csv.gz"))

@@ -109,3 +109,46 @@ def test_tokenize_into_hf(tmp_path: Path, tokenizer_path: Path) -> None:
     summary = tokformats.tokenize(texts, tokenizer_path, tmp_path / "out", "hf", progress=False)
     with tokformats.open(tmp_path / "out") as reader:
         assert reader.format == "hf" and len(reader) == 3 and summary["documents"] == 3
+
+
+def test_a_batch_offsets_are_read_and_checked_when_a_row_of_it_is_read(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.ipc  # the submodule open_stream is in
+
+    folder = tmp_path / "d"
+    lengths = np.arange(3_500) % 7 + 1
+    with tokformats.create(folder, "hf", vocab_size=100) as writer:
+        writer.write_batch(np.arange(int(lengths.sum())) % 100, lengths)
+    arrow = next(folder.glob("*.arrow"))
+    whole = pa.memory_map(str(arrow)).read_buffer()
+    batches = list(pa.ipc.open_stream(whole))
+    assert [len(b) for b in batches] == [1000, 1000, 1000, 500]
+    at = batches[2].column("input_ids").buffers()[1].address - whole.address
+    del batches, whole
+    data = bytearray(arrow.read_bytes())
+    data[at + 5 * 4 : at + 6 * 4] = np.array([10**8], dtype="<i4").tobytes()  # row 5 ends far past the batch's tokens
+    arrow.write_bytes(bytes(data))
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    with tokformats.open(folder) as reader:
+        assert len(reader) == 3_500  # counted from the batches' row counts: no offsets read
+        assert reader[0].tolist() == list(range(1))
+        assert reader[1_999].tolist() == (np.arange(starts[1_999], starts[2_000]) % 100).tolist()
+        assert reader[3_000].tolist() == (np.arange(starts[3_000], starts[3_001]) % 100).tolist()
+        message = rf"{arrow.name} \(record batch 2\): input_ids offsets goes backwards at document 5 \(ends at"
+        with pytest.raises(FormatError, match=message):
+            reader[2_000]
+        with pytest.raises(FormatError, match=message):
+            reader.offsets  # noqa: B018
+
+
+def test_a_batch_spanning_past_its_values_is_refused_at_open(tmp_path: Path) -> None:
+    folder = tmp_path / "d"
+    with tokformats.create(folder, "hf", vocab_size=100) as writer:
+        writer.write_batch(np.arange(10), [3, 3, 4])
+    arrow = next(folder.glob("*.arrow"))
+    data = bytearray(arrow.read_bytes())
+    at = data.find(np.array([0, 3, 6, 10], dtype="<i4").tobytes())
+    data[at + 12 : at + 16] = np.array([10**9], dtype="<i4").tobytes()  # the last offset: 1e9 tokens
+    arrow.write_bytes(bytes(data))
+    with pytest.raises(FormatError, match=r"data-00000-of-00001\.arrow: the Arrow stream is damaged .*larger than"):
+        tokformats.open(folder)  # two offsets per batch, and the batch's structure, are checked at open

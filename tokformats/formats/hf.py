@@ -23,7 +23,7 @@ import os
 import re
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -59,6 +59,16 @@ DICT = "dataset_dict.json"
 BATCH_ROWS = 1000
 #: ``datasets``' default ``max_shard_size`` (500 MB), in bytes.
 MAX_SHARD_BYTES = 500 * 10**6
+
+
+class _Batch(NamedTuple):
+    """Where one record batch's row offsets lie: its number in its file, the byte ``at`` which its first offset is
+    stored (-1: no batch), its row count (``rows + 1`` offsets) and the offsets' dtype."""
+
+    number: int
+    at: int
+    rows: int
+    kind: np.dtype
 
 
 def _pyarrow() -> Any:
@@ -153,7 +163,8 @@ class Reader(PartsReader):
         _check_shard_names(self._folder / STATE, [e["filename"] for e in entries])
         self.info = read_json_object(self._folder / INFO) if (self._folder / INFO).is_file() else {}
         parts: list[Part] = []
-        self._batch_offsets: list[np.ndarray] = []
+        #: Per part, where its record batch's offsets lie in its file (read when a row of it is first read).
+        self._batches: list[_Batch] = []
         for k, entry in enumerate(entries):
             where = f"{self._folder / STATE}: _data_files[{k}].filename"
             file = self._folder / safe_relative_name(entry["filename"], where=where, folder=self._folder)
@@ -164,7 +175,7 @@ class Reader(PartsReader):
             parts.extend(self._file_parts(pa, file))
         if not parts:  # no rows at all: an empty corpus of the column's dtype
             parts.append(Part(self._folder / STATE, 0, 0, np.dtype("<i4")))
-            self._batch_offsets.append(np.zeros(1, dtype=np.int64))
+            self._batches.append(_Batch(0, -1, 0, np.dtype("<i4")))
         self._set_parts(parts)
 
     def _file_parts(self, pa: Any, file: Path) -> list[Part]:
@@ -186,30 +197,35 @@ class Reader(PartsReader):
         dtype = little_endian(kind.value_type.to_pandas_dtype())
         masked = self._mask_type(pa, file, schema)
         parts = []
+        offsets_type = np.dtype("<i8") if pa.types.is_large_list(kind) else np.dtype("<i4")
         try:
-            for batch in stream:
-                # buffers inside the file, O(1) per buffer; the token column's offsets are checked where they are
-                # used (_part_offsets: one vectorised pass), and no other column is read, so none is validated whole
+            for number, batch in enumerate(stream):
+                # buffers inside the file, O(1) per buffer; the token column's offsets are read and checked where
+                # they are used (_part_offsets: batch k's when a row of batch k is first read), and no other column
+                # is read, so none is validated whole
                 batch.validate()
                 rows = batch.column(self.column)
                 values = rows.values  # the child array, already offset into the values buffer
                 if values.null_count:
                     raise FormatError(f"{file}: column {self.column!r} has null token ids.")
-                data = values.buffers()[1]
-                start = data.address - whole.address + values.offset * dtype.itemsize
-                offsets_type = np.int64 if pa.types.is_large_list(kind) else np.int32
-                size = np.dtype(offsets_type).itemsize
-                try:  # exactly the offsets of these rows (a damaged buffer may have any size)
-                    raw = np.frombuffer(rows.buffers()[1], offsets_type, count=len(rows) + 1, offset=rows.offset * size)
-                except ValueError:
-                    raise FormatError(f"{file}: column {self.column!r} has a damaged offsets buffer.") from None
-                count = int(raw[-1]) - int(raw[0]) if len(raw) else 0
-                if start < 0 or count < 0 or start + count * dtype.itemsize > whole.size:
-                    raise FormatError(f"{file}: a record batch's tokens lie outside the file; it is damaged.")
-                # a copy (a memcpy): a view would keep the file mapped after close()
-                self._batch_offsets.append(raw.copy() if len(raw) else np.zeros(1, dtype=np.int64))
+                if len(rows) == 0:  # Arrow may leave an empty array's buffers out
+                    self._batches.append(_Batch(number, -1, 0, offsets_type))
+                    parts.append(Part(file, 0, 0, dtype))
+                    if masked is not None and self._mask_parts is not None:
+                        self._mask_parts.append(Part(file, 0, 0, masked))
+                    continue
+                start = values.buffers()[1].address - whole.address + values.offset * dtype.itemsize
+                # where this batch's offsets lie in the file: exactly len(rows) + 1 of them
+                size = offsets_type.itemsize
+                at = rows.buffers()[1].address - whole.address + rows.offset * size
+                if at < 0 or at + (len(rows) + 1) * size > whole.size:
+                    raise FormatError(f"{file}: column {self.column!r} has a damaged offsets buffer.")
+                first, last = (int(np.frombuffer(whole, offsets_type, 1, at + k * size)[0]) for k in (0, len(rows)))
+                count = last - first
+                self._batches.append(_Batch(number, at, len(rows), offsets_type))
                 parts.append(Part(file, start, count, dtype))
                 if masked is not None and self._mask_parts is not None:
+                    raw = np.frombuffer(whole, offsets_type, count=len(rows) + 1, offset=at)
                     self._mask_parts.append(self._mask_part(pa, file, whole, batch, raw, masked))
         except (pa.lib.ArrowException, OSError, UnicodeDecodeError) as error:  # a truncated or corrupted stream
             raise FormatError(f"{file}: the Arrow stream is damaged ({error}).") from None
@@ -271,7 +287,14 @@ class Reader(PartsReader):
     @cached_property
     def _file_maps(self) -> dict[Path, np.ndarray]:
         """Each ``.arrow`` file mapped once (as bytes); every batch's tokens are views of it."""
-        return {path: self._map(path, np.dtype("u1")) for path in dict.fromkeys(p.path for p in self._parts)}
+        return {path: self._file_map(path) for path in dict.fromkeys(p.path for p in self._parts)}
+
+    def _file_map(self, path: Path) -> np.ndarray:
+        """``path`` mapped (as bytes), once: a row read maps only its own file."""
+        maps = self.__dict__.setdefault("_maps_by_file", {})
+        if path not in maps:
+            maps[path] = self._map(path, np.dtype("u1"))
+        return maps[path]  # type: ignore[no-any-return]
 
     @cached_property
     def shards(self) -> list[np.ndarray]:
@@ -286,13 +309,53 @@ class Reader(PartsReader):
         return views
 
     def _cached_maps(self) -> tuple[str, ...]:
-        return (*super()._cached_maps(), "_file_maps", "loss_masks")
+        return (*super()._cached_maps(), "_file_maps", "_maps_by_file", "loss_masks")
 
     def _part_offsets(self, index: int) -> np.ndarray:
+        """Record batch ``index``'s row offsets, read from its mapped file and checked (from 0, never backwards,
+        ending at its tokens), when a row of it is first read."""
+        part, batch = self._parts[index], self._batches[index]
+        if batch.at < 0:  # no rows at all
+            return np.zeros(1, dtype=np.int64)
+        raw = self._file_map(part.path).view(np.ndarray)[batch.at : batch.at + (batch.rows + 1) * batch.kind.itemsize]
+        stored = raw.view(batch.kind)  # the batch's own offsets as stored (rows may start past 0)
+        offsets = stored.astype(np.int64) - int(stored[0])
+        where = f"{part.path} (record batch {batch.number})"
+        return checked_offsets(offsets, part.tokens, where, f"{self.column} offsets")
+
+    def _part_documents(self, index: int) -> int:
+        return self._batches[index].rows
+
+    @cached_property
+    def _document_starts(self) -> np.ndarray:
+        """Where each record batch's rows start among all rows (from the row counts recorded at open)."""
+        counts = np.array([batch.rows for batch in self._batches], dtype=np.int64)
+        return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+    def __len__(self) -> int:
+        """Rows: each record batch's row count, recorded in its header (its offsets are read where they are used)."""
+        return int(self._document_starts[-1])
+
+    def _item(self, index: int) -> np.ndarray:
+        """Row ``index``: its record batch found by row counts, that batch's offsets read and checked once."""
+        if "offsets" in self.__dict__:
+            return super()._item(index)
+        part = int(np.searchsorted(self._document_starts, index, side="right")) - 1
+        offsets = self._offsets_by_part.get(part)
+        if offsets is None:
+            offsets = self._offsets_by_part.setdefault(part, self._part_offsets(part))
+        local = index - int(self._document_starts[part])
+        return self._shard(part)[offsets.item(local) : offsets.item(local + 1)]
+
+    def _shard(self, index: int) -> np.ndarray:
+        """Record batch ``index``'s tokens: a view of its mapped file."""
+        if "shards" in self.__dict__:
+            return self.shards[index]
         part = self._parts[index]
-        raw = self._batch_offsets[index]  # the batch's own offsets as stored (rows may start past 0)
-        offsets = raw.astype(np.int64) - (int(raw[0]) if len(raw) else 0)
-        return checked_offsets(offsets, part.tokens, str(part.path), f"{self.column} offsets")
+        if part.tokens == 0:
+            return np.zeros(0, dtype=part.dtype)
+        raw = self._file_map(part.path)[part.offset : part.offset + part.tokens * part.dtype.itemsize]
+        return raw.view(np.ndarray).view(part.dtype)
 
     @property
     def path(self) -> Path:
