@@ -63,7 +63,7 @@ class Lying(Engine):
 
 
 def _lying(monkeypatch: pytest.MonkeyPatch, marker: str) -> None:
-    def choose(tokenizer: Any, engine: str = "auto") -> tuple[Engine, str]:
+    def choose(tokenizer: Any, engine: str = "auto", **gate: Any) -> tuple[Engine, str]:
         if engine == "tokenizers":
             return TokenizersEngine(tokenizer), "asked for"
         return Lying(tokenizer, marker), "a test engine"
