@@ -54,6 +54,7 @@ import tokformats
 from tokformats.api import corpus_writers
 from tokformats.core.vocab import SPECIAL_TOKENS
 from tokformats.tokenization.engines import FastokensEngine, TokenizersEngine
+from tokformats.tokenization.tokenizer import load_tokenizer
 
 
 def corpus_files(megabytes: float) -> list[Path]:
@@ -299,7 +300,7 @@ def main() -> None:
             if size > 20e6:
                 break
         tokformats.train_tokenizer(sample, 32000, progress=False).save(str(tokenizer_path))
-    tokenizer = tokformats.tokenizer.load_tokenizer(tokenizer_path)
+    tokenizer = load_tokenizer(tokenizer_path)
     reference, fast = TokenizersEngine(tokenizer), FastokensEngine(tokenizer.to_str())
 
     times: dict[str, list[float]] = {"a": [], "a'": [], "b": [], "b1": [], "c": []}

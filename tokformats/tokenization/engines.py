@@ -13,10 +13,12 @@ what ``tokenizers`` gives, so a run can resume after switching engines.
 
 Chat message text is encoded with ``split_special=True``: special tokens spelled in it are encoded as the text
 they are, never as the special id (``tokenizers``' ``encode_special_tokens``, fastokens' ``split_special_tokens``).
-The gate checks both ways of encoding.
+The gate checks both ways of encoding (``select_engine(..., chat=False)``, a plain-text run: the first only).
 
-``engine="auto"`` gates every installed fast engine and then *measures* the ones that pass on the same calibration
-text (:func:`calibration_texts`), choosing the fastest; the reason names the measured rates.
+``engine="auto"`` *measures* every installed fast engine on the same calibration text (:func:`calibration_texts`,
+the engines taking turns) and gates them fastest first: the first that passes runs, and the slower ones are not
+gated; the reason names the measured rates. ``tokenize`` keeps the result per tokenizer (by its SHA-256) in the
+process, so the gate and the engines' loading are paid once per process, not once per run or partition.
 """
 
 from __future__ import annotations
