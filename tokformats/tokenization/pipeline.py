@@ -1071,24 +1071,15 @@ def tokenize(
         total_bytes = sum(i.size or 0 for i in resolved) or None
         # By default on a terminal, and in a notebook (where tqdm draws a widget); not in logs.
         show = (sys.stderr.isatty() or "ipykernel" in sys.modules) if progress is None else progress
-        encoder = Encoder(loaded, engine, verify_fraction, seed=plan.seed, partition=0,
-                          tokenizer_hash=plan.tokenizer_hash, chat=spec is not None)  # fmt: skip
+        encoder = Encoder(loaded, engine, verify_fraction, plan.seed, 0, tokenizer_hash=plan.tokenizer_hash,
+                          chat=spec is not None)  # fmt: skip
         monitor = Progress(show, total_bytes, [])  # after the gate and the engines' timing: rates are encoding's
         if show:
             print(f"tokformats: encoding with {encoder.engine.name}: {encoder.reason}", file=sys.stderr)
-        settings = (batch_size, resume, checkpoint_every)
         all_stats: list[Stats] = []
-        if executor is None:
-            parts: Iterable[Path] = [work / "part-0000"]
-            all_stats.append(_encode_partition(plan, encoder, resolved, 0, work / "part-0000", batch_size=batch_size,
-                                               resume=resume, progress=monitor, checkpoint_every=checkpoint_every,
-                                               chat=spec))  # fmt: skip
-        else:
-            chosen_engine = (encoder.engine.name if engine == "auto" else engine, verify_fraction)
-            # Each partition is joined into the outputs as soon as it and those before it are encoded, while the
-            # workers encode the rest: the join is not a serial step after the last partition.
-            parts = _encode_in_parallel(plan, loaded, resolved, work, executor, partitions, settings, chosen_engine,
-                                        spec, all_stats)  # fmt: skip
+        chosen_engine = (encoder.engine.name if engine == "auto" else engine, verify_fraction)
+        parts = _encoded_parts(plan, encoder, resolved, work, executor, partitions, (batch_size, resume,
+                               checkpoint_every), chosen_engine, spec, monitor, all_stats)  # fmt: skip
         outputs = _write_outputs(plan, writer_class, targets, parts, writer_options, replace=bool(resume or overwrite))
         total = Stats.total(all_stats)
         monitor.update(total, final=True)
@@ -1108,6 +1099,32 @@ def tokenize(
 
 
 # -- the steps of a run -------------------------------------------------------------------------------------
+
+
+def _encoded_parts(
+    plan: Plan,
+    encoder: Encoder,
+    resolved: list[Input],
+    work: Path,
+    executor: Executor | None,
+    partitions: int | None,
+    settings: tuple[int, bool, float],
+    engine: tuple[str, float],
+    chat: ChatSpec | None,
+    monitor: Progress,
+    stats: list[Stats],
+) -> Iterable[Path]:
+    """The partitions' folders, each once encoded (their counters appended to ``stats``): here, in one partition;
+    with an ``executor``, as the workers finish them in input order, so that each is joined into the outputs while
+    later ones are still encoding (the join is then not a serial step after the last partition)."""
+    if executor is not None:
+        return _encode_in_parallel(plan, encoder.reference.tokenizer, resolved, work, executor, partitions, settings,
+                                   engine, chat, stats)  # fmt: skip
+    batch_size, resume, checkpoint_every = settings
+    part = work / "part-0000"
+    stats.append(_encode_partition(plan, encoder, resolved, 0, part, batch_size=batch_size, resume=resume,
+                                   progress=monitor, checkpoint_every=checkpoint_every, chat=chat))  # fmt: skip
+    return [part]
 
 
 def _chat_plan(
