@@ -113,6 +113,50 @@ def test_gate_passes_byte_level_bpe_and_own_tokenizers(tokenizer_path: Path, fix
             assert select_engine(_tokenizer(path), name)[0].name == name
 
 
+def test_auto_times_first_and_gates_the_fastest_only(monkeypatch: pytest.MonkeyPatch, tokenizer_path: Path) -> None:
+    pytest.importorskip("fastokens")
+    pytest.importorskip("splintr")
+    from tokformats.tokenization import engines
+
+    gated: list[tuple[str, tuple[bool, ...]]] = []
+    failing = {"splintr"}
+
+    def gate(candidate: Engine, reference: Engine, texts: list[str], modes: tuple[bool, ...]) -> str | None:
+        gated.append((candidate.name, modes))
+        return f"{candidate.name} differs (a test)" if candidate.name in failing else None
+
+    monkeypatch.setattr(engines, "_gate", gate)
+    monkeypatch.setattr(engines, "_rates", lambda built, texts: {id(e): 2.0 if e.name == "splintr" else 1.0
+                                                                  for e in built})  # fmt: skip
+    engine, reason = select_engine(_tokenizer(tokenizer_path), "auto", chat=False)
+    # The fastest (splintr) is gated first, fails, and the next is gated; a text run gates the text way only.
+    assert engine.name == "fastokens" and gated == [("splintr", (False,)), ("fastokens", (False,))]
+    assert "measured on the calibration text: fastokens 1 MB/s, splintr 2 MB/s" in reason
+    assert "splintr differs (a test)" in reason
+    gated.clear()
+    failing.clear()
+    engine, reason = select_engine(_tokenizer(tokenizer_path), "auto")
+    assert engine.name == "splintr" and gated == [("splintr", (False, True))]  # the slower one is never gated
+
+
+def test_gate_runs_once_per_tokenizer_per_process(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path
+) -> None:
+    calls: list[tuple[str, dict[str, Any]]] = []
+
+    def choose(tokenizer: Any, engine: str = "auto", **gate: Any) -> tuple[Engine, str]:
+        calls.append((engine, gate))
+        return Lying(tokenizer, "\x00never"), "a test engine"
+
+    monkeypatch.setattr(pipeline, "select_engine", choose)
+    corpus = _corpus(tmp_path, 50)
+    for name in ("first", "second"):
+        summary = tokformats.tokenize(corpus, tokenizer_path, tmp_path / name, "raw", progress=False)
+        assert summary["engine"] == "lying" and summary["engine_reason"] == "a test engine"
+    assert calls == [("auto", {"chat": False})]  # the second run reused the first one's gated engine
+    assert (tmp_path / "first.bin").read_bytes() == (tmp_path / "second.bin").read_bytes()
+
+
 def test_refused_component_falls_back_or_raises(tokenizer_path: Path) -> None:
     pytest.importorskip("fastokens")
     from tokenizers import normalizers
