@@ -63,7 +63,7 @@ class Lying(Engine):
 
 
 def _lying(monkeypatch: pytest.MonkeyPatch, marker: str) -> None:
-    def choose(tokenizer: Any, engine: str = "auto") -> tuple[Engine, str]:
+    def choose(tokenizer: Any, engine: str = "auto", **gate: Any) -> tuple[Engine, str]:
         if engine == "tokenizers":
             return TokenizersEngine(tokenizer), "asked for"
         return Lying(tokenizer, marker), "a test engine"
@@ -88,22 +88,22 @@ def test_auto_prefers_for_chat_text_the_engines_that_split_specials_themselves(
     monkeypatch: pytest.MonkeyPatch, tokenizer_path: Path
 ) -> None:
     """A chat run encodes message text with special tokens split as text, which splintr hands to tokenizers: auto
-    leaves it out there (and times the others encoding such text), however fast it is on plain text."""
+    puts it last there (nothing left to time), however fast it is on plain text."""
     pytest.importorskip("fastokens")
     pytest.importorskip("splintr")
     from tokformats.tokenization import engines
 
-    timed: list[tuple[str, bool]] = []
+    timed: list[list[str]] = []
 
-    def rate(engine: Engine, texts: list[str], rounds: int = 3, split_special: bool = False) -> float:
-        timed.append((engine.name, split_special))
-        return {"fastokens": 1.0, "splintr": 2.0}[engine.name]
+    def rates(built: list[Engine], texts: list[str]) -> dict[int, float]:
+        timed.append([e.name for e in built])
+        return {id(e): {"fastokens": 1.0, "splintr": 2.0}[e.name] for e in built}
 
-    monkeypatch.setattr(engines, "_rate", rate)
+    monkeypatch.setattr(engines, "_rates", rates)
     tokenizer = _tokenizer(tokenizer_path)
-    assert select_engine(tokenizer, "auto")[0].name == "splintr"
-    assert select_engine(tokenizer, "auto", split_special=True)[0].name == "fastokens"
-    assert timed == [("fastokens", False), ("splintr", False)]  # one engine left for chat text: nothing to time
+    assert select_engine(tokenizer, "auto", chat=False)[0].name == "splintr"
+    assert select_engine(tokenizer, "auto", chat=True)[0].name == "fastokens"
+    assert timed == [["fastokens", "splintr"]]  # one engine first for chat text: nothing to time
     assert not engines.SplintrEngine.splits_specials and engines.FastokensEngine.splits_specials
 
 
@@ -111,8 +111,8 @@ def test_a_chat_run_asks_auto_for_the_engine_of_chat_text(monkeypatch: pytest.Mo
                                                          tokenizer_path: Path) -> None:  # fmt: skip
     asked: list[dict[str, Any]] = []
 
-    def choose(tokenizer: Any, engine: str = "auto", **timed_as: Any) -> tuple[Engine, str]:
-        asked.append(timed_as)
+    def choose(tokenizer: Any, engine: str = "auto", **gate: Any) -> tuple[Engine, str]:
+        asked.append(gate)
         return TokenizersEngine(tokenizer), "a test choice"
 
     monkeypatch.setattr(pipeline, "select_engine", choose)
@@ -121,7 +121,7 @@ def test_a_chat_run_asks_auto_for_the_engine_of_chat_text(monkeypatch: pytest.Mo
     chats.write_text(json.dumps({"messages": turns}) + "\n")
     tokformats.tokenize(_corpus(tmp_path), tokenizer_path, tmp_path / "text", "datatrove", progress=False)
     tokformats.tokenize(chats, tokenizer_path, tmp_path / "chat", "datatrove", chat="messages", progress=False)
-    assert asked == [{}, {"split_special": True}]
+    assert asked == [{"chat": False}, {"chat": True}]
 
 
 def test_unknown_engine_is_refused(tokenizer_path: Path) -> None:
@@ -145,12 +145,60 @@ def test_gate_passes_byte_level_bpe_and_own_tokenizers(tokenizer_path: Path, fix
     pytest.importorskip("fastokens")
     pytest.importorskip("splintr")
     for path in (tokenizer_path, fixtures / "llmc" / "bytelevel_bpe.tokenizer.json"):
-        engine, reason = select_engine(_tokenizer(path), "auto")
-        # Both pass; auto measured both on the calibration text and names the rates.
+        engine, reason = select_engine(_tokenizer(path), "auto", chat=False)
+        # Both pass; auto measured both on the calibration text and names the rates (for plain text: for chat text
+        # splintr comes last, untimed).
         assert engine.name in ("fastokens", "splintr") and f"{engine.name} passed the identity gate" in reason
         assert "measured on the calibration text: fastokens" in reason and " MB/s, splintr " in reason
         for name in ("fastokens", "splintr"):
             assert select_engine(_tokenizer(path), name)[0].name == name
+
+
+def test_auto_times_first_and_gates_the_fastest_only(monkeypatch: pytest.MonkeyPatch, tokenizer_path: Path) -> None:
+    pytest.importorskip("fastokens")
+    pytest.importorskip("splintr")
+    from tokformats.tokenization import engines
+
+    gated: list[tuple[str, tuple[bool, ...]]] = []
+    failing = {"splintr"}
+
+    def gate(candidate: Engine, reference: Engine, texts: list[str], modes: tuple[bool, ...]) -> str | None:
+        gated.append((candidate.name, modes))
+        return f"{candidate.name} differs (a test)" if candidate.name in failing else None
+
+    monkeypatch.setattr(engines, "_gate", gate)
+    monkeypatch.setattr(engines, "_rates", lambda built, texts: {id(e): 2.0 if e.name == "splintr" else 1.0
+                                                                  for e in built})  # fmt: skip
+    engine, reason = select_engine(_tokenizer(tokenizer_path), "auto", chat=False)
+    # The fastest (splintr) is gated first, fails, and the next is gated; a text run gates the text way only.
+    assert engine.name == "fastokens" and gated == [("splintr", (False,)), ("fastokens", (False,))]
+    assert "measured on the calibration text: fastokens 1 MB/s, splintr 2 MB/s" in reason
+    assert "splintr differs (a test)" in reason
+    gated.clear()
+    failing.clear()
+    engine, reason = select_engine(_tokenizer(tokenizer_path), "auto", chat=False)
+    assert engine.name == "splintr" and gated == [("splintr", (False,))]  # the slower one is never gated
+    gated.clear()
+    engine, reason = select_engine(_tokenizer(tokenizer_path), "auto")  # chat text too: splintr hands it on
+    assert engine.name == "fastokens" and gated == [("fastokens", (False, True))]
+
+
+def test_gate_runs_once_per_tokenizer_per_process(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path
+) -> None:
+    calls: list[tuple[str, dict[str, Any]]] = []
+
+    def choose(tokenizer: Any, engine: str = "auto", **gate: Any) -> tuple[Engine, str]:
+        calls.append((engine, gate))
+        return Lying(tokenizer, "\x00never"), "a test engine"
+
+    monkeypatch.setattr(pipeline, "select_engine", choose)
+    corpus = _corpus(tmp_path, 50)
+    for name in ("first", "second"):
+        summary = tokformats.tokenize(corpus, tokenizer_path, tmp_path / name, "raw", progress=False)
+        assert summary["engine"] == "lying" and summary["engine_reason"] == "a test engine"
+    assert calls == [("auto", {"chat": False})]  # the second run reused the first one's gated engine
+    assert (tmp_path / "first.bin").read_bytes() == (tmp_path / "second.bin").read_bytes()
 
 
 def test_refused_component_falls_back_or_raises(tokenizer_path: Path) -> None:

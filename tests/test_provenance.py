@@ -275,3 +275,21 @@ def test_explain_is_a_method_of_samples_packed_rows_and_blends(tmp_path: Path) -
             np.testing.assert_array_equal(ids[:shown], row["tokens"][:shown])
             source, *rest = blend.explain(index)[0]
             assert source in (0, 1) and len(rest) == 3
+
+
+def test_chat_tokenize_records_each_conversations_line(tmp_path: Path, tokenizer_path: Path) -> None:
+    """A chat run records provenance as a text run does: a skipped record and a blank line are no documents."""
+    chats = tmp_path / "chats.jsonl"
+    turns = [[{"role": "user", "content": f"Question {k}?"}, {"role": "assistant", "content": f"Answer {k}."}]
+             for k in range(4)]  # fmt: skip
+    lines = [json.dumps({"messages": turns[0]}), "", json.dumps({"messages": "not a list"})]
+    lines += [json.dumps({"messages": t}) for t in turns[1:]]
+    chats.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    summary = tokformats.tokenize(chats, tokenizer_path, tmp_path / "sft", "megatron", chat="messages",
+                                  on_error="skip", progress=False)  # fmt: skip
+    assert summary["skipped"] == 1
+    with tokformats.open(summary["outputs"]["text"]["path"]) as reader:
+        assert len(reader) == 4
+        found = [reader.provenance(k) for k in range(4)]
+    assert [s["line"] for s in found if s] == [1, 4, 5, 6]
+    assert all(s and s["file"] == str(chats) and s["byte_offset"] == _offset(chats, s["line"]) for s in found)

@@ -13,14 +13,17 @@ what ``tokenizers`` gives, so a run can resume after switching engines.
 
 Chat message text is encoded with ``split_special=True``: special tokens spelled in it are encoded as the text
 they are, never as the special id (``tokenizers``' ``encode_special_tokens``, fastokens' ``split_special_tokens``).
-The gate checks both ways of encoding.
+The gate checks both ways of encoding (``select_engine(..., chat=False)``, a plain-text run: the first only).
 
-``engine="auto"`` gates every installed fast engine and then *measures* the ones that pass on the same calibration
-text (:func:`calibration_texts`), choosing the fastest; the reason names the measured rates.
+``engine="auto"`` *measures* every installed fast engine on the same calibration text (:func:`calibration_texts`,
+the engines taking turns) and gates them fastest first: the first that passes runs, and the slower ones are not
+gated; the reason names the measured rates. ``tokenize`` keeps the result per tokenizer (by its SHA-256) in the
+process, so the gate and the engines' loading are paid once per process, not once per run or partition.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from abc import ABC, abstractmethod
 from typing import Any
@@ -139,12 +142,14 @@ class SplintrEngine(Engine):
     name = "splintr"
     splits_specials = False
 
-    def __init__(self, tokenizer_json: str) -> None:
+    def __init__(self, tokenizer_json: str, reference: TokenizersEngine | None = None) -> None:
         import splintr
 
         self.tokenizer = splintr.from_json_bytes(tokenizer_json.encode("utf-8"))
         self._json = tokenizer_json
-        self._splitting: TokenizersEngine | None = None
+        #: What encodes chat message text (``split_special``): the run's reference engine when given, so that its
+        #: copy of the tokenizer is the only one built; else one built from the json on first use.
+        self._splitting: TokenizersEngine | None = reference
 
     def encode(self, texts: list[str], split_special: bool = False) -> tuple[np.ndarray, np.ndarray]:
         if split_special:  # splintr has no way to read a spelled special as text: tokenizers' ids, the same
@@ -241,54 +246,88 @@ def _describe(text: str) -> str:
     return repr(text if len(text) <= 60 else text[:57] + "...")
 
 
-def calibration_texts() -> list[str]:
-    """The texts ``auto`` times each gated engine on: the package's multi-script sample corpus (about 150 kB)."""
+@functools.lru_cache(maxsize=1)
+def _calibration() -> tuple[str, ...]:
     from .sample_text import sample_texts
 
-    return sample_texts(1500)
+    return tuple(sample_texts(CALIBRATION_DOCUMENTS))
 
 
-def _rate(engine: Engine, texts: list[str], rounds: int = 3, split_special: bool = False) -> float:
-    """``engine``'s best throughput on ``texts`` in MB/s (UTF-8 bytes), over ``rounds`` runs (with
-    ``split_special``: as chat message text is encoded)."""
+#: Documents of the sample corpus ``auto`` times the engines on (about 40 kB: a few milliseconds per engine, and
+#: generated once per process).
+CALIBRATION_DOCUMENTS = 200
+
+
+def calibration_texts() -> list[str]:
+    """The texts ``auto`` times each engine on: the package's multi-script sample corpus (about 40 kB; generated
+    once per process)."""
+    return list(_calibration())
+
+
+def _rates(engines: list[Engine], texts: list[str], rounds: int = 7) -> dict[int, float]:
+    """Each engine's best throughput on ``texts`` in MB/s (UTF-8 bytes), by ``id``: the engines take turns, round
+    after round, so that a busy machine slows them alike rather than whichever ran during a burst."""
     import time
 
     size = sum(len(t.encode("utf-8")) for t in texts)
-    best = float("inf")
+    best = {id(engine): float("inf") for engine in engines}
     for _ in range(rounds):
-        started = time.perf_counter()
-        encoded(engine, texts, split_special)
-        best = min(best, time.perf_counter() - started)
-    return size / max(best, 1e-9) / 1e6
+        for engine in engines:
+            started = time.perf_counter()
+            engine.encode(texts)
+            best[id(engine)] = min(best[id(engine)], time.perf_counter() - started)
+    return {key: size / max(seconds, 1e-9) / 1e6 for key, seconds in best.items()}
 
 
-def _gated(tokenizer: Any, name: str, reference: Engine, texts: list[str]) -> tuple[Engine | None, str]:
-    """Engine ``name`` on ``tokenizer`` when it is installed, accepts the tokenizer and gives the reference's ids on
-    the adversarial ``texts``, and why; else None and the error an explicit request raises (its message says why)."""
+def _built(tokenizer_json: str, name: str, reference: TokenizersEngine) -> tuple[Engine | None, str]:
+    """Engine ``name`` on the tokenizer when it is installed and accepts it; else None and the error an explicit
+    request raises (its message says why)."""
     try:
-        candidate = _ENGINE_CLASSES[name](tokenizer.to_str())
+        if name == "splintr":
+            return SplintrEngine(tokenizer_json, reference), ""
+        return _ENGINE_CLASSES[name](tokenizer_json), ""
     except ImportError:
         return None, f"engine {name!r} is not installed: pip install 'tokformats[fast]'."
     except Exception as exc:  # the engines raise their own errors for components they do not implement
         return None, f"{name} refuses this tokenizer: {exc}"
-    for split_special in (False, True):  # text, and chat message text (specials spelled out stay text)
+
+
+def _gate(candidate: Engine, reference: Engine, texts: list[str], modes: tuple[bool, ...]) -> str | None:
+    """Why ``candidate`` fails the identity gate on the adversarial ``texts`` in each way of encoding of ``modes``
+    (``False``: text; ``True``: chat message text, specials spelled out staying text), or None when it passes."""
+    for split_special in modes:
         difference = first_difference(reference, candidate, texts, split_special)
         if difference is not None:
             shown = _describe(texts[difference])
             how = " with special tokens split as text" if split_special else ""
-            return None, f"{name} gives other ids than tokenizers{how} for the gate's text {difference} ({shown})"
+            return f"{candidate.name} gives other ids than tokenizers{how} for the gate's text {difference} ({shown})"
+    return None
+
+
+def _gated(
+    tokenizer: Any, name: str, reference: TokenizersEngine, texts: list[str], modes: tuple[bool, ...] = (False, True)
+) -> tuple[Engine | None, str]:
+    """Engine ``name`` on ``tokenizer`` when it is installed, accepts the tokenizer and gives the reference's ids on
+    the adversarial ``texts``, and why; else None and the error an explicit request raises (its message says why)."""
+    candidate, refusal = _built(tokenizer.to_str(), name, reference)
+    if candidate is None:
+        return None, refusal
+    failure = _gate(candidate, reference, texts, modes)
+    if failure is not None:
+        return None, failure
     return candidate, f"{name} passed the identity gate ({len(texts)} adversarial texts)"
 
 
-def select_engine(tokenizer: Any, engine: str = "auto", split_special: bool = False) -> tuple[Engine, str]:
+def select_engine(tokenizer: Any, engine: str = "auto", *, chat: bool = True) -> tuple[Engine, str]:
     """The engine to encode with, and why (for the progress line and the summary).
 
     ``"auto"``: of the fast engines (fastokens, splintr) that are installed and pass the identity gate on
-    :func:`adversarial_texts`, the one measured fastest on :func:`calibration_texts`; else tokenizers. With
-    ``split_special`` (a chat run's message text), the engines that split special tokens themselves are preferred
-    (splintr hands that text to tokenizers) and timed doing it.
+    :func:`adversarial_texts`, the one measured fastest on :func:`calibration_texts`; else tokenizers. The engines
+    are timed first and gated fastest first: the first that passes runs, and the slower ones are never gated.
     ``"fastokens"`` / ``"splintr"``: the same gate, raising :class:`EngineError` when the engine is missing or
     refuses the tokenizer, :class:`EngineMismatchError` when it differs. ``"tokenizers"``: the reference, unchecked.
+    ``chat=False`` (a plain-text run) gates the way text is encoded only; by default chat message text's way too,
+    and ``auto`` prefers the engines that encode such text themselves (splintr hands it to tokenizers).
     """
     if engine not in ENGINES:
         raise ConfigError(f"engine must be one of {', '.join(ENGINES)}; found {engine!r}.")
@@ -296,29 +335,47 @@ def select_engine(tokenizer: Any, engine: str = "auto", split_special: bool = Fa
     if engine == "tokenizers":
         return reference, "asked for"
     texts = adversarial_texts(tokenizer)
+    modes = (False, True) if chat else (False,)
     if engine != "auto":
-        chosen, reason = _gated(tokenizer, engine, reference, texts)
+        chosen, reason = _gated(tokenizer, engine, reference, texts, modes)
         if chosen is not None:
             return chosen, reason
         if " gives other ids " in reason:
             raise EngineMismatchError(f"{reason}; use engine='tokenizers'.")
         raise EngineError(reason)
-    passed: list[tuple[Engine, str]] = []
+    tokenizer_json = tokenizer.to_str()
+    built: list[Engine] = []
     refused: list[str] = []
     for name in FAST_ENGINES:
-        chosen, reason = _gated(tokenizer, name, reference, texts)
-        if chosen is None:
-            refused.append(reason)
+        candidate, refusal = _built(tokenizer_json, name, reference)
+        if candidate is None:
+            refused.append(refusal)
         else:
-            passed.append((chosen, reason))
-    if not passed:
-        return reference, "; ".join(refused)
-    if split_special:  # an engine handing chat text to tokenizers is no faster at it than tokenizers itself
-        passed = [p for p in passed if p[0].splits_specials] or passed
-    if len(passed) == 1:
-        return passed[0]
-    sample = calibration_texts()
-    rates = [(_rate(candidate, sample, split_special=split_special), candidate, reason) for candidate, reason in passed]
-    _, fastest, reason = max(rates, key=lambda r: r[0])
-    measured = ", ".join(f"{c.name} {r:.0f} MB/s" for r, c, _ in rates)
-    return fastest, f"{reason}; the fastest that passed (measured on the calibration text: {measured})"
+            built.append(candidate)
+    return _fastest_gated(built, refused, reference, texts, modes)
+
+
+def _fastest_gated(
+    built: list[Engine], refused: list[str], reference: Engine, texts: list[str], modes: tuple[bool, ...]
+) -> tuple[Engine, str]:
+    """Of the ``built`` engines, the fastest on the calibration text that passes the gate (the rest are not gated),
+    with the reason; tokenizers when none passes. When chat message text is among the ``modes``, the engines that
+    split special tokens themselves come first: one that hands such text to tokenizers is no faster at it than
+    tokenizers itself, however fast it is on plain text."""
+    chat = True in modes
+    first = [c for c in built if c.splits_specials or not chat]
+    rates = _rates(first, calibration_texts()) if len(first) > 1 else {}
+    ranked = sorted(first, key=lambda c: -rates.get(id(c), 0.0)) + [c for c in built if c not in first]
+    for candidate in ranked:
+        failure = _gate(candidate, reference, texts, modes)
+        if failure is not None:
+            refused.append(failure)
+            continue
+        reason = f"{candidate.name} passed the identity gate ({len(texts)} adversarial texts)"
+        if rates:
+            measured = ", ".join(f"{c.name} {rates[id(c)]:.0f} MB/s" for c in first)
+            reason += f"; the fastest that passed (measured on the calibration text: {measured})"
+        if refused:
+            reason += f"; {'; '.join(refused)}"
+        return candidate, reason
+    return reference, "; ".join(refused)

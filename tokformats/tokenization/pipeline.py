@@ -32,7 +32,7 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Executor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -486,6 +486,26 @@ def _batches(
         out.put(exc)
 
 
+#: Gated engines of this process, by (the selecting function, tokenizer hash, engine asked for, chat run): the gate,
+#: the engines' timing and their loading are paid once per tokenizer per process (a run, or a pool's worker), not
+#: once per run or partition. The function is part of the key so that a replaced one (a test's) is asked anew.
+_GATED: dict[tuple[Any, str, str, bool], tuple[Engine, str]] = {}
+
+
+def _gated_engine(tokenizer: Any, engine: str, tokenizer_hash: str | None, chat: bool) -> tuple[Engine, str]:
+    """:func:`~.engines.select_engine` for ``tokenizer`` (whose ``to_str()`` has SHA-256 ``tokenizer_hash``; None:
+    not cached), gating chat message text's way of encoding only for a ``chat`` run."""
+    select = select_engine  # looked up at each call, not bound at import
+    if tokenizer_hash is None or engine == "tokenizers":
+        return select(tokenizer, engine, chat=chat)
+    key = (select, tokenizer_hash, engine, chat)
+    if key not in _GATED:
+        if len(_GATED) >= 4:  # a process tokenizing with many tokenizers keeps a few engines, not all
+            _GATED.clear()
+        _GATED[key] = select(tokenizer, engine, chat=chat)
+    return _GATED[key]
+
+
 class Encoder:
     """The run's engine, checked against ``tokenizers`` on a sample of the corpus (the first documents, up to
     :attr:`FIRST_SAMPLE_BYTES` of text) and then on a random ``verify_fraction`` of the documents (reproducibly: the
@@ -505,12 +525,14 @@ class Encoder:
         seed: int,
         partition: int,
         chosen: tuple[Engine, str] | None = None,
-        split_special: bool = False,
+        *,
+        tokenizer_hash: str | None = None,
+        chat: bool = True,
     ) -> None:
         self.reference = TokenizersEngine(tokenizer)
-        # A chat run encodes message text with split_special: ``auto`` picks among the engines that do it themselves.
-        timed_as = {"split_special": True} if split_special else {}
-        self.engine, self.reason = chosen or select_engine(tokenizer, engine, **timed_as)
+        self.engine, self.reason = chosen or _gated_engine(tokenizer, engine, tokenizer_hash, chat)
+        if isinstance(self.engine, TokenizersEngine):
+            self.engine = self.reference  # the reference is not checked against itself
         self.explicit = engine != "auto"
         self.verify_fraction = verify_fraction
         self._draws = np.random.default_rng([seed, partition])
@@ -788,7 +810,9 @@ class _PartitionRun:
             self.dtype,
         )
         flat, lengths, mask = _add_chat_eos(self.plan, flat, lengths, mask, ends, self.delimit_empty)
-        self._spool(self.plan.keys[0], flat, lengths, split_of_records(good), mask)
+        split_of = split_of_records(good)
+        self._spool(self.plan.keys[0], flat, lengths, split_of, mask)
+        self._spool_sources(self.plan.keys[0], good, split_of)
         self.stats.documents += len(good)
         self.stats.tokens += len(flat)
 
@@ -890,22 +914,26 @@ def _encode_partition(
 
 #: A worker process's tokenizers and gated engines, by (tokenizer hash, engine): built once for all the partitions
 #: (and runs) it encodes.
-_WORKER_ENGINES: dict[tuple[str, str], tuple[Any, tuple[Engine, str]]] = {}
+_WORKER_ENGINES: dict[tuple[str, str, bool], tuple[Any, tuple[Engine, str]]] = {}
 
 
-def _worker_engine(tokenizer_path: str, tokenizer_hash: str, engine: str) -> tuple[Any, tuple[Engine, str]]:
+def _worker_engine(
+    tokenizer_path: str, tokenizer_hash: str, engine: str, chat: bool = True
+) -> tuple[Any, tuple[Engine, str]]:
     """The tokenizer and the gated engine of a worker process, from the run's ``tokenizer.json`` in its work folder
     (checked against the plan's hash: the file is on a shared file system, and a stale or damaged copy must not
     encode a single document); a tokenizer the process has already built is not read again."""
-    key = (tokenizer_hash, engine)
+    key = (tokenizer_hash, engine, chat)
     if key not in _WORKER_ENGINES:
         if len(_WORKER_ENGINES) >= 2:
             _WORKER_ENGINES.clear()
-        _WORKER_ENGINES[key] = _build_worker_engine(tokenizer_path, tokenizer_hash, engine)
+        _WORKER_ENGINES[key] = _build_worker_engine(tokenizer_path, tokenizer_hash, engine, chat)
     return _WORKER_ENGINES[key]
 
 
-def _build_worker_engine(tokenizer_path: str, tokenizer_hash: str, engine: str) -> tuple[Any, tuple[Engine, str]]:
+def _build_worker_engine(
+    tokenizer_path: str, tokenizer_hash: str, engine: str, chat: bool
+) -> tuple[Any, tuple[Engine, str]]:
     import hashlib
 
     from tokenizers import Tokenizer
@@ -918,7 +946,7 @@ def _build_worker_engine(tokenizer_path: str, tokenizer_hash: str, engine: str) 
             f"{option('overwrite')}."
         )
     tokenizer = Tokenizer.from_str(text)
-    return tokenizer, select_engine(tokenizer, engine)
+    return tokenizer, _gated_engine(tokenizer, engine, tokenizer_hash, chat)
 
 
 def _partition_job(args: tuple[Any, ...]) -> dict[str, Any]:
@@ -929,7 +957,7 @@ def _partition_job(args: tuple[Any, ...]) -> dict[str, Any]:
     plan = Plan(**plan_dict)
     name, fraction = engine
     with parent_watch(origin):  # an orphan of a killed run stops at once instead of writing on into its spools
-        tokenizer, chosen = _worker_engine(tokenizer_path, plan.tokenizer_hash, name)
+        tokenizer, chosen = _worker_engine(tokenizer_path, plan.tokenizer_hash, name, chat is not None)
         encoder = Encoder(tokenizer, name, fraction, seed=plan.seed, partition=ordinal, chosen=chosen)
         stats = _encode_partition(
             plan,
@@ -1048,22 +1076,18 @@ def tokenize(
         total_bytes = sum(i.size or 0 for i in resolved) or None
         # By default on a terminal, and in a notebook (where tqdm draws a widget); not in logs.
         show = (sys.stderr.isatty() or "ipykernel" in sys.modules) if progress is None else progress
-        encoder = Encoder(loaded, engine, verify_fraction, seed=plan.seed, partition=0, split_special=chat is not None)
+        encoder = Encoder(loaded, engine, verify_fraction, plan.seed, 0, tokenizer_hash=plan.tokenizer_hash,
+                          chat=spec is not None)  # fmt: skip
         monitor = Progress(show, total_bytes, [])  # after the gate and the engines' timing: rates are encoding's
         if show:
             print(f"tokformats: encoding with {encoder.engine.name}: {encoder.reason}", file=sys.stderr)
-        settings = (batch_size, resume, checkpoint_every)
-        if executor is None:
-            parts = [work / "part-0000"]
-            all_stats = [_encode_partition(plan, encoder, resolved, 0, parts[0], batch_size=batch_size, resume=resume,
-                                           progress=monitor, checkpoint_every=checkpoint_every, chat=spec)]  # fmt: skip
-        else:
-            chosen_engine = (encoder.engine.name if engine == "auto" else engine, verify_fraction)
-            parts, all_stats = _encode_in_parallel(plan, loaded, resolved, work, executor, partitions, settings,
-                                                   chosen_engine, spec)  # fmt: skip
+        all_stats: list[Stats] = []
+        chosen_engine = (encoder.engine.name if engine == "auto" else engine, verify_fraction)
+        parts = _encoded_parts(plan, encoder, resolved, work, executor, partitions, (batch_size, resume,
+                               checkpoint_every), chosen_engine, spec, monitor, all_stats)  # fmt: skip
+        outputs = _write_outputs(plan, writer_class, targets, parts, writer_options, replace=bool(resume or overwrite))
         total = Stats.total(all_stats)
         monitor.update(total, final=True)
-        outputs = _write_outputs(plan, writer_class, targets, parts, writer_options, replace=bool(resume or overwrite))
         _discard(work)
         return {
             "documents": total.documents,
@@ -1080,6 +1104,32 @@ def tokenize(
 
 
 # -- the steps of a run -------------------------------------------------------------------------------------
+
+
+def _encoded_parts(
+    plan: Plan,
+    encoder: Encoder,
+    resolved: list[Input],
+    work: Path,
+    executor: Executor | None,
+    partitions: int | None,
+    settings: tuple[int, bool, float],
+    engine: tuple[str, float],
+    chat: ChatSpec | None,
+    monitor: Progress,
+    stats: list[Stats],
+) -> Iterable[Path]:
+    """The partitions' folders, each once encoded (their counters appended to ``stats``): here, in one partition;
+    with an ``executor``, as the workers finish them in input order, so that each is joined into the outputs while
+    later ones are still encoding (the join is then not a serial step after the last partition)."""
+    if executor is not None:
+        return _encode_in_parallel(plan, encoder.reference.tokenizer, resolved, work, executor, partitions, settings,
+                                   engine, chat, stats)  # fmt: skip
+    batch_size, resume, checkpoint_every = settings
+    part = work / "part-0000"
+    stats.append(_encode_partition(plan, encoder, resolved, 0, part, batch_size=batch_size, resume=resume,
+                                   progress=monitor, checkpoint_every=checkpoint_every, chat=chat))  # fmt: skip
+    return [part]
 
 
 def _chat_plan(
@@ -1240,10 +1290,13 @@ def _encode_in_parallel(
     partitions: int | None,
     settings: tuple[int, bool, float],
     engine: tuple[str, float],
-    chat: ChatSpec | None = None,
-) -> tuple[list[Path], list[Stats]]:
-    """Encode partitions of the inputs in ``executor``'s workers, each into its own spools (joined in input order
-    later, so the output equals a single-process run). ``engine``: the one the gate chose here, gated again there."""
+    chat: ChatSpec | None,
+    stats: list[Stats],
+) -> Iterator[Path]:
+    """Encode partitions of the inputs in ``executor``'s workers, each into its own spools, all submitted at once;
+    yields each partition's folder in input order as soon as it is encoded (after appending its counters to
+    ``stats``), so that the caller joins it while later ones are still encoding: the output equals a single-process
+    run. ``engine``: the one the gate chose here, gated again there."""
     if any(i.path is None for i in resolved):
         raise FormatError("executor= needs file inputs: an in-memory iterable cannot be shipped to workers.")
     if partitions is not None and partitions < 1:
@@ -1262,7 +1315,14 @@ def _encode_in_parallel(
          ordinal, str(part), settings, engine, origin, chat)
         for ordinal, ((first, group), part) in enumerate(zip(groups, parts))
     ]  # fmt: skip
-    return parts, [Stats(**result) for result in executor.map(_partition_job, jobs)]
+    return _in_order(parts, executor.map(_partition_job, jobs), stats)
+
+
+def _in_order(parts: list[Path], results: Iterator[dict[str, Any]], stats: list[Stats]) -> Iterator[Path]:
+    """Each partition's folder once its result has arrived (``executor.map`` gives them in order)."""
+    for part, result in zip(parts, results):
+        stats.append(Stats(**result))
+        yield part
 
 
 def _output_writer(
@@ -1312,34 +1372,51 @@ def _write_outputs(
     plan: Plan,
     writer_class: type[TokenWriter],
     targets: dict[tuple[str, str], Path],
-    parts: list[Path],
+    parts: Iterable[Path],
     writer_options: dict[str, Any],
     *,
     replace: bool,
 ) -> dict[str, Any]:
-    """Feed each stream's spools, partition by partition, to the format's writer; each output appears atomically."""
-    outputs = {}
+    """Feed each stream's spools, partition by partition (as ``parts`` yields them: a parallel run's while later
+    partitions are still encoding), to the format's writers; each output appears atomically, in the order of
+    ``targets``, once every partition is in. Anything raising discards every output's temporaries."""
     dtype = dtype_for_vocab(plan.vocab_size)
-    for (key, split), target in targets.items():
-        name = _stream_name(key, split)
-        writer = _output_writer(plan, writer_class, target, split, writer_options, replace=replace)
-        with writer:
-            for part in parts:
+    writers: dict[str, TokenWriter] = {}
+    done: list[Path] = []
+    try:
+        for (key, split), target in targets.items():
+            writers[_stream_name(key, split)] = _output_writer(plan, writer_class, target, split, writer_options,
+                                                               replace=replace)  # fmt: skip
+        for part in parts:
+            for name, writer in writers.items():
                 copy_spool(writer, part, name, dtype)
-        outputs[name] = {
-            "path": str(target),
-            "documents": writer.num_documents,
-            "tokens": writer.num_tokens,
-            "files": [str(p) for p in writer.written],
-            "read_with": writer.read_with(),
-        }
-        if writer.loss_masked:
-            outputs[name]["trained_tokens"] = writer.num_trained_tokens
-        sources = _provenance(plan, parts, name, writer.num_documents) if plan.provenance else None
-        if sources is not None:
-            sidecar = save_provenance(sources, api.written_dataset_path(writer, plan.format))
-            outputs[name]["provenance"] = str(sidecar)  # beside the dataset, not one of its files
-    return outputs
+            done.append(part)
+        for writer in writers.values():
+            writer.close()
+    except BaseException:
+        for writer in writers.values():
+            writer.abort()
+        raise
+    paths = {_stream_name(key, split): target for (key, split), target in targets.items()}
+    return {name: _output_summary(plan, writer, paths[name], done, name) for name, writer in writers.items()}
+
+
+def _output_summary(plan: Plan, writer: TokenWriter, target: Path, parts: list[Path], name: str) -> dict[str, Any]:
+    """What the summary says of one written output (and its provenance sidecar, written here)."""
+    summary: dict[str, Any] = {
+        "path": str(target),
+        "documents": writer.num_documents,
+        "tokens": writer.num_tokens,
+        "files": [str(p) for p in writer.written],
+        "read_with": writer.read_with(),
+    }
+    if writer.loss_masked:
+        summary["trained_tokens"] = writer.num_trained_tokens
+    sources = _provenance(plan, parts, name, writer.num_documents) if plan.provenance else None
+    if sources is not None:
+        sidecar = save_provenance(sources, api.written_dataset_path(writer, plan.format))
+        summary["provenance"] = str(sidecar)  # beside the dataset, not one of its files
+    return summary
 
 
 def _provenance(plan: Plan, parts: list[Path], name: str, documents: int) -> Provenance | None:
