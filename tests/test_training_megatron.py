@@ -281,3 +281,32 @@ def test_sample_index_in_small_chunks_equals_helpers(megatron: Any) -> None:
         chunk = int(rng.integers(1, 12))
         ours = indices.sample_index(sizes, doc, sequence_length, epochs, tokens, drop, extra, chunk=chunk)
         np.testing.assert_array_equal(ours, theirs, err_msg=f"trial {trial}, chunk {chunk}")
+
+
+def test_sample_index_of_lengths_in_any_dtype_and_of_a_split_equals_helpers(megatron: Any) -> None:
+    """Lengths stored as uint16, int32 or int64, walked whole or as a split (a document index over a few units:
+    the lengths are then read where they are, not copied), give megatron-core's rows and dtype."""
+    rng = np.random.default_rng(9)
+    compared = 0
+    for trial in range(300):
+        case = _random_walk(rng, 120)
+        if case is None:
+            continue
+        sizes, sequence_length, extra, drop, epochs, _ = case
+        begin = int(rng.integers(0, len(sizes)))
+        end = begin + max(1, (len(sizes) - begin) // int(rng.integers(1, 5)))
+        units = np.arange(begin, end, dtype=np.int32)
+        tokens = int(sizes[begin:end].sum())
+        if epochs * tokens - extra < 1:
+            continue
+        doc = indices.document_index(units, epochs, np.random.RandomState(trial), False)
+        try:
+            theirs = megatron.helpers.build_sample_idx(sizes, doc, sequence_length, epochs, tokens, drop, extra)
+        except AssertionError:  # megatron-core's own check (see test_sample_index_equals_helpers_on_random_lengths)
+            continue
+        for dtype in (np.uint16, np.int32, np.int64):
+            ours = indices.sample_index(sizes.astype(dtype), doc, sequence_length, epochs, tokens, drop, extra)
+            assert ours.dtype == theirs.dtype, (trial, dtype)
+            np.testing.assert_array_equal(ours, theirs, err_msg=f"trial {trial}, {np.dtype(dtype).name}")
+        compared += 1
+    assert compared > 100

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from collections.abc import Sequence
@@ -117,21 +118,6 @@ class GPTSamples(Sequence[Any], Explained):
         self.tokens_per_epoch = int(self._lengths[begin:end].sum(dtype=np.int64))
         #: Passes over the split the samples need (refuses a split without tokens when samples are asked for).
         self.epochs = indices.num_epochs(self.tokens_per_epoch, num_samples, self.sequence_length, extra)
-        self.description = {
-            "class": "GPTSamples",
-            "version": _INDEX_VERSION,
-            "data": data_fingerprint(reader, self._lengths),
-            "units": [begin, end],
-            "sequence_length": self.sequence_length,
-            "seed": self.seed,
-            "num_samples": num_samples,
-            "split": self.split,
-            "split_name": self.split_name,
-            "add_extra_token": self.add_extra_token,
-            "drop_last_partial": self.drop_last_partial,
-        }
-        #: The key of the three index arrays: a digest of every option above and of the data's unit lengths.
-        self.index_key = cache_key(self.description)
         #: What each sample dict holds (None: samples are bare ids).
         self.sample_fields = self._resolve_fields(
             fields,
@@ -142,13 +128,39 @@ class GPTSamples(Sequence[Any], Explained):
             create_attention_mask,
             inter_document_masking,
         )
-        #: A digest of every option and of the data's unit lengths: equal fingerprints, equal samples.
-        self.fingerprint = (
-            self.index_key
-            if self.sample_fields is None
-            else cache_key({"indices": self.index_key, **self.sample_fields.describe()})
-        )
         self._load_indices()
+
+    # Hashing the unit lengths costs about as much as a small index build: the digests are taken when first asked
+    # for (a cache, a sampler's state, a blend), not by every build.
+    @functools.cached_property
+    def description(self) -> dict[str, Any]:
+        """What the three index arrays depend on: every option above and a digest of the data's unit lengths."""
+        begin, end = self.units
+        return {
+            "class": "GPTSamples",
+            "version": _INDEX_VERSION,
+            "data": data_fingerprint(self.reader, self._lengths),
+            "units": [begin, end],
+            "sequence_length": self.sequence_length,
+            "seed": self.seed,
+            "num_samples": self.num_samples,
+            "split": self.split,
+            "split_name": self.split_name,
+            "add_extra_token": self.add_extra_token,
+            "drop_last_partial": self.drop_last_partial,
+        }
+
+    @functools.cached_property
+    def index_key(self) -> str:
+        """The key of the three index arrays: a digest of :attr:`description`."""
+        return cache_key(self.description)
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """A digest of every option and of the data's unit lengths: equal fingerprints, equal samples."""
+        if self.sample_fields is None:
+            return self.index_key
+        return cache_key({"indices": self.index_key, **self.sample_fields.describe()})
 
     def _resolve_fields(
         self,
@@ -261,6 +273,28 @@ class GPTSamples(Sequence[Any], Explained):
         j = int(self.shuffle_index[checked_position(index, len(self), "sample", "samples")])
         return self.unshuffled(j) if self.sample_fields is None else self.sample(j)
 
+    def ids(self, index: int, dtype: Any = np.int64) -> np.ndarray:
+        """Sample ``index`` (after shuffling) as bare ids in ``dtype``: int64 gives ``self[index]``; the stored
+        :attr:`dtype` (uint16, uint32) copies the tokens as they are on disk, a quarter (a half) of int64's bytes
+        for a DataLoader to ship, to be widened by the consumer (``batch.long()``, on the device).
+
+        Raises:
+            ConfigError: dict samples (``fields=``), a dtype that is not an integer one, or a kept partial
+                sample's ``pad_id`` that ``dtype`` cannot hold.
+        """
+        if self.sample_fields is not None:
+            raise ConfigError("ids() serves bare-id samples; these samples are dicts (fields=): index them instead.")
+        wanted = np.dtype(dtype)
+        if wanted.kind not in "iu":
+            raise ConfigError(f"ids() needs an integer dtype such as {self.dtype.name} or int64, not {wanted.name}.")
+        if not self.drop_last_partial and not np.iinfo(wanted).min <= self.pad_id <= np.iinfo(wanted).max:
+            raise ConfigError(
+                f"pad_id {self.pad_id} does not fit {wanted.name}, the dtype asked of ids(); pass a pad_id in "
+                f"[{np.iinfo(wanted).min}, {np.iinfo(wanted).max}] or keep the default int64."
+            )
+        j = int(self.shuffle_index[checked_position(index, len(self), "sample", "samples")])
+        return self._gather(self._spans(j), self.reader.span, self.pad_id, wanted.type)
+
     def _spans(self, j: int) -> list[tuple[int, int]]:
         """The stream spans ``[start, stop)`` sample ``j`` is cut from, one per unit part, in order."""
         extra = int(self.add_extra_token)
@@ -283,7 +317,8 @@ class GPTSamples(Sequence[Any], Explained):
             piece = source(start, stop)
             out[filled : filled + len(piece)] = piece
             filled += len(piece)
-        out[filled:] = pad  # only a kept partial last sample
+        if filled < len(out):  # only a kept partial last sample
+            out[filled:] = pad
         return out
 
     def unshuffled(self, j: int) -> np.ndarray:
