@@ -297,18 +297,16 @@ class GPTSamples(Sequence[Any], Explained):
 
     def _spans(self, j: int) -> list[tuple[int, int]]:
         """The stream spans ``[start, stop)`` sample ``j`` is cut from, one per unit part, in order."""
-        extra = int(self.add_extra_token)
-        rows = self.sample_index
-        first, first_offset = int(rows[j, 0]), int(rows[j, 1])
-        last, last_offset = int(rows[j + 1, 0]), int(rows[j + 1, 1])
-        doc, offsets = self.document_index, self._offsets
-        spans: list[tuple[int, int]] = []
-        for position in range(first, last + 1):
-            unit = int(doc[position])
-            start = int(offsets[unit]) + (first_offset if position == first else 0)
-            stop = int(offsets[unit]) + last_offset + extra if position == last else int(offsets[unit + 1])
-            spans.append((start, max(start, stop)))
-        return spans
+        # Per-sample work is Python: rows and units come out as lists in one call each, not as NumPy scalars.
+        (first, first_offset), (last, last_offset) = self.sample_index[j : j + 2].tolist()
+        offsets = self._offsets
+        spans = [
+            (offsets.item(unit), offsets.item(unit + 1)) for unit in self.document_index[first : last + 1].tolist()
+        ]
+        start = spans[-1][0]
+        spans[-1] = (start, start + last_offset + int(self.add_extra_token))  # the last part ends inside its unit
+        spans[0] = (spans[0][0] + first_offset, spans[0][1])  # and the first starts inside its own
+        return [(start, max(start, stop)) for start, stop in spans]
 
     def _gather(self, spans: list[tuple[int, int]], source: Any, pad: int, dtype: type) -> np.ndarray:
         out: np.ndarray = np.empty(self.sequence_length + self.add_extra_token, dtype=dtype)
