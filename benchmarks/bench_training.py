@@ -313,7 +313,7 @@ def make_litdata(prefix: Path) -> Path:
     return folder
 
 
-def bench_loader_litdata(documents: int, repeat: int, batches: int = 300) -> list[dict[str, Any]]:
+def bench_loader_litdata(documents: int, repeat: int, batches: int = 1000) -> list[dict[str, Any]]:
     """DataLoader, 2 workers, batches of 8 x 2049 token ids, each batch widened to int64 by the consumer (what an
     embedding needs): litdata's ``StreamingDataLoader`` over ``TokensLoader`` blocks (uint16, in order) vs
     ``tft.Dataset(GPTSamples)`` as int64 (the default) and with ``dtype="stored"`` (uint16, widened after)."""

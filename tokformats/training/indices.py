@@ -169,11 +169,9 @@ def sample_index(
         return rows
     # Cumulative ends fit int32 below 2**31 tokens: half the memory traffic of int64.
     wide = np.dtype(np.int32 if epochs * tokens_per_epoch + sequence_length <= _INT32_MAX else np.int64)
-    if len(doc_index) * 2 > len(sizes) and sizes.dtype != wide:
-        # Dense access in another dtype: one conversion of every length beats converting each chunk. Lengths
-        # already in the ends' dtype are read where they are (a memory map's pages are faulted around the
-        # first touch, so a copy, as GPTDataset makes before its C++ walk, costs more than it saves).
-        sizes = sizes.astype(wide)
+    # The lengths are read where they are, in their own dtype: a memory map's pages are faulted around the first
+    # touch, so a whole copy (GPTDataset makes one before its C++ walk) or a whole conversion costs more than it
+    # saves; a chunk is converted in a cache-sized buffer when the ends need a wider dtype.
     size = min(chunk, len(doc_index))
     taken = None if sizes.dtype == wide else np.empty(size, dtype=sizes.dtype)
     # bounds[0] is the end of the positions before the chunk, bounds[1 + p] the end of position p: bounds[p] is
