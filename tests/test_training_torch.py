@@ -135,6 +135,10 @@ def test_stored_dtype_loader_yields_the_int64_values(samples: training.GPTSample
     assert samples.ids(3, np.uint16).dtype == np.uint16
     np.testing.assert_array_equal(samples.ids(3, np.uint16), samples[3])
     np.testing.assert_array_equal(samples.ids(3), samples[3])
+    picks = [0, -1, 5, 5, len(samples) - 2]  # batch() gathers the parts of all of them at once
+    assert samples.batch(picks, np.uint16).dtype == np.uint16 and samples.batch(picks).dtype == np.int64
+    np.testing.assert_array_equal(samples.batch(picks, np.uint16), np.stack([samples[i] for i in picks]))
+    np.testing.assert_array_equal(samples.batch(np.array(picks)), np.stack([samples[i] for i in picks]))
     stream = tft.IterableDataset(samples, 8, 4, dtype="stored")
     first = next(iter(torch.utils.data.DataLoader(stream, batch_size=None, num_workers=2)))
     assert first.dtype == torch.uint16
@@ -174,3 +178,6 @@ def test_stored_dtype_is_refused_where_it_cannot_hold(samples: training.GPTSampl
     kept = training.GPTSamples(reader, 16, seed=2, drop_last_partial=False, pad_id=0)
     last = int(np.flatnonzero(kept.shuffle_index == len(kept) - 1)[0])
     np.testing.assert_array_equal(kept.ids(last, np.uint16), kept[last])
+    # a padded sample in a batch: the per-sample path pads it
+    np.testing.assert_array_equal(kept.batch([last, 0], np.uint16), np.stack([kept[last], kept[0]]))
+    assert kept[last][-1] == 0

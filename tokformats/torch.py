@@ -30,6 +30,7 @@ except ImportError as error:  # pragma: no cover - exercised only without torch
 
 from .errors import ConfigError
 from .training.sampler import BatchSampler
+from .training.samples import GPTSamples
 
 __all__ = ["Dataset", "IterableDataset", "to_tensor", "collate"]
 
@@ -98,6 +99,13 @@ class Dataset(torch.utils.data.Dataset[Any]):
 
     def __getitem__(self, index: int) -> Any:
         return to_tensor(_item(self.samples, index, self.dtype))
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        """A DataLoader's batch in one call: bare-id ``GPTSamples`` gather all the batch's parts together."""
+        samples = self.samples
+        if isinstance(samples, GPTSamples) and samples.sample_fields is None and len(indices):
+            return list(torch.from_numpy(samples.batch(indices, np.int64 if self.dtype is None else self.dtype)))
+        return [self[i] for i in indices]
 
 
 class IterableDataset(torch.utils.data.IterableDataset[Any]):

@@ -30,6 +30,36 @@ def data_fingerprint(reader: TokenReader, lengths: np.ndarray) -> str:
     return f"{reader.format}:{reader.dtype.name}:{len(lengths)}:{lengths.dtype.str}:{digest[:32]}"
 
 
+def gathered_samples(samples: GPTSamples, unshuffled: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
+    """Bare-id samples ``unshuffled`` (positions before shuffling) as one array: every part of every sample found
+    with array arithmetic and the parts joined by one ``concatenate``, instead of Python work per part. None when
+    the reader's tokens are not one array, or a sample is not whole (a kept partial sample, or rows that do not
+    describe one): the per-sample path serves, pads or refuses those."""
+    tokens = samples.reader.tokens
+    if not isinstance(tokens, np.ndarray):
+        return None
+    length = samples.sequence_length + samples.add_extra_token
+    rows, offsets = samples.sample_index, samples._offsets
+    first, first_offset = rows[unshuffled, 0].astype(np.int64), rows[unshuffled, 1].astype(np.int64)
+    last, last_offset = rows[unshuffled + 1, 0].astype(np.int64), rows[unshuffled + 1, 1].astype(np.int64)
+    counts = last - first + 1  # units each sample is cut from
+    if int(counts.min()) < 1:
+        return None
+    ends = np.cumsum(counts)
+    heads, tails = ends - counts, ends - 1
+    units = samples.document_index[np.arange(int(ends[-1])) + np.repeat(first - heads, counts)]
+    starts, stops = offsets[units], offsets[units + 1]
+    stops[tails] = starts[tails] + last_offset + samples.add_extra_token  # before the head moves: one unit's start
+    starts[heads] += first_offset
+    np.maximum(stops, starts, out=stops)
+    if not np.all(np.add.reduceat(stops - starts, heads) == length):
+        return None
+    stream = tokens.view(np.ndarray)
+    parts = [stream[a:b] for a, b in zip(starts.tolist(), stops.tolist())]
+    gathered = np.concatenate(parts, dtype=dtype, casting="unsafe")  # as the per-sample path's assignment casts
+    return gathered.reshape(len(unshuffled), length)
+
+
 class GPTSamples(Sequence[Any], Explained):
     """Fixed-length samples over a token reader, equal to megatron-core 0.16.1's ``GPTDataset``.
 
@@ -338,15 +368,25 @@ class GPTSamples(Sequence[Any], Explained):
         parts = [stop - start for start, stop in spans]
         return megatron_sample(text, parts, options, text_mask=text_mask, padding=padding)
 
-    def batch(self, samples: Sequence[int] | np.ndarray) -> Any:
-        """Several samples as one ``(len(samples), sequence_length + add_extra_token)`` int64 array (with
-        ``fields``: a dict of stacked arrays)."""
+    def batch(self, samples: Sequence[int] | np.ndarray, dtype: Any = np.int64) -> Any:
+        """Several samples as one ``(len(samples), sequence_length + add_extra_token)`` array of ``dtype`` (int64,
+        or the stored :attr:`dtype` as :meth:`ids` serves it), every part gathered in one NumPy call; with
+        ``fields``: a dict of stacked arrays."""
         if self.sample_fields is not None:
             rows = [self[int(i)] for i in samples]
             if not rows:
                 raise ConfigError("batch() of dict samples needs at least one sample index.")
             return {key: np.stack([row[key] for row in rows]) for key in rows[0]}
-        return np.stack([self[int(i)] for i in samples]) if len(samples) else self._empty_batch()
+        if not len(samples):
+            return self._empty_batch().astype(dtype)
+        picks = np.asarray(samples)
+        wanted = np.dtype(dtype)
+        whole = picks.ndim == 1 and picks.dtype.kind in "iu" and wanted.kind in "iu"
+        if whole and -len(self) <= int(picks.min()) and int(picks.max()) < len(self):
+            gathered = gathered_samples(self, self.shuffle_index[picks].astype(np.int64), wanted)
+            if gathered is not None:
+                return gathered
+        return np.stack([self.ids(int(i), wanted) for i in samples])  # raises for what the fast path passed on
 
     def sample_tokens(self) -> np.ndarray:
         """The tokens each sample feeds a model (``sequence_length`` each, int64): what a token budget counts."""
