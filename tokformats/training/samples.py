@@ -33,11 +33,8 @@ def data_fingerprint(reader: TokenReader, lengths: np.ndarray) -> str:
 def gathered_samples(samples: GPTSamples, unshuffled: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
     """Bare-id samples ``unshuffled`` (positions before shuffling) as one array: every part of every sample found
     with array arithmetic and the parts joined by one ``concatenate``, instead of Python work per part. None when
-    the reader's tokens are not one array, or a sample is not whole (a kept partial sample, or rows that do not
-    describe one): the per-sample path serves, pads or refuses those."""
-    tokens = samples.reader.tokens
-    if not isinstance(tokens, np.ndarray):
-        return None
+    a sample is not whole (a kept partial sample, or rows that do not describe one): the per-sample path serves,
+    pads or refuses those."""
     length = samples.sequence_length + samples.add_extra_token
     rows, offsets = samples.sample_index, samples._offsets
     first, first_offset = rows[unshuffled, 0].astype(np.int64), rows[unshuffled, 1].astype(np.int64)
@@ -54,8 +51,8 @@ def gathered_samples(samples: GPTSamples, unshuffled: np.ndarray, dtype: np.dtyp
     np.maximum(stops, starts, out=stops)
     if not np.all(np.add.reduceat(stops - starts, heads) == length):
         return None
-    stream = tokens.view(np.ndarray)
-    parts = [stream[a:b] for a, b in zip(starts.tolist(), stops.tolist())]
+    span = samples.reader.span
+    parts = [span(a, b) for a, b in zip(starts.tolist(), stops.tolist())]
     gathered = np.concatenate(parts, dtype=dtype, casting="unsafe")  # as the per-sample path's assignment casts
     return gathered.reshape(len(unshuffled), length)
 
