@@ -5,8 +5,8 @@
 >>> stream = tft.IterableDataset(blend, global_batch_size=512, micro_batch_size=4, rank=r, world_size=w)
 >>> loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=2)   # batches come whole
 
-Samples that are arrays become int64/float tensors (``dtype="stored"``: bare ids in their on-disk uint16/uint32,
-widened by the consumer); samples that are dicts of arrays (``GPTSamples(fields=...)``,
+Samples that are arrays become int64/float tensors (``dtype="stored"``: bare ids in their on-disk dtype, uint16 or
+a 4-byte one, widened by the consumer); samples that are dicts of arrays (``GPTSamples(fields=...)``,
 ``PackedSamples`` rows, Time-MoE windows) become dicts of tensors, which ``default_collate`` stacks key by key.
 """
 
@@ -85,9 +85,9 @@ class Dataset(torch.utils.data.Dataset[Any]):
     Args:
         samples: the sample sequence.
         dtype: None (the default): samples as the sequence serves them (``GPTSamples``: int64 tensors, ready for an
-            embedding). ``"stored"``: bare-id samples in the data's on-disk dtype (uint16 or uint32 tensors),
-            which workers copy and ship in a quarter (a half) of the bytes; widen on the consumer, best after the
-            copy to the device: ``batch.to(device, non_blocking=True).long()``.
+            embedding). ``"stored"``: bare-id samples in the data's on-disk dtype (uint16, or a 4-byte type for a
+            larger vocabulary), which workers copy and ship in a quarter (a half) of the bytes; widen on the
+            consumer, best after the copy to the device: ``batch.to(device, non_blocking=True).long()``.
     """
 
     def __init__(self, samples: Sequence[Any], dtype: str | None = None) -> None:
