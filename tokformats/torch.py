@@ -77,6 +77,14 @@ def _item(samples: Sequence[Any], index: int, dtype: np.dtype | None) -> Any:
     return samples[index] if dtype is None else samples.ids(index, dtype)  # type: ignore[attr-defined]
 
 
+def _gathered(samples: Sequence[Any], indices: Sequence[int], dtype: np.dtype | None) -> np.ndarray | None:
+    """A batch of bare-id ``GPTSamples`` gathered at once (:meth:`GPTSamples.batch`), or None for other samples."""
+    if isinstance(samples, GPTSamples) and samples.sample_fields is None and len(indices):
+        batch: np.ndarray = samples.batch(indices, np.int64 if dtype is None else dtype)
+        return batch
+    return None
+
+
 class Dataset(torch.utils.data.Dataset[Any]):
     """A map-style torch dataset over any tokformats sample sequence (``GPTSamples``, ``Blend``, windows, ...).
 
@@ -102,10 +110,8 @@ class Dataset(torch.utils.data.Dataset[Any]):
 
     def __getitems__(self, indices: list[int]) -> list[Any]:
         """A DataLoader's batch in one call: bare-id ``GPTSamples`` gather all the batch's parts together."""
-        samples = self.samples
-        if isinstance(samples, GPTSamples) and samples.sample_fields is None and len(indices):
-            return list(torch.from_numpy(samples.batch(indices, np.int64 if self.dtype is None else self.dtype)))
-        return [self[i] for i in indices]
+        gathered = _gathered(self.samples, indices, self.dtype)
+        return [self[i] for i in indices] if gathered is None else list(torch.from_numpy(gathered))
 
 
 class IterableDataset(torch.utils.data.IterableDataset[Any]):
@@ -166,7 +172,11 @@ class IterableDataset(torch.utils.data.IterableDataset[Any]):
             batch = sampler.micro_batch(step, order)
             sampler.consumed_samples = (step + 1) * sampler.step
             if batch:
-                yield collate([_item(self.samples, i, self.dtype) for i in batch])
+                gathered = _gathered(self.samples, batch, self.dtype)
+                if gathered is None:
+                    yield collate([_item(self.samples, i, self.dtype) for i in batch])
+                else:
+                    yield torch.from_numpy(gathered)
         sampler.epoch += 1
         sampler.consumed_samples = 0
         self._anchor = 0
