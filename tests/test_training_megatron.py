@@ -310,3 +310,19 @@ def test_sample_index_of_lengths_in_any_dtype_and_of_a_split_equals_helpers(mega
             np.testing.assert_array_equal(ours, theirs, err_msg=f"trial {trial}, {np.dtype(dtype).name}")
         compared += 1
     assert compared > 100
+
+
+def test_document_index_in_place_shuffles_the_same_order() -> None:
+    """``in_place=True`` shuffles the caller's int32 units themselves for one epoch, in the order a copy gets; other
+    cases still copy."""
+    units = np.arange(5, 105, dtype=np.int32)
+    copied = indices.document_index(units, 1, np.random.RandomState(3), False)
+    np.testing.assert_array_equal(units, np.arange(5, 105))  # left alone without in_place
+    own = np.arange(5, 105, dtype=np.int32)
+    shuffled = indices.document_index(own, 1, np.random.RandomState(3), False, in_place=True)
+    assert shuffled is own and shuffled.dtype == np.int32
+    np.testing.assert_array_equal(shuffled, copied)
+    two = np.arange(10, dtype=np.int32)
+    both = indices.document_index(two, 2, np.random.RandomState(4), True, in_place=True)
+    np.testing.assert_array_equal(two, np.arange(10))
+    np.testing.assert_array_equal(both, indices.document_index(np.arange(10), 2, np.random.RandomState(4), True))

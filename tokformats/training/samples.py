@@ -234,7 +234,7 @@ class GPTSamples(Sequence[Any], Explained):
             epochs, tokens_per_epoch, self.num_samples, self.sequence_length, extra
         )
         random_state = np.random.RandomState(self.seed)
-        document_index = indices.document_index(units, epochs, random_state, separate)
+        document_index = indices.document_index(units, epochs, random_state, separate, in_place=True)
         sample_index = indices.sample_index(
             self._lengths,
             document_index,
