@@ -9,7 +9,9 @@ Run: ``python benchmarks/bench_training.py [--documents 10000000] [--repeat 3]``
 2. Random sample reads over a real Megatron dataset: ``GPTDataset.__getitem__`` (what a training loop calls) and
    its token part alone (``_query_document_sample_shuffle_indices``) vs ``GPTSamples[i]``.
 3. Blending 10 datasets to 10 M samples (``Blend``'s index build).
-4. DataLoader throughput with 2 workers, batches of 8 x 2049: ``tokformats.torch.Dataset`` vs ``GPTDataset``.
+4. DataLoader throughput with 2 workers, batches of 8 x 2049: ``tokformats.torch.Dataset`` vs ``GPTDataset``;
+   and vs litdata's ``StreamingDataLoader`` over the same tokens (``--only litdata``), tokformats as int64 (the
+   default) and with ``dtype="stored"`` (uint16 batches), every batch widened to int64 by the loop.
 5. Dict samples (``GPTSamples(fields=...)``, sequence 4096, documents ending in EOD) vs ``GPTDataset.__getitem__``
    with the same flags: ``eod_mask_loss`` + ``reset_position_ids`` (+ ``cu_seqlens`` on our side, which 0.16.1
    lacks), then with the ``(1, L, L)`` ``attention_mask`` and ``reset_attention_mask``; and a DataLoader (2 workers,
@@ -153,8 +155,8 @@ def bench_index(documents: int, repeat: int) -> list[dict[str, Any]]:
     return [
         {
             "measure": f"index build, {documents:,} docs / {tokens / 1e9:.2f} G tokens, seq {SEQUENCE} (s)",
-            "megatron-core": spread(times["megatron"]),
-            "tokformats": spread(times["ours"]),
+            "megatron-core": spread(times["megatron"], "{:.3f}"),
+            "tokformats": spread(times["ours"], "{:.3f}"),
             "tokformats advantage (x)": spread(ratios),
         },
         {
@@ -300,6 +302,69 @@ def bench_loader(documents: int, repeat: int, batches: int = 300) -> list[dict[s
             "tokformats advantage (x)": spread([o / m for o, m in zip(rates["ours"], rates["megatron"])]),
         }
     ]
+
+
+def make_litdata(prefix: Path) -> Path:
+    """The Megatron dataset's tokens as a litdata ``TokensLoader`` folder (uint16 chunks, as LitGPT prepares)."""
+    import tokformats
+
+    folder = Path(f"{prefix}-litdata")
+    if not (folder / "index.json").exists():
+        tokformats.convert(prefix, folder, "litdata", keep_boundaries=False)
+    return folder
+
+
+def bench_loader_litdata(documents: int, repeat: int, batches: int = 1000) -> list[dict[str, Any]]:
+    """DataLoader, 2 workers, batches of 8 x 2049 token ids, each batch widened to int64 by the consumer (what an
+    embedding needs): litdata's ``StreamingDataLoader`` over ``TokensLoader`` blocks (uint16, in order) vs
+    ``tft.Dataset(GPTSamples)`` as int64 (the default) and with ``dtype="stored"`` (uint16, widened after)."""
+    import torch
+    from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
+
+    import tokformats
+    from tokformats import torch as tft
+    from tokformats.training import GPTSamples
+
+    prefix = make_dataset(documents)
+    folder = make_litdata(prefix)
+    samples = GPTSamples(tokformats.open(prefix), SEQUENCE, seed=1234)
+    sides = {
+        "litdata": lambda: StreamingDataLoader(
+            StreamingDataset(str(folder), item_loader=TokensLoader(block_size=SEQUENCE + 1), shuffle=False),
+            batch_size=8,
+            num_workers=2,
+        ),
+        "int64": lambda: torch.utils.data.DataLoader(tft.Dataset(samples), batch_size=8, num_workers=2),
+        "stored": lambda: torch.utils.data.DataLoader(
+            tft.Dataset(samples, dtype="stored"), batch_size=8, num_workers=2
+        ),
+    }
+    dtypes: dict[str, Any] = {}
+    rates: dict[str, list[float]] = {name: [] for name in sides}
+    for _ in range(repeat):
+        for name, make in sides.items():
+            loader = make()
+            started = time.perf_counter()  # worker start-up included, as a training loop pays it
+            for k, batch in enumerate(loader):
+                dtypes[name] = batch.dtype
+                wide = batch.long()
+                assert wide.shape == (8, SEQUENCE + 1)
+                if k + 1 == batches:
+                    break
+            rates[name].append(batches * 8 / (time.perf_counter() - started))
+    rows = []
+    for name in ("int64", "stored"):
+        rows.append(
+            {
+                "measure": f"DataLoader, 2 workers, 8 x {SEQUENCE + 1}, widened to int64 by the loop, tokformats "
+                f"{'default' if name == 'int64' else 'dtype=stored'} ({dtypes[name]}) vs litdata "
+                f"({dtypes['litdata']}) (samples/s)",
+                "litdata": spread(rates["litdata"], "{:,.0f}"),
+                "tokformats": spread(rates[name], "{:,.0f}"),
+                "tokformats advantage (x)": spread([o / t for o, t in zip(rates[name], rates["litdata"])]),
+            }
+        )
+    return rows
 
 
 def make_eod_dataset(documents: int) -> Path:
@@ -499,7 +564,7 @@ def main() -> None:
     parser.add_argument("--pack-documents", type=int, default=10_000_000, help="documents for the packing plan")
     parser.add_argument(
         "--only",
-        choices=["index", "reads", "blend", "loader", "dicts", "dict-loader", "pack", "blend-python"],
+        choices=["index", "reads", "blend", "loader", "litdata", "dicts", "dict-loader", "pack", "blend-python"],
         help="run one measurement",
     )
     args = parser.parse_args()
@@ -510,14 +575,16 @@ def main() -> None:
         "reads": lambda: bench_reads(args.read_documents, args.repeat),
         "blend": lambda: bench_blend(args.repeat),
         "loader": lambda: bench_loader(args.read_documents, args.repeat),
+        "litdata": lambda: bench_loader_litdata(args.read_documents, args.repeat),
         "dicts": lambda: bench_dicts(args.read_documents, args.repeat),
         "dict-loader": lambda: bench_dict_loader(args.read_documents, args.repeat),
         "pack": lambda: bench_pack(args.pack_documents, args.repeat),
         "blend-python": lambda: bench_blend_python(args.repeat),
     }
-    rows = [row for name, bench in benches.items() if args.only in (None, name) for row in bench()]
     print(f"machine: {machine()}")
-    print(table(rows))
+    for name, bench in benches.items():
+        if args.only in (None, name):
+            print(table(bench()))  # one table per measure: their peers differ
 
 
 if __name__ == "__main__":

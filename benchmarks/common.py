@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -37,6 +38,28 @@ def interleaved(
             function()
             best[k] = min(best[k], time.perf_counter() - started)
     return best[0], best[1]
+
+
+def alternated(
+    first: Callable[[], Any], second: Callable[[], Any], repeat: int = 5, setup: Callable[[], Any] | None = None
+) -> tuple[list[float], list[float]]:
+    """Every time of two functions run alternately (``setup`` untimed before each call): the lists give
+    min/median/max and the ratio of each pair, which load on a shared machine hits alike."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(repeat):
+        for k, function in enumerate((first, second)):
+            if setup is not None:
+                setup()
+            started = time.perf_counter()
+            function()
+            times[k].append(time.perf_counter() - started)
+    return times
+
+
+def spread(values: list[float], fmt: str = "{:.3f}") -> str:
+    """``min/median/max`` of ``values``."""
+    ordered = sorted(values)
+    return "/".join(fmt.format(v) for v in (ordered[0], statistics.median(ordered), ordered[-1]))
 
 
 def peak_rss_mb() -> float:

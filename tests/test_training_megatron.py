@@ -281,3 +281,48 @@ def test_sample_index_in_small_chunks_equals_helpers(megatron: Any) -> None:
         chunk = int(rng.integers(1, 12))
         ours = indices.sample_index(sizes, doc, sequence_length, epochs, tokens, drop, extra, chunk=chunk)
         np.testing.assert_array_equal(ours, theirs, err_msg=f"trial {trial}, chunk {chunk}")
+
+
+def test_sample_index_of_lengths_in_any_dtype_and_of_a_split_equals_helpers(megatron: Any) -> None:
+    """Lengths stored as uint16, int32 or int64, walked whole or as a split (a document index over a few units:
+    the lengths are then read where they are, not copied), give megatron-core's rows and dtype."""
+    rng = np.random.default_rng(9)
+    compared = 0
+    for trial in range(300):
+        case = _random_walk(rng, 120)
+        if case is None:
+            continue
+        sizes, sequence_length, extra, drop, epochs, _ = case
+        begin = int(rng.integers(0, len(sizes)))
+        end = begin + max(1, (len(sizes) - begin) // int(rng.integers(1, 5)))
+        units = np.arange(begin, end, dtype=np.int32)
+        tokens = int(sizes[begin:end].sum())
+        if epochs * tokens - extra < 1:
+            continue
+        doc = indices.document_index(units, epochs, np.random.RandomState(trial), False)
+        try:
+            theirs = megatron.helpers.build_sample_idx(sizes, doc, sequence_length, epochs, tokens, drop, extra)
+        except AssertionError:  # megatron-core's own check (see test_sample_index_equals_helpers_on_random_lengths)
+            continue
+        for dtype in (np.uint16, np.int32, np.int64):
+            ours = indices.sample_index(sizes.astype(dtype), doc, sequence_length, epochs, tokens, drop, extra)
+            assert ours.dtype == theirs.dtype, (trial, dtype)
+            np.testing.assert_array_equal(ours, theirs, err_msg=f"trial {trial}, {np.dtype(dtype).name}")
+        compared += 1
+    assert compared > 100
+
+
+def test_document_index_in_place_shuffles_the_same_order() -> None:
+    """``in_place=True`` shuffles the caller's int32 units themselves for one epoch, in the order a copy gets; other
+    cases still copy."""
+    units = np.arange(5, 105, dtype=np.int32)
+    copied = indices.document_index(units, 1, np.random.RandomState(3), False)
+    np.testing.assert_array_equal(units, np.arange(5, 105))  # left alone without in_place
+    own = np.arange(5, 105, dtype=np.int32)
+    shuffled = indices.document_index(own, 1, np.random.RandomState(3), False, in_place=True)
+    assert shuffled is own and shuffled.dtype == np.int32
+    np.testing.assert_array_equal(shuffled, copied)
+    two = np.arange(10, dtype=np.int32)
+    both = indices.document_index(two, 2, np.random.RandomState(4), True, in_place=True)
+    np.testing.assert_array_equal(two, np.arange(10))
+    np.testing.assert_array_equal(both, indices.document_index(np.arange(10), 2, np.random.RandomState(4), True))

@@ -121,3 +121,63 @@ def test_dict_samples_pass_through_default_collate(tmp_path: Path) -> None:
     stream = tft.IterableDataset(packed, 8, 4)
     first = next(iter(torch.utils.data.DataLoader(stream, batch_size=None)))
     np.testing.assert_array_equal(first["doc_lens"].numpy(), packed.batch([0, 1, 2, 3])["doc_lens"])
+
+
+def test_stored_dtype_loader_yields_the_int64_values(samples: training.GPTSamples, tmp_path: Path) -> None:
+    """dtype="stored" ships uint16 (4-byte) batches holding the same ids as the int64 default, which the consumer
+    widens; the map-style and the iterable adapter alike."""
+    assert samples.dtype == np.uint16
+    wide = list(torch.utils.data.DataLoader(tft.Dataset(samples), batch_size=8, num_workers=2))
+    narrow = list(torch.utils.data.DataLoader(tft.Dataset(samples, dtype="stored"), batch_size=8, num_workers=2))
+    assert [b.dtype for b in wide] == [torch.int64] * len(wide)
+    assert [b.dtype for b in narrow] == [torch.uint16] * len(narrow)
+    assert [b.long().tolist() for b in narrow] == [b.tolist() for b in wide]
+    assert samples.ids(3, np.uint16).dtype == np.uint16
+    np.testing.assert_array_equal(samples.ids(3, np.uint16), samples[3])
+    np.testing.assert_array_equal(samples.ids(3), samples[3])
+    picks = [0, -1, 5, 5, len(samples) - 2]  # batch() gathers the parts of all of them at once
+    assert samples.batch(picks, np.uint16).dtype == np.uint16 and samples.batch(picks).dtype == np.int64
+    np.testing.assert_array_equal(samples.batch(picks, np.uint16), np.stack([samples[i] for i in picks]))
+    np.testing.assert_array_equal(samples.batch(np.array(picks)), np.stack([samples[i] for i in picks]))
+    stream = tft.IterableDataset(samples, 8, 4, dtype="stored")
+    first = next(iter(torch.utils.data.DataLoader(stream, batch_size=None, num_workers=2)))
+    assert first.dtype == torch.uint16
+    sampler = training.BatchSampler(samples, 8, 4)
+    np.testing.assert_array_equal(first.long().numpy(), samples.batch(sampler.micro_batch(0, sampler.order())))
+    # 4-byte storage (a vocabulary above 65,536: Megatron stores int32) ships 4-byte ids
+    rng = np.random.default_rng(7)
+    lengths = rng.integers(1, 60, size=80)
+    with tokformats.create(tmp_path / "big", format="megatron", vocab_size=200_000) as writer:
+        writer.write_batch(rng.integers(0, 200_000, size=int(lengths.sum())), lengths)
+    big = training.GPTSamples(tokformats.open(tmp_path / "big"), 16, seed=3)
+    blend = training.Blend([big, big], [1.0, 1.0], 20)
+    for dataset in (big, blend):
+        batch = next(iter(torch.utils.data.DataLoader(tft.Dataset(dataset, dtype="stored"), batch_size=4)))
+        assert big.dtype == np.int32 and batch.dtype == torch.int32
+        np.testing.assert_array_equal(batch.long().numpy(), np.stack([dataset[i] for i in range(4)]))
+
+
+def test_stored_dtype_is_refused_where_it_cannot_hold(samples: training.GPTSamples, tmp_path: Path) -> None:
+    with pytest.raises(tokformats.ConfigError, match="dtype must be None"):
+        tft.Dataset(samples, dtype="uint8")
+    rng = np.random.default_rng(4)
+    lengths = rng.integers(0, 40, size=60)
+    with tokformats.create(tmp_path / "d", format="megatron", vocab_size=1000) as writer:
+        writer.write_batch(rng.integers(0, 999, size=int(lengths.sum())), lengths)
+    reader = tokformats.open(tmp_path / "d")
+    with pytest.raises(tokformats.ConfigError, match="bare-id samples"):
+        tft.Dataset(training.PackedSamples(reader, 16, seed=2), dtype="stored")
+    dicts = training.GPTSamples(reader, 16, seed=2, fields="megatron", eod_id=0)
+    with pytest.raises(tokformats.ConfigError, match="fields="):
+        dicts.ids(0, np.uint16)
+    padded = training.GPTSamples(reader, 16, seed=2, split_name="train", drop_last_partial=False)
+    with pytest.raises(tokformats.ConfigError, match="pad_id -1 does not fit uint16"):
+        padded.ids(0, np.uint16)
+    with pytest.raises(tokformats.ConfigError, match="integer dtype"):
+        padded.ids(0, np.float32)
+    kept = training.GPTSamples(reader, 16, seed=2, drop_last_partial=False, pad_id=0)
+    last = int(np.flatnonzero(kept.shuffle_index == len(kept) - 1)[0])
+    np.testing.assert_array_equal(kept.ids(last, np.uint16), kept[last])
+    # a padded sample in a batch: the per-sample path pads it
+    np.testing.assert_array_equal(kept.batch([last, 0], np.uint16), np.stack([kept[last], kept[0]]))
+    assert kept[last][-1] == 0

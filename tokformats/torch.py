@@ -5,7 +5,8 @@
 >>> stream = tft.IterableDataset(blend, global_batch_size=512, micro_batch_size=4, rank=r, world_size=w)
 >>> loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=2)   # batches come whole
 
-Samples that are arrays become int64/float tensors; samples that are dicts of arrays (``GPTSamples(fields=...)``,
+Samples that are arrays become int64/float tensors (``dtype="stored"``: bare ids in their on-disk dtype, uint16 or
+a 4-byte one, widened by the consumer); samples that are dicts of arrays (``GPTSamples(fields=...)``,
 ``PackedSamples`` rows, Time-MoE windows) become dicts of tensors, which ``default_collate`` stacks key by key.
 """
 
@@ -29,6 +30,7 @@ except ImportError as error:  # pragma: no cover - exercised only without torch
 
 from .errors import ConfigError
 from .training.sampler import BatchSampler
+from .training.samples import GPTSamples
 
 __all__ = ["Dataset", "IterableDataset", "to_tensor", "collate"]
 
@@ -55,20 +57,61 @@ def collate(samples: Sequence[Any]) -> Any:
     return torch.from_numpy(np.stack(samples))
 
 
+def _stored_dtype(samples: Sequence[Any], dtype: str | None) -> np.dtype | None:
+    """The dtype samples are served in: None (as the sequence serves them) or, for ``"stored"``, its token dtype."""
+    if dtype is None:
+        return None
+    if dtype != "stored":
+        raise ConfigError(f"dtype must be None (int64 samples) or 'stored' (the on-disk dtype), not {dtype!r}.")
+    stored = getattr(samples, "dtype", None)
+    if not callable(getattr(samples, "ids", None)) or stored is None:
+        raise ConfigError(
+            f"dtype='stored' needs bare-id samples that serve their stored dtype (GPTSamples, or a Blend of them); "
+            f"a {type(samples).__name__} does not: leave dtype=None."
+        )
+    chosen: np.dtype = np.dtype(stored)
+    return chosen
+
+
+def _item(samples: Sequence[Any], index: int, dtype: np.dtype | None) -> Any:
+    return samples[index] if dtype is None else samples.ids(index, dtype)  # type: ignore[attr-defined]
+
+
+def _gathered(samples: Sequence[Any], indices: Sequence[int], dtype: np.dtype | None) -> np.ndarray | None:
+    """A batch of bare-id ``GPTSamples`` gathered at once (:meth:`GPTSamples.batch`), or None for other samples."""
+    if isinstance(samples, GPTSamples) and samples.sample_fields is None and len(indices):
+        batch: np.ndarray = samples.batch(indices, np.int64 if dtype is None else dtype)
+        return batch
+    return None
+
+
 class Dataset(torch.utils.data.Dataset[Any]):
     """A map-style torch dataset over any tokformats sample sequence (``GPTSamples``, ``Blend``, windows, ...).
 
     Picklable into DataLoader workers: readers pickle by path and re-open in the worker.
+
+    Args:
+        samples: the sample sequence.
+        dtype: None (the default): samples as the sequence serves them (``GPTSamples``: int64 tensors, ready for an
+            embedding). ``"stored"``: bare-id samples in the data's on-disk dtype (uint16, or a 4-byte type for a
+            larger vocabulary), which workers copy and ship in a quarter (a half) of the bytes; widen on the
+            consumer, best after the copy to the device: ``batch.to(device, non_blocking=True).long()``.
     """
 
-    def __init__(self, samples: Sequence[Any]) -> None:
+    def __init__(self, samples: Sequence[Any], dtype: str | None = None) -> None:
         self.samples = samples
+        self.dtype = _stored_dtype(samples, dtype)
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, index: int) -> Any:
-        return to_tensor(self.samples[index])
+        return to_tensor(_item(self.samples, index, self.dtype))
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        """A DataLoader's batch in one call: bare-id ``GPTSamples`` gather all the batch's parts together."""
+        gathered = _gathered(self.samples, indices, self.dtype)
+        return [self[i] for i in indices] if gathered is None else list(torch.from_numpy(gathered))
 
 
 class IterableDataset(torch.utils.data.IterableDataset[Any]):
@@ -84,6 +127,7 @@ class IterableDataset(torch.utils.data.IterableDataset[Any]):
     Args:
         samples: the sample sequence (``GPTSamples``, ``Blend``, windows, ...).
         global_batch_size / micro_batch_size / rank / world_size: as :class:`~tokformats.training.BatchSampler`;
+        dtype: None or ``"stored"``, as :class:`Dataset`'s;
         **sampler_options: its keyword options (``drop_last``, ``shuffle``, ``seed``).
     """
 
@@ -94,9 +138,11 @@ class IterableDataset(torch.utils.data.IterableDataset[Any]):
         micro_batch_size: int,
         rank: int = 0,
         world_size: int = 1,
+        dtype: str | None = None,
         **sampler_options: Any,
     ) -> None:
         self.samples = samples
+        self.dtype = _stored_dtype(samples, dtype)
         self.sampler = BatchSampler(samples, global_batch_size, micro_batch_size, rank, world_size, **sampler_options)
         self._anchor = 0  # the step worker 0 starts at: workers deal steps round-robin from it
         # Set by a DataLoader worker that iterates this dataset: this process then does not know the position, and
@@ -126,7 +172,11 @@ class IterableDataset(torch.utils.data.IterableDataset[Any]):
             batch = sampler.micro_batch(step, order)
             sampler.consumed_samples = (step + 1) * sampler.step
             if batch:
-                yield collate([self.samples[i] for i in batch])
+                gathered = _gathered(self.samples, batch, self.dtype)
+                if gathered is None:
+                    yield collate([_item(self.samples, i, self.dtype) for i in batch])
+                else:
+                    yield torch.from_numpy(gathered)
         sampler.epoch += 1
         sampler.consumed_samples = 0
         self._anchor = 0

@@ -182,6 +182,18 @@ class Blend(Sequence[Any], Explained):
         dataset = self.datasets[int(self.dataset_index[i])]
         return dataset[int(self.dataset_sample_index[i])]
 
+    def ids(self, index: int, dtype: Any = np.int64) -> np.ndarray:
+        """Sample ``index`` as bare ids in ``dtype`` (the stored :attr:`dtype` or int64): its dataset's ``ids``."""
+        i = checked_position(index, len(self), "sample", "samples in the blend")
+        dataset = self.datasets[int(self.dataset_index[i])]
+        if not callable(getattr(dataset, "ids", None)):
+            raise ConfigError(
+                f"ids() needs datasets that serve ids in a chosen dtype (GPTSamples); dataset "
+                f"{int(self.dataset_index[i])} is a {type(dataset).__name__}."
+            )
+        ids: np.ndarray = dataset.ids(int(self.dataset_sample_index[i]), dtype)
+        return ids
+
     def batch(self, samples: Sequence[int] | np.ndarray) -> Any:
         """Several samples stacked into one array (dict samples: a dict of stacked arrays)."""
         if not len(samples):

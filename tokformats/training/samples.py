@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from collections.abc import Sequence
@@ -27,6 +28,33 @@ def data_fingerprint(reader: TokenReader, lengths: np.ndarray) -> str:
     """What the indices depend on in the data: the unit lengths (hashed), their count and the token dtype."""
     digest = hashlib.sha256(np.ascontiguousarray(lengths).data).hexdigest()  # as stored: no int64 copy
     return f"{reader.format}:{reader.dtype.name}:{len(lengths)}:{lengths.dtype.str}:{digest[:32]}"
+
+
+def gathered_samples(samples: GPTSamples, unshuffled: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
+    """Bare-id samples ``unshuffled`` (positions before shuffling) as one array: every part of every sample found
+    with array arithmetic and the parts joined by one ``concatenate``, instead of Python work per part. None when
+    a sample is not whole (a kept partial sample, or rows that do not describe one): the per-sample path serves,
+    pads or refuses those."""
+    length = samples.sequence_length + samples.add_extra_token
+    rows, offsets = samples.sample_index, samples._offsets
+    first, first_offset = rows[unshuffled, 0].astype(np.int64), rows[unshuffled, 1].astype(np.int64)
+    last, last_offset = rows[unshuffled + 1, 0].astype(np.int64), rows[unshuffled + 1, 1].astype(np.int64)
+    counts = last - first + 1  # units each sample is cut from
+    if int(counts.min()) < 1:
+        return None
+    ends = np.cumsum(counts)
+    heads, tails = ends - counts, ends - 1
+    units = samples.document_index[np.arange(int(ends[-1])) + np.repeat(first - heads, counts)]
+    starts, stops = offsets[units], offsets[units + 1]
+    stops[tails] = starts[tails] + last_offset + samples.add_extra_token  # before the head moves: one unit's start
+    starts[heads] += first_offset
+    np.maximum(stops, starts, out=stops)
+    if not np.all(np.add.reduceat(stops - starts, heads) == length):
+        return None
+    span = samples.reader.span
+    parts = [span(a, b) for a, b in zip(starts.tolist(), stops.tolist())]
+    gathered = np.concatenate(parts, dtype=dtype, casting="unsafe")  # as the per-sample path's assignment casts
+    return gathered.reshape(len(unshuffled), length)
 
 
 class GPTSamples(Sequence[Any], Explained):
@@ -117,21 +145,6 @@ class GPTSamples(Sequence[Any], Explained):
         self.tokens_per_epoch = int(self._lengths[begin:end].sum(dtype=np.int64))
         #: Passes over the split the samples need (refuses a split without tokens when samples are asked for).
         self.epochs = indices.num_epochs(self.tokens_per_epoch, num_samples, self.sequence_length, extra)
-        self.description = {
-            "class": "GPTSamples",
-            "version": _INDEX_VERSION,
-            "data": data_fingerprint(reader, self._lengths),
-            "units": [begin, end],
-            "sequence_length": self.sequence_length,
-            "seed": self.seed,
-            "num_samples": num_samples,
-            "split": self.split,
-            "split_name": self.split_name,
-            "add_extra_token": self.add_extra_token,
-            "drop_last_partial": self.drop_last_partial,
-        }
-        #: The key of the three index arrays: a digest of every option above and of the data's unit lengths.
-        self.index_key = cache_key(self.description)
         #: What each sample dict holds (None: samples are bare ids).
         self.sample_fields = self._resolve_fields(
             fields,
@@ -142,13 +155,39 @@ class GPTSamples(Sequence[Any], Explained):
             create_attention_mask,
             inter_document_masking,
         )
-        #: A digest of every option and of the data's unit lengths: equal fingerprints, equal samples.
-        self.fingerprint = (
-            self.index_key
-            if self.sample_fields is None
-            else cache_key({"indices": self.index_key, **self.sample_fields.describe()})
-        )
         self._load_indices()
+
+    # Hashing the unit lengths costs about as much as a small index build: the digests are taken when first asked
+    # for (a cache, a sampler's state, a blend), not by every build.
+    @functools.cached_property
+    def description(self) -> dict[str, Any]:
+        """What the three index arrays depend on: every option above and a digest of the data's unit lengths."""
+        begin, end = self.units
+        return {
+            "class": "GPTSamples",
+            "version": _INDEX_VERSION,
+            "data": data_fingerprint(self.reader, self._lengths),
+            "units": [begin, end],
+            "sequence_length": self.sequence_length,
+            "seed": self.seed,
+            "num_samples": self.num_samples,
+            "split": self.split,
+            "split_name": self.split_name,
+            "add_extra_token": self.add_extra_token,
+            "drop_last_partial": self.drop_last_partial,
+        }
+
+    @functools.cached_property
+    def index_key(self) -> str:
+        """The key of the three index arrays: a digest of :attr:`description`."""
+        return cache_key(self.description)
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """A digest of every option and of the data's unit lengths: equal fingerprints, equal samples."""
+        if self.sample_fields is None:
+            return self.index_key
+        return cache_key({"indices": self.index_key, **self.sample_fields.describe()})
 
     def _resolve_fields(
         self,
@@ -195,7 +234,7 @@ class GPTSamples(Sequence[Any], Explained):
             epochs, tokens_per_epoch, self.num_samples, self.sequence_length, extra
         )
         random_state = np.random.RandomState(self.seed)
-        document_index = indices.document_index(units, epochs, random_state, separate)
+        document_index = indices.document_index(units, epochs, random_state, separate, in_place=True)
         sample_index = indices.sample_index(
             self._lengths,
             document_index,
@@ -261,20 +300,40 @@ class GPTSamples(Sequence[Any], Explained):
         j = int(self.shuffle_index[checked_position(index, len(self), "sample", "samples")])
         return self.unshuffled(j) if self.sample_fields is None else self.sample(j)
 
+    def ids(self, index: int, dtype: Any = np.int64) -> np.ndarray:
+        """Sample ``index`` (after shuffling) as bare ids in ``dtype``: int64 gives ``self[index]``; the stored
+        :attr:`dtype` (uint16, uint32) copies the tokens as they are on disk, a quarter (a half) of int64's bytes
+        for a DataLoader to ship, to be widened by the consumer (``batch.long()``, on the device).
+
+        Raises:
+            ConfigError: dict samples (``fields=``), a dtype that is not an integer one, or a kept partial
+                sample's ``pad_id`` that ``dtype`` cannot hold.
+        """
+        if self.sample_fields is not None:
+            raise ConfigError("ids() serves bare-id samples; these samples are dicts (fields=): index them instead.")
+        wanted = np.dtype(dtype)
+        if wanted.kind not in "iu":
+            raise ConfigError(f"ids() needs an integer dtype such as {self.dtype.name} or int64, not {wanted.name}.")
+        if not self.drop_last_partial and not np.iinfo(wanted).min <= self.pad_id <= np.iinfo(wanted).max:
+            raise ConfigError(
+                f"pad_id {self.pad_id} does not fit {wanted.name}, the dtype asked of ids(); pass a pad_id in "
+                f"[{np.iinfo(wanted).min}, {np.iinfo(wanted).max}] or keep the default int64."
+            )
+        j = int(self.shuffle_index[checked_position(index, len(self), "sample", "samples")])
+        return self._gather(self._spans(j), self.reader.span, self.pad_id, wanted.type)
+
     def _spans(self, j: int) -> list[tuple[int, int]]:
         """The stream spans ``[start, stop)`` sample ``j`` is cut from, one per unit part, in order."""
-        extra = int(self.add_extra_token)
-        rows = self.sample_index
-        first, first_offset = int(rows[j, 0]), int(rows[j, 1])
-        last, last_offset = int(rows[j + 1, 0]), int(rows[j + 1, 1])
-        doc, offsets = self.document_index, self._offsets
-        spans: list[tuple[int, int]] = []
-        for position in range(first, last + 1):
-            unit = int(doc[position])
-            start = int(offsets[unit]) + (first_offset if position == first else 0)
-            stop = int(offsets[unit]) + last_offset + extra if position == last else int(offsets[unit + 1])
-            spans.append((start, max(start, stop)))
-        return spans
+        # Per-sample work is Python: rows and units come out as lists in one call each, not as NumPy scalars.
+        (first, first_offset), (last, last_offset) = self.sample_index[j : j + 2].tolist()
+        offsets = self._offsets
+        spans = [
+            (offsets.item(unit), offsets.item(unit + 1)) for unit in self.document_index[first : last + 1].tolist()
+        ]
+        start = spans[-1][0]
+        spans[-1] = (start, start + last_offset + int(self.add_extra_token))  # the last part ends inside its unit
+        spans[0] = (spans[0][0] + first_offset, spans[0][1])  # and the first starts inside its own
+        return [(start, max(start, stop)) for start, stop in spans]
 
     def _gather(self, spans: list[tuple[int, int]], source: Any, pad: int, dtype: type) -> np.ndarray:
         out: np.ndarray = np.empty(self.sequence_length + self.add_extra_token, dtype=dtype)
@@ -283,7 +342,8 @@ class GPTSamples(Sequence[Any], Explained):
             piece = source(start, stop)
             out[filled : filled + len(piece)] = piece
             filled += len(piece)
-        out[filled:] = pad  # only a kept partial last sample
+        if filled < len(out):  # only a kept partial last sample
+            out[filled:] = pad
         return out
 
     def unshuffled(self, j: int) -> np.ndarray:
@@ -305,15 +365,25 @@ class GPTSamples(Sequence[Any], Explained):
         parts = [stop - start for start, stop in spans]
         return megatron_sample(text, parts, options, text_mask=text_mask, padding=padding)
 
-    def batch(self, samples: Sequence[int] | np.ndarray) -> Any:
-        """Several samples as one ``(len(samples), sequence_length + add_extra_token)`` int64 array (with
-        ``fields``: a dict of stacked arrays)."""
+    def batch(self, samples: Sequence[int] | np.ndarray, dtype: Any = np.int64) -> Any:
+        """Several samples as one ``(len(samples), sequence_length + add_extra_token)`` array of ``dtype`` (int64,
+        or the stored :attr:`dtype` as :meth:`ids` serves it), every part gathered in one NumPy call; with
+        ``fields``: a dict of stacked arrays."""
         if self.sample_fields is not None:
             rows = [self[int(i)] for i in samples]
             if not rows:
                 raise ConfigError("batch() of dict samples needs at least one sample index.")
             return {key: np.stack([row[key] for row in rows]) for key in rows[0]}
-        return np.stack([self[int(i)] for i in samples]) if len(samples) else self._empty_batch()
+        if not len(samples):
+            return self._empty_batch().astype(dtype)
+        picks = np.asarray(samples)
+        wanted = np.dtype(dtype)
+        whole = picks.ndim == 1 and picks.dtype.kind in "iu" and wanted.kind in "iu"
+        if whole and -len(self) <= int(picks.min()) and int(picks.max()) < len(self):
+            gathered = gathered_samples(self, self.shuffle_index[picks].astype(np.int64), wanted)
+            if gathered is not None:
+                return gathered
+        return np.stack([self.ids(int(i), wanted) for i in samples])  # raises for what the fast path passed on
 
     def sample_tokens(self) -> np.ndarray:
         """The tokens each sample feeds a model (``sequence_length`` each, int64): what a token budget counts."""
