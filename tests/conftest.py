@@ -1,10 +1,13 @@
-"""Shared fixtures: where the golden files live, and a deterministic random corpus."""
+"""Shared fixtures: where the golden files live, a deterministic random corpus, and the remote tests' local server."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from .http_server import FileServer
 
 #: Golden files written by the owners' tools (read-only, never regenerated): ``shared/`` beside the repository.
 _REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
@@ -61,3 +64,23 @@ def tokenizer_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
     train_tokenizer(sample_texts(300), 500, progress=False).save(str(path))
     return path
+
+
+@pytest.fixture
+def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Remote retries back off a few milliseconds (the same bounded count); the remote test modules use it for every
+    test (``pytestmark``)."""
+    import tokformats.remote.backends
+
+    monkeypatch.setattr(tokformats.remote.backends, "BACKOFF", 0.005)
+    monkeypatch.setattr(tokformats.remote.backends, "MAX_BACKOFF", 0.02)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[FileServer]:
+    """A local HTTP file server (127.0.0.1 only) over ``tmp_path / "served"``, stopped after the test."""
+    root = tmp_path / "served"
+    root.mkdir()
+    running = FileServer(root)
+    yield running
+    running.stop()

@@ -24,21 +24,9 @@ from tokformats.testing import random_corpus
 
 from .http_server import FileServer
 
-
-@pytest.fixture(autouse=True)
-def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Retries back off a few milliseconds here (the same bounded count)."""
-    monkeypatch.setattr(tokformats.remote.backends, "BACKOFF", 0.005)
-    monkeypatch.setattr(tokformats.remote.backends, "MAX_BACKOFF", 0.02)
+pytestmark = pytest.mark.usefixtures("quick_retries")  # retries back off a few milliseconds here
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[FileServer]:
-    root = tmp_path / "served"
-    root.mkdir()
-    running = FileServer(root)
-    yield running
-    running.stop()
 
 
 def _genesis(folder: Path, shards: int = 6, per_shard: int = 5000) -> np.ndarray:

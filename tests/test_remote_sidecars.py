@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import pickle
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,20 +19,9 @@ from tokformats.tokenization.sample_text import sample_texts
 from .http_server import FileServer
 from .test_loss_masks import MASKED, _corpus, _write
 
-
-@pytest.fixture(autouse=True)
-def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tokformats.remote.backends, "BACKOFF", 0.005)
-    monkeypatch.setattr(tokformats.remote.backends, "MAX_BACKOFF", 0.02)
+pytestmark = pytest.mark.usefixtures("quick_retries")  # retries back off a few milliseconds here
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[FileServer]:
-    root = tmp_path / "served"
-    root.mkdir()
-    running = FileServer(root)
-    yield running
-    running.stop()
 
 
 def _chat_file(folder: Path, count: int = 7, name: str = "chats.jsonl") -> Path:

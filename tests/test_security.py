@@ -35,6 +35,8 @@ from tokformats.remote.publish import StaleFilesError
 
 from .http_server import FileServer
 
+pytestmark = pytest.mark.usefixtures("quick_retries")  # retries back off a few milliseconds here
+
 #: The timeouts every case runs with, and how much longer than its budget a case may take.
 STALL = 1.0
 RETRIES = 2
@@ -42,12 +44,6 @@ SLACK = 5.0
 SECRET = "SECRETsig0123"
 PASSWORD = "hunter2pw"
 
-
-@pytest.fixture(autouse=True)
-def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Retries back off a few milliseconds here (the same bounded count)."""
-    monkeypatch.setattr(tokformats.remote.backends, "BACKOFF", 0.005)
-    monkeypatch.setattr(tokformats.remote.backends, "MAX_BACKOFF", 0.02)
 
 
 def _snapshot(root: Path, skip: set[str]) -> dict[str, Any]:

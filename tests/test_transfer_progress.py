@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,8 @@ from tokformats.remote import fetch, publish
 from tokformats.testing import random_corpus
 
 from .http_server import FileServer
+
+pytestmark = pytest.mark.usefixtures("quick_retries")  # retries back off a few milliseconds here
 
 
 class FakeBar:
@@ -63,19 +64,6 @@ def bars(monkeypatch: pytest.MonkeyPatch) -> list[FakeBar]:
     return made
 
 
-@pytest.fixture(autouse=True)
-def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tokformats.remote.backends, "BACKOFF", 0.005)
-    monkeypatch.setattr(tokformats.remote.backends, "MAX_BACKOFF", 0.02)
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[FileServer]:
-    root = tmp_path / "served"
-    root.mkdir()
-    running = FileServer(root)
-    yield running
-    running.stop()
 
 
 def _shards(folder: Path, shards: int = 4, per_shard: int = 60_000) -> None:
