@@ -29,15 +29,8 @@ def interleaved(
 
     ``setup`` runs untimed before every call (for example, to delete the previous run's output).
     """
-    best = [float("inf"), float("inf")]
-    for _ in range(repeat):
-        for k, function in enumerate((first, second)):
-            if setup is not None:
-                setup()
-            started = time.perf_counter()
-            function()
-            best[k] = min(best[k], time.perf_counter() - started)
-    return best[0], best[1]
+    times = alternated(first, second, repeat, setup)
+    return min(times[0]), min(times[1])
 
 
 def alternated(

@@ -61,25 +61,30 @@ def scalar_greedy(
 ) -> list[int]:
     """``steps`` steps of the greedy from step ``first`` and ``counts``, written to the two arrays (indexed from 0
     for step ``first``); returns the counts after them. The C++ loop line by line: dataset 0's error first, a
-    later dataset wins only when its error is strictly larger (so a NaN weight behaves as there too)."""
+    later dataset wins only when its error is strictly larger (see :func:`_scalar_pick`)."""
     w = [float(x) for x in weights]
     counts = list(counts)
-    n = len(w)
     picks = [0] * steps
     taken = [0] * steps
     for s in range(steps):
-        t = max(float(first + s), 1.0)
-        best, best_error = 0, w[0] * t - float(counts[0])
-        for j in range(1, n):
-            error = w[j] * t - float(counts[j])
-            if error > best_error:
-                best, best_error = j, error
+        best = _scalar_pick(w, max(float(first + s), 1.0), counts)
         picks[s] = best
         taken[s] = counts[best]
         counts[best] += 1
     dataset_index[:steps] = picks
     dataset_sample_index[:steps] = taken
     return counts
+
+
+def _scalar_pick(w: list[float], t: float, counts: list[int]) -> int:
+    """The C++ loop's choice at step time ``t`` (``max(step, 1.0)``): dataset 0's error ``w[0] * t - counts[0]``
+    first, a later dataset wins only when its error is strictly larger (so a NaN weight behaves as there too)."""
+    best, best_error = 0, w[0] * t - float(counts[0])
+    for j in range(1, len(w)):
+        error = w[j] * t - float(counts[j])
+        if error > best_error:
+            best, best_error = j, error
+    return best
 
 
 def lockstep_greedy(
@@ -350,12 +355,7 @@ def _resync(
     mine: list[int] = []
     before: list[int] = []
     for step, their in enumerate(theirs):
-        t = max(float(first + step), 1.0)
-        best, best_error = 0, weights[0] * t - float(counts[0])
-        for j in range(1, n):
-            error = weights[j] * t - float(counts[j])
-            if error > best_error:
-                best, best_error = j, error
+        best = _scalar_pick(weights, max(float(first + step), 1.0), counts)
         mine.append(best)
         before.append(counts[best])
         counts[best] += 1
