@@ -101,6 +101,7 @@ def test_the_three_schemas_and_a_callable_give_messages() -> None:
     [
         ({"messages": [{"role": "bot", "content": "x"}]}, "messages", "'messages[0].role' is 'bot'"),
         ({"messages": [{"role": "user", "content": 3}]}, "messages", "'messages[0].content' should be a string"),
+        ({"messages": [{"role": ["user"], "content": "x"}]}, "messages", "'messages[0].role' is ['user']"),
         ({"messages": "hi"}, "messages", "'messages' should be a list"),
         ({"text": "x"}, "messages", "no field 'messages'"),
         ({"conversations": [{"from": "robot", "value": "x"}]}, "sharegpt", "'conversations[0].from' is 'robot'"),

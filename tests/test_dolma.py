@@ -248,16 +248,21 @@ def test_a_row_past_the_file_is_refused_where_it_is_read(tmp_path: Path) -> None
             reader[30_000]
 
 
-def test_a_truncated_gzip_is_refused_where_its_rows_are_needed(tmp_path: Path) -> None:
-    npy, lengths = _many_rows(tmp_path)
+def test_a_truncated_gzip_is_refused_at_open(tmp_path: Path) -> None:
+    npy, _ = _many_rows(tmp_path)
     rows = dolma.metadata_path(npy)
     rows.write_bytes(rows.read_bytes()[: rows.stat().st_size // 2])
-    with pytest.raises(FormatError, match=r"part-0-00000\.csv\.gz: the gzip stream is truncated"):
-        tokformats.open(npy)  # the dtype comes from the last row, which is gone
-    with tokformats.open(npy, dtype="uint16") as reader:
-        assert len(reader[0]) == lengths[0]  # the first rows are whole
-        with pytest.raises(FormatError, match="the gzip stream is truncated"):
-            len(reader)
+    for dtype in (None, "uint16"):  # the last row, which the dtype is checked against, is gone
+        with pytest.raises(FormatError, match=r"part-0-00000\.csv\.gz: the gzip stream is truncated"):
+            tokformats.open(npy, dtype=dtype)
+
+
+def test_a_given_dtype_that_disagrees_with_the_rows_is_refused_at_open(tmp_path: Path) -> None:
+    """The rows' last end and the file's size say uint16: a given uint32 would read every document wrong."""
+    npy, _ = _many_rows(tmp_path, 100)
+    message = r"dtype uint32 was given, but part-0-00000\.csv\.gz and the file size say uint16"
+    with pytest.raises(DTypeError, match=message):
+        tokformats.open(npy, dtype="uint32")
 
 
 def test_rows_changed_after_open_are_refused(tmp_path: Path) -> None:
@@ -363,6 +368,8 @@ def test_rows_compressed_in_the_background_are_in_order_and_a_failure_is_raised(
     rows = GzipRows(io.BytesIO(), 1)
     rows.write(broken, background=True)
     with pytest.raises(FormatError, match="the rows could not be made"):
+        rows.write(b"0,1\r\n", background=True)
+    with pytest.raises(FormatError, match="the rows could not be made"):  # caught above: close still refuses
         rows.close()
 
 

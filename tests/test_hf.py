@@ -152,3 +152,23 @@ def test_a_batch_spanning_past_its_values_is_refused_at_open(tmp_path: Path) -> 
     arrow.write_bytes(bytes(data))
     with pytest.raises(FormatError, match=r"data-00000-of-00001\.arrow: the Arrow stream is damaged .*larger than"):
         tokformats.open(folder)  # two offsets per batch, and the batch's structure, are checked at open
+
+
+def test_a_batch_whose_offsets_start_past_zero_reads_as_arrow_does(tmp_path: Path) -> None:
+    """Arrow lets a list column's offsets start past 0 (a sliced batch): its rows are the values from there."""
+    import pyarrow as pa
+
+    folder = tmp_path / "d"
+    with tokformats.create(folder, "hf", vocab_size=100) as writer:
+        writer.write_batch(np.arange(10), [3, 3, 4])
+    arrow = next(folder.glob("*.arrow"))
+    data = bytearray(arrow.read_bytes())
+    at = data.find(np.array([0, 3, 6, 10], dtype="<i4").tobytes())
+    data[at : at + 4] = np.array([2], dtype="<i4").tobytes()  # 2, 3, 6, 10: the first row is the value 2
+    arrow.write_bytes(bytes(data))
+    with pa.memory_map(str(arrow)) as source:
+        expected = pa.ipc.open_stream(source).read_all().column("input_ids").to_pylist()
+    assert expected == [[2], [3, 4, 5], [6, 7, 8, 9]]
+    with tokformats.open(folder) as reader:
+        assert [reader[k].tolist() for k in range(len(reader))] == expected
+        assert reader.num_tokens == 8 and reader.tokens.tolist() == [2, 3, 4, 5, 6, 7, 8, 9]

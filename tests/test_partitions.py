@@ -195,3 +195,28 @@ def test_a_worker_refuses_a_tokenizer_file_that_is_not_the_runs(tmp_path: Path, 
     tokenizer, (engine, reason) = pipeline._worker_engine(str(copy), digest, "tokenizers")
     assert engine.name == "tokenizers" and reason == "asked for"
     assert pipeline._worker_engine(str(tmp_path / "gone.json"), digest, "tokenizers")[0] is tokenizer  # built once
+
+
+def test_a_join_that_fails_cancels_the_partitions_not_started(
+    tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The outputs join partition 0 while the others encode: when that join fails, the run stops waiting, the
+    partitions not yet started never run, and no output appears."""
+    from tokformats.tokenization import pipeline
+
+    started: list[int] = []
+    job = pipeline._partition_job
+
+    def counted(args: tuple[Any, ...]) -> dict[str, Any]:
+        started.append(args[4])  # the partition's ordinal
+        return job(args)
+
+    def failing(*args: Any, **kwargs: Any) -> None:
+        raise OSError("the disk is full (a test)")
+
+    monkeypatch.setattr(pipeline, "_partition_job", counted)
+    monkeypatch.setattr(pipeline, "copy_spool", failing)
+    with ThreadPoolExecutor(1) as pool, pytest.raises(OSError, match="the disk is full"):
+        _run(_big_jsonl(tmp_path / "big.jsonl"), tokenizer_path, tmp_path / "o", pool, partitions=16)
+    assert started[0] == 0 and len(started) <= 3  # the first, and at most the ones running when it failed
+    assert not list(tmp_path.glob("o*.bin")) and not list(tmp_path.glob("o*.idx"))

@@ -438,15 +438,16 @@ def test_masks_cannot_start_in_a_resumed_folder_written_without(tmp_path: Path, 
     assert {p.name: p.read_bytes() for p in (tmp_path / "s").iterdir()} == before
 
 
-@pytest.mark.parametrize("bad", [[1, 0], [0, 2, 1], "011"])
+@pytest.mark.parametrize("bad", [[1, 0], [0, 2, 1], [0, 0.5, 1], "011"])
 def test_a_bad_leftover_mask_is_refused_naming_the_checkpoint(tmp_path: Path, bad: Any) -> None:
     with tokformats.create(tmp_path / "s", "pt", tokens_per_shard=4, final_shard=False) as writer:
         writer.write([1, 2, 3, 4, 5, 6, 7], loss_mask=[1] * 7)
     checkpoints = json.loads((tmp_path / "s" / "checkpoints.json").read_text())
     checkpoints["default"]["leftover_loss_mask"] = bad
     (tmp_path / "s" / "checkpoints.json").write_text(json.dumps(checkpoints))
-    with pytest.raises(FormatError, match=r"checkpoints\.json: default\.leftover_loss_mask"):
+    with pytest.raises(FormatError, match=r"checkpoints\.json: default\.leftover_loss_mask") as raised:
         tokformats.create(tmp_path / "s", "pt", tokens_per_shard=4, resume=True)
+    assert "found []" not in str(raised.value)  # a value outside 0 and 1 is named
 
 
 _STOP_AT: list[int] = []

@@ -227,3 +227,13 @@ def test_lanes_take_any_layout_of_guesses() -> None:
         results.append((picks, taken, at_start, at_end))
     for first, second in zip(*results):
         np.testing.assert_array_equal(first, second)
+
+
+def test_a_blend_of_more_datasets_than_int16_indices_hold_is_refused() -> None:
+    from tokformats.errors import ConfigError
+
+    weights = np.full(greedy.MAX_DATASETS + 1, 1.0 / (greedy.MAX_DATASETS + 1))
+    with pytest.raises(ConfigError, match=r"at most 32,766 datasets \(int16 indices\); found 32,767"):
+        indices.blending_indices(weights, 10)
+    with pytest.raises(ConfigError, match="at most 32,766 datasets"):
+        greedy.lockstep_greedy(weights, 10, np.zeros(10, np.int16), np.zeros(10, np.int64))

@@ -175,6 +175,10 @@ def test_stored_dtype_is_refused_where_it_cannot_hold(samples: training.GPTSampl
         padded.ids(0, np.uint16)
     with pytest.raises(tokformats.ConfigError, match="integer dtype"):
         padded.ids(0, np.float32)
+    for narrow in (np.int8, np.uint8):  # uint16 ids would wrap silently
+        message = rf"holds the stored ids, such as uint16 or int64; not {narrow.__name__}"
+        with pytest.raises(tokformats.ConfigError, match=message):
+            padded.batch([0, 1], narrow)
     kept = training.GPTSamples(reader, 16, seed=2, drop_last_partial=False, pad_id=0)
     last = int(np.flatnonzero(kept.shuffle_index == len(kept) - 1)[0])
     np.testing.assert_array_equal(kept.ids(last, np.uint16), kept[last])

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FormatError, NoFilesError
-from ..fs.untrusted import MAX_DEFLATE_RATIO, require_regular
+from ..errors import FormatError
+from ..fs.untrusted import MAX_DEFLATE_RATIO, existing_regular
 
 __all__ = ["GzipRows", "RowStream", "format_rows", "last_end", "parse_rows", "rows_text", "start_end_columns"]
 
@@ -43,12 +43,8 @@ def _budget(size: int) -> int:
 
 
 def _regular_size(path: Path) -> int:
-    try:
-        size = require_regular(path)
-    except FileNotFoundError:  # listed (a broken link), or gone since
-        raise NoFilesError(f"{path} does not exist (a broken link?); its .npy's documents are recorded there.") from (
-            None
-        )
+    """The rows file's size: it must exist (listed, it may be a broken link or gone since) and hold something."""
+    size = existing_regular(path, " (a broken link?); its .npy's documents are recorded there")
     if size == 0:
         raise FormatError(f"{path} is empty: not a gzip file of start,end rows; its .npy cannot be split.")
     return size
@@ -415,7 +411,8 @@ class GzipRows:
 
     ``write(rows, background=True)`` formats and compresses a batch's rows on a helper thread while the caller goes
     on (writing the batch's tokens: zlib and file writes release the GIL); the next ``write`` or ``close`` waits for
-    it first, so rows stay in order, at most one batch is in flight, and a failure is raised there."""
+    it first, so rows stay in order, at most one batch is in flight, and a failure is raised there (and by every
+    later ``write`` and ``close``: a file missing a batch's rows is never ended as if whole)."""
 
     def __init__(self, handle: Any, level: int, strategy: int = zlib.Z_DEFAULT_STRATEGY) -> None:
         self.handle = handle
@@ -463,6 +460,5 @@ class GzipRows:
         if self._pending is not None:
             self._pending.join()
             self._pending = None
-        if self._failure is not None:
-            failure, self._failure = self._failure, None
-            raise failure
+        if self._failure is not None:  # kept: a later write or close raises it again, so rows never go missing
+            raise self._failure

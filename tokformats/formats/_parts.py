@@ -232,6 +232,13 @@ class PartsReader(MappedParts):
     def _offsets_by_part(self) -> dict[int, np.ndarray]:
         return {}
 
+    def _offsets_of(self, part: int) -> np.ndarray:
+        """Part ``part``'s document offsets (:meth:`_part_offsets`), computed once."""
+        offsets = self._offsets_by_part.get(part)
+        if offsets is None:
+            offsets = self._offsets_by_part[part] = self._part_offsets(part)
+        return offsets
+
     def __len__(self) -> int:
         if self._remote is None or "offsets" in self.__dict__:
             return len(self.offsets) - 1
@@ -248,9 +255,7 @@ class PartsReader(MappedParts):
         shard = self.shards[part]
         if isinstance(shard, LazyArray):
             shard.data  # noqa: B018 - the part first: its offsets are then read from the verified file
-        offsets = self._offsets_by_part.get(part)
-        if offsets is None:
-            offsets = self._offsets_by_part.setdefault(part, self._part_offsets(part))
+        offsets = self._offsets_of(part)
         local = index - int(self._document_starts[part])
         return self.shards[part][offsets.item(local) : offsets.item(local + 1)]
 

@@ -214,14 +214,15 @@ class Reader(PartsReader):
         self.shards  # noqa: B018 - map now: what was validated is what is read
 
     def _part(self, k: int, file: Path, dtype: npt.DTypeLike | None) -> Part:
-        """Part ``k``: its size and dtype checked; its rows are read here only as far as the dtype needs them (the
-        last row's end, when no dtype is given; all of them for a dataset opened by URL), the rest on first use."""
+        """Part ``k``: its size and dtype checked against its rows' last end (streamed, not parsed: a given dtype
+        that disagrees with the rows is refused here, before any token is served; all of the rows for a dataset
+        opened by URL); the rows' fields are parsed on first use."""
         metadata = metadata_path(file)
         has_rows = os.path.lexists(metadata) or self._rows_expected
         last = None
-        if has_rows and dtype is None and self._remote is None:
+        if has_rows and self._remote is None:
             last = last_end(metadata)  # an unreadable one is an error, not a file without rows
-        if has_rows and (self._remote is not None or (dtype is None and last is None)):
+        if has_rows and (self._remote is not None or last is None):
             _, ends = read_start_end(metadata)  # rows that are not plain lines (or fetched whole): all of them decide
             last = int(ends[-1]) if len(ends) else 0
         size = self._data_size(file, dtype, last)
@@ -289,14 +290,12 @@ class Reader(PartsReader):
         checked where the row is used); once :attr:`offsets` are known, theirs."""
         if "offsets" in self.__dict__ or self._remote is not None:
             return super().__len__()
-        total = 0
-        for k in range(len(self._parts)):
-            rows = self._rows.get(k)
-            if rows is not None:
-                total += rows.total()
-            else:
-                total += len(self._offsets_by_part.setdefault(k, self._part_offsets(k))) - 1
-        return total
+        return int(self._document_starts[-1])
+
+    def _part_documents(self, index: int) -> int:
+        """Part ``index``'s documents: its rows counted (not parsed), or its documents at ``eos``."""
+        rows = self._rows.get(index)
+        return rows.total() if rows is not None else len(self._offsets_of(index)) - 1
 
     def __getitem__(self, key: Any) -> Any:
         """Document ``key`` (or a list, for a slice). A document counted from the start is found reading its file's
@@ -307,14 +306,17 @@ class Reader(PartsReader):
         return super().__getitem__(key)
 
     def _item_from_rows(self, index: int) -> np.ndarray:
-        """Document ``index``, reading each file's rows only as far as needed to find it."""
-        local = index
-        for k in range(len(self._parts)):
+        """Document ``index``, reading each file's rows only as far as needed to find it (once every part's rows are
+        counted, its part is found by bisection rather than by walking the parts)."""
+        local, first = index, 0
+        if "_document_starts" in self.__dict__:
+            starts = self._document_starts
+            first = min(int(np.searchsorted(starts, index, side="right")) - 1, len(self._parts) - 1)
+            local -= int(starts[first])
+        for k in range(first, len(self._parts)):
             rows = self._rows.get(k)
             if rows is None:  # documents at eos: found in the tokens
-                offsets = self._offsets_by_part.get(k)
-                if offsets is None:
-                    offsets = self._offsets_by_part.setdefault(k, self._part_offsets(k))
+                offsets = self._offsets_of(k)
                 count = len(offsets) - 1
                 if local < count:
                     return self.shards[k][offsets.item(local) : offsets.item(local + 1)]

@@ -214,7 +214,6 @@ class Reader(PartsReader):
                     if masked is not None and self._mask_parts is not None:
                         self._mask_parts.append(Part(file, 0, 0, masked))
                     continue
-                start = values.buffers()[1].address - whole.address + values.offset * dtype.itemsize
                 # where this batch's offsets lie in the file: exactly len(rows) + 1 of them
                 size = offsets_type.itemsize
                 at = rows.buffers()[1].address - whole.address + rows.offset * size
@@ -222,6 +221,13 @@ class Reader(PartsReader):
                     raise FormatError(f"{file}: column {self.column!r} has a damaged offsets buffer.")
                 first, last = (int(np.frombuffer(whole, offsets_type, 1, at + k * size)[0]) for k in (0, len(rows)))
                 count = last - first
+                # the rows' tokens: from the first offset (Arrow lets a batch's offsets start past 0) to the last
+                start = values.buffers()[1].address - whole.address + (values.offset + first) * dtype.itemsize
+                if first < 0 or count < 0 or start < 0 or start + count * dtype.itemsize > whole.size:
+                    raise FormatError(
+                        f"{file}: record batch {number}'s {self.column!r} tokens lie outside the file "
+                        f"(offsets {first:,} to {last:,}); it is damaged."
+                    )
                 self._batches.append(_Batch(number, at, len(rows), offsets_type))
                 parts.append(Part(file, start, count, dtype))
                 if masked is not None and self._mask_parts is not None:
@@ -341,9 +347,7 @@ class Reader(PartsReader):
         if "offsets" in self.__dict__:
             return super()._item(index)
         part = int(np.searchsorted(self._document_starts, index, side="right")) - 1
-        offsets = self._offsets_by_part.get(part)
-        if offsets is None:
-            offsets = self._offsets_by_part.setdefault(part, self._part_offsets(part))
+        offsets = self._offsets_of(part)
         local = index - int(self._document_starts[part])
         return self._shard(part)[offsets.item(local) : offsets.item(local + 1)]
 

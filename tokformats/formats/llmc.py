@@ -42,7 +42,7 @@ from ..core.protocol import PathLike, TokenWriter
 from ..core.registry import FormatDescriptor, Probe
 from ..errors import ConfigError, DataWarning, FormatError, HeaderError, NoFilesError, SizeMismatchError, option
 from ..fs.paths import expand_path_texts
-from ..fs.untrusted import require_regular
+from ..fs.untrusted import existing_regular, require_regular
 from ._parts import MappedParts, Part, PartTable
 
 if TYPE_CHECKING:
@@ -141,14 +141,6 @@ def _pread_head(path: Path | str) -> bytes:
         return os.pread(descriptor, HEADER_BYTES, 0)
     finally:
         os.close(descriptor)
-
-
-def _regular_size(path: Path) -> int:
-    """:func:`require_regular`, a missing file raising :class:`NoFilesError`."""
-    try:
-        return require_regular(path)
-    except FileNotFoundError:
-        raise NoFilesError(f"{path} does not exist.") from None
 
 
 def _pread_head_or_missing(path: Path | str) -> bytes:
@@ -312,7 +304,7 @@ class Reader(MappedParts):
         else:
             paths = [Path(t) for t in texts]
             if remote is None:  # one local shard: its header read once
-                size = _regular_size(paths[0])
+                size = existing_regular(paths[0])
                 first_head = _pread_head_or_missing(paths[0])
                 headers = [read_header(paths[0], first_head, size)]
             else:  # each header by one ranged request; the shard itself arrives on first use

@@ -715,7 +715,7 @@ class FolderWriter(Writer):
         if mask.ndim != 1 or len(mask) != tokens:
             raise FormatError(f"{where} holds {mask.size} values; expected one per leftover token ({tokens}).")
         if mask.size and (mask.dtype.kind not in "iub" or mask.min() < 0 or mask.max() > 1):
-            raise FormatError(f"{where} must hold 0 and 1 only, found {mask[(mask < 0) | (mask > 1)][:1].tolist()}.")
+            raise FormatError(f"{where} must hold 0 and 1 only, found {mask[(mask != 0) & (mask != 1)][:1].tolist()}.")
         return mask.astype(np.uint8)
 
     def __init__(

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..errors import FormatError, SizeMismatchError
+from ..errors import FormatError, NoFilesError, SizeMismatchError
 
 __all__ = [
     "require_regular",
@@ -73,6 +73,15 @@ def require_regular(path: Path) -> int:
         )
         raise FormatError(f"{path} is {kind}; tokformats reads datasets from regular files.")
     return info.st_size
+
+
+def existing_regular(path: Path | str, why: str = "") -> int:
+    """:func:`require_regular`, a missing file (or a broken link) raising :class:`NoFilesError` ("PATH does not
+    exist" and ``why``)."""
+    try:
+        return require_regular(Path(path))
+    except FileNotFoundError:
+        raise NoFilesError(f"{path} does not exist{why}.") from None
 
 
 def read_file(path: Path) -> bytes:

@@ -143,7 +143,7 @@ def _openai_messages(value: Any, where: Any, field: str) -> list[Message]:
         if item.__class__ is dict:
             get = item.get
             role, content = get("role"), get("content")
-            if content.__class__ is str and role in _ROLE_SET:
+            if content.__class__ is str and role.__class__ is str and role in _ROLE_SET:
                 size = len(item)
                 if size == 2:
                     append(new(Message, (role, content, None)))

@@ -499,11 +499,12 @@ def _gated_engine(tokenizer: Any, engine: str, tokenizer_hash: str | None, chat:
     if tokenizer_hash is None or engine == "tokenizers":
         return select(tokenizer, engine, chat=chat)
     key = (select, tokenizer_hash, engine, chat)
-    if key not in _GATED:
+    gated = _GATED.get(key)  # one lookup: another thread may clear the table between two
+    if gated is None:
         if len(_GATED) >= 4:  # a process tokenizing with many tokenizers keeps a few engines, not all
             _GATED.clear()
-        _GATED[key] = select(tokenizer, engine, chat=chat)
-    return _GATED[key]
+        gated = _GATED[key] = select(tokenizer, engine, chat=chat)
+    return gated
 
 
 class Encoder:
@@ -1319,10 +1320,16 @@ def _encode_in_parallel(
 
 
 def _in_order(parts: list[Path], results: Iterator[dict[str, Any]], stats: list[Stats]) -> Iterator[Path]:
-    """Each partition's folder once its result has arrived (``executor.map`` gives them in order)."""
-    for part, result in zip(parts, results):
-        stats.append(Stats(**result))
-        yield part
+    """Each partition's folder once its result has arrived (``executor.map`` gives them in order). Closed early
+    (the join failed), it closes ``results``: ``Executor.map``'s iterator then cancels the partitions not started."""
+    try:
+        for part, result in zip(parts, results):
+            stats.append(Stats(**result))
+            yield part
+    finally:
+        close = getattr(results, "close", None)
+        if close is not None:
+            close()
 
 
 def _output_writer(
@@ -1378,8 +1385,10 @@ def _write_outputs(
     replace: bool,
 ) -> dict[str, Any]:
     """Feed each stream's spools, partition by partition (as ``parts`` yields them: a parallel run's while later
-    partitions are still encoding), to the format's writers; each output appears atomically, in the order of
-    ``targets``, once every partition is in. Anything raising discards every output's temporaries."""
+    partitions are still encoding), to the format's writers, all open at once; each output appears atomically, in
+    the order of ``targets``, once every partition is in. A failure before the outputs close discards every
+    output's temporaries and stops the encoding (partitions not started are cancelled); one while they close keeps
+    the outputs already closed, each whole."""
     dtype = dtype_for_vocab(plan.vocab_size)
     writers: dict[str, TokenWriter] = {}
     done: list[Path] = []
@@ -1394,6 +1403,9 @@ def _write_outputs(
         for writer in writers.values():
             writer.close()
     except BaseException:
+        close = getattr(parts, "close", None)  # a parallel run's partitions: stop waiting for them
+        if close is not None:
+            close()
         for writer in writers.values():
             writer.abort()
         raise

@@ -13,6 +13,7 @@ from ..core.protocol import TokenReader, checked_position
 from ..errors import ConfigError
 from . import budgets, indices
 from .explain import Explained
+from .greedy import MAX_DATASETS
 from .index_cache import IndexCache, cache_key
 from .samples import GPTSamples
 
@@ -63,8 +64,10 @@ class Blend(Sequence[Any], Explained):
         self.budgets: dict[str, budgets.SourceBudget] = {}
         if not self.datasets:
             raise ConfigError("a blend needs at least one dataset.")
-        if len(self.datasets) >= 32767:
-            raise ConfigError(f"a blend holds at most 32,766 datasets (int16 dataset_index), not {len(datasets):,}.")
+        if len(self.datasets) > MAX_DATASETS:
+            raise ConfigError(
+                f"a blend holds at most {MAX_DATASETS:,} datasets (int16 dataset_index), not {len(datasets):,}."
+            )
         if weights is not None and len(weights) != len(self.datasets):
             raise ConfigError(f"give one weight per dataset: {len(self.datasets)} datasets, {len(weights)} weights.")
         self._check_compatible()

@@ -30,7 +30,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["LockstepStats", "lockstep_greedy", "scalar_greedy"]
+from ..errors import ConfigError
+
+__all__ = ["MAX_DATASETS", "LockstepStats", "lockstep_greedy", "scalar_greedy"]
 
 #: Below this many samples the scalar loop is faster than starting the lanes.
 SCALAR_BELOW = 20_000
@@ -38,6 +40,8 @@ SCALAR_BELOW = 20_000
 _MATRIX_ELEMENTS = 1 << 16
 #: Steps of a chunk's end whose picks recalibrate the guesses (:func:`_pick_levels`).
 _LEVEL_STEPS = 1 << 20
+#: The most datasets a blend takes: its dataset index is int16, as megatron-core's (and Blend keeps one value spare).
+MAX_DATASETS = 32_766
 
 
 @dataclass
@@ -104,6 +108,8 @@ def lockstep_greedy(
     as many as keep a (datasets x lanes) matrix near 512 KB); these change the speed, never the result.
     """
     w = np.ascontiguousarray(weights, dtype=np.float64)
+    if len(w) > MAX_DATASETS:  # the lanes record picks as int16, as the dataset index is
+        raise ConfigError(f"a blend takes at most {MAX_DATASETS:,} datasets (int16 indices); found {len(w):,}.")
     stats = LockstepStats()
     if size < max(scalar_below, warmup + 1) or len(w) == 0 or not np.isfinite(w).all():
         scalar_greedy(w, 0, [0] * len(w), size, dataset_index, dataset_sample_index)

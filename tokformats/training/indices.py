@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import ConfigError
-from .greedy import lockstep_greedy
+from .greedy import MAX_DATASETS, lockstep_greedy
 
 __all__ = [
     "SPLIT_NAMES",
@@ -258,6 +258,8 @@ def blending_indices(weights: Sequence[float], size: int) -> tuple[np.ndarray, n
     megatron-core, :func:`~tokformats.training.greedy.lockstep_greedy` gives the same arrays bit for bit.
     """
     w = np.ascontiguousarray(weights, dtype=np.float64)
+    if len(w) > MAX_DATASETS:
+        raise ConfigError(f"a blend takes at most {MAX_DATASETS:,} datasets (int16 indices); found {len(w):,}.")
     dataset_index = np.zeros(size, dtype=np.int16)
     dataset_sample_index = np.zeros(size, dtype=np.int64)
     helpers = _megatron_helpers()

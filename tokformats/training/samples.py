@@ -306,21 +306,33 @@ class GPTSamples(Sequence[Any], Explained):
         for a DataLoader to ship, to be widened by the consumer (``batch.long()``, on the device).
 
         Raises:
-            ConfigError: dict samples (``fields=``), a dtype that is not an integer one, or a kept partial
-                sample's ``pad_id`` that ``dtype`` cannot hold.
+            ConfigError: dict samples (``fields=``), a dtype that cannot hold every stored id (not an integer one,
+                or narrower than :attr:`dtype`), or a kept partial sample's ``pad_id`` that ``dtype`` cannot hold.
         """
         if self.sample_fields is not None:
             raise ConfigError("ids() serves bare-id samples; these samples are dicts (fields=): index them instead.")
-        wanted = np.dtype(dtype)
-        if wanted.kind not in "iu":
-            raise ConfigError(f"ids() needs an integer dtype such as {self.dtype.name} or int64, not {wanted.name}.")
+        wanted = self._ids_dtype(dtype)
+        j = int(self.shuffle_index[checked_position(index, len(self), "sample", "samples")])
+        return self._gather(self._spans(j), self.reader.span, self.pad_id, wanted.type)
+
+    def _ids_dtype(self, dtype: Any) -> np.dtype:
+        """``dtype`` checked for :meth:`ids` and :meth:`batch`: int64 (what ``self[i]`` gives), or an integer dtype
+        that holds every stored id (the stored dtype, or a wider one: a narrower one would wrap ids silently), and
+        holds a kept partial sample's pad."""
+        wanted: np.dtype = np.dtype(dtype)
+        stored = self.dtype if self.dtype is not None and self.dtype.kind in "iu" else None
+        holds = wanted == np.int64 or (stored is not None and np.can_cast(stored, wanted, "safe"))
+        if wanted.kind not in "iu" or not holds:  # int64 is what self[i] gives, whatever is stored
+            held = f"{stored.name} or int64" if stored is not None else "int64"
+            raise ConfigError(
+                f"ids() needs an integer dtype that holds the stored ids, such as {held}; not {wanted.name}."
+            )
         if not self.drop_last_partial and not np.iinfo(wanted).min <= self.pad_id <= np.iinfo(wanted).max:
             raise ConfigError(
                 f"pad_id {self.pad_id} does not fit {wanted.name}, the dtype asked of ids(); pass a pad_id in "
                 f"[{np.iinfo(wanted).min}, {np.iinfo(wanted).max}] or keep the default int64."
             )
-        j = int(self.shuffle_index[checked_position(index, len(self), "sample", "samples")])
-        return self._gather(self._spans(j), self.reader.span, self.pad_id, wanted.type)
+        return wanted
 
     def _spans(self, j: int) -> list[tuple[int, int]]:
         """The stream spans ``[start, stop)`` sample ``j`` is cut from, one per unit part, in order."""
@@ -377,8 +389,8 @@ class GPTSamples(Sequence[Any], Explained):
         if not len(samples):
             return self._empty_batch().astype(dtype)
         picks = np.asarray(samples)
-        wanted = np.dtype(dtype)
-        whole = picks.ndim == 1 and picks.dtype.kind in "iu" and wanted.kind in "iu"
+        wanted = self._ids_dtype(dtype)
+        whole = picks.ndim == 1 and picks.dtype.kind in "iu"
         if whole and -len(self) <= int(picks.min()) and int(picks.max()) < len(self):
             gathered = gathered_samples(self, self.shuffle_index[picks].astype(np.int64), wanted)
             if gathered is not None:
