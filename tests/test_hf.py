@@ -62,17 +62,23 @@ def test_other_column_and_missing_column(tmp_path: Path) -> None:
         assert reader[0].tolist() == [1, 2]
 
 
-def test_damaged_offsets_are_an_error(tmp_path: Path) -> None:
-    folder = tmp_path / "d"
+def _three_rows_with_offset(folder: Path, position: int, value: int) -> Path:
+    """A folder of three rows (ids 0-9, lengths 3, 3, 4: offsets 0, 3, 6, 10) whose offset ``position`` is
+    rewritten to ``value`` in the .arrow file; that file."""
     with tokformats.create(folder, "hf", vocab_size=100) as writer:
         writer.write_batch(np.arange(10), [3, 3, 4])
     arrow = next(folder.glob("*.arrow"))
     data = bytearray(arrow.read_bytes())
-    offsets = np.array([0, 3, 6, 10], dtype="<i4").tobytes()
-    at = data.find(offsets)
+    at = data.find(np.array([0, 3, 6, 10], dtype="<i4").tobytes())
     assert at > 0
-    data[at + 4 : at + 8] = np.array([7], dtype="<i4").tobytes()  # 0, 7, 6, 10: backwards
+    data[at + 4 * position : at + 4 * position + 4] = np.array([value], dtype="<i4").tobytes()
     arrow.write_bytes(bytes(data))
+    return arrow
+
+
+def test_damaged_offsets_are_an_error(tmp_path: Path) -> None:
+    folder = tmp_path / "d"
+    _three_rows_with_offset(folder, 1, 7)  # 0, 7, 6, 10: backwards
     with tokformats.open(folder) as reader:  # offsets are checked where they are used, not at open
         assert reader.num_tokens == 10
         with pytest.raises(FormatError, match=r"input_ids offsets goes backwards at document 1 \(ends at 6 after 7\)"):
@@ -143,13 +149,7 @@ def test_a_batch_offsets_are_read_and_checked_when_a_row_of_it_is_read(tmp_path:
 
 def test_a_batch_spanning_past_its_values_is_refused_at_open(tmp_path: Path) -> None:
     folder = tmp_path / "d"
-    with tokformats.create(folder, "hf", vocab_size=100) as writer:
-        writer.write_batch(np.arange(10), [3, 3, 4])
-    arrow = next(folder.glob("*.arrow"))
-    data = bytearray(arrow.read_bytes())
-    at = data.find(np.array([0, 3, 6, 10], dtype="<i4").tobytes())
-    data[at + 12 : at + 16] = np.array([10**9], dtype="<i4").tobytes()  # the last offset: 1e9 tokens
-    arrow.write_bytes(bytes(data))
+    _three_rows_with_offset(folder, 3, 10**9)  # the last offset: 1e9 tokens
     with pytest.raises(FormatError, match=r"data-00000-of-00001\.arrow: the Arrow stream is damaged .*larger than"):
         tokformats.open(folder)  # two offsets per batch, and the batch's structure, are checked at open
 
@@ -159,13 +159,7 @@ def test_a_batch_whose_offsets_start_past_zero_reads_as_arrow_does(tmp_path: Pat
     import pyarrow as pa
 
     folder = tmp_path / "d"
-    with tokformats.create(folder, "hf", vocab_size=100) as writer:
-        writer.write_batch(np.arange(10), [3, 3, 4])
-    arrow = next(folder.glob("*.arrow"))
-    data = bytearray(arrow.read_bytes())
-    at = data.find(np.array([0, 3, 6, 10], dtype="<i4").tobytes())
-    data[at : at + 4] = np.array([2], dtype="<i4").tobytes()  # 2, 3, 6, 10: the first row is the value 2
-    arrow.write_bytes(bytes(data))
+    arrow = _three_rows_with_offset(folder, 0, 2)  # 2, 3, 6, 10: the first row is the value 2
     with pa.memory_map(str(arrow)) as source:
         expected = pa.ipc.open_stream(source).read_all().column("input_ids").to_pylist()
     assert expected == [[2], [3, 4, 5], [6, 7, 8, 9]]
