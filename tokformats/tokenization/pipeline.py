@@ -925,11 +925,12 @@ def _worker_engine(
     (checked against the plan's hash: the file is on a shared file system, and a stale or damaged copy must not
     encode a single document); a tokenizer the process has already built is not read again."""
     key = (tokenizer_hash, engine, chat)
-    if key not in _WORKER_ENGINES:
+    built = _WORKER_ENGINES.get(key)  # one lookup: a thread pool's other worker may clear the table between two
+    if built is None:
         if len(_WORKER_ENGINES) >= 2:
             _WORKER_ENGINES.clear()
-        _WORKER_ENGINES[key] = _build_worker_engine(tokenizer_path, tokenizer_hash, engine, chat)
-    return _WORKER_ENGINES[key]
+        built = _WORKER_ENGINES[key] = _build_worker_engine(tokenizer_path, tokenizer_hash, engine, chat)
+    return built
 
 
 def _build_worker_engine(
