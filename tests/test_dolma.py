@@ -277,13 +277,18 @@ def test_rows_changed_after_open_are_refused(tmp_path: Path) -> None:
     "text", ["0,3,a,s,0\r\n\r\n3,7,b,s,1\r\n", "\n0,3\n\n\r\n3,7", "", "\r\n", '0,3,"a\nb",s,0\r\n3,7,b,s,1\r\n']
 )
 def test_rows_counted_without_parsing_are_the_parsed_rows(tmp_path: Path, text: str) -> None:
-    from tokformats.formats._dolma_rows import RowStream
+    from tokformats.formats._dolma_rows import RowStream, scan_rows
 
     path = tmp_path / "x.csv.gz"
     path.write_bytes(gzip.compress(text.encode()))
     tokens = 7 if "3,7" in text else 0
     counted = RowStream(path, tokens).total()
-    assert counted == len(RowStream(path, tokens).columns()[1]) == len(dolma.read_start_end(path)[1])
+    ends = dolma.read_start_end(path)[1]
+    assert counted == len(RowStream(path, tokens).columns()[1]) == len(ends)
+    scan = scan_rows(path)  # the open's one pass: the same count (None where a quote leaves it to the parse)
+    assert scan.rows in (None, counted) and (scan.rows is not None or '"' in text)
+    assert scan.last_end in (None, int(ends[-1]) if len(ends) else 0)
+    assert RowStream(path, tokens, scan).total() == counted
 
 
 def test_vectorised_rows_are_what_csv_writes_across_batches_and_shards(tmp_path: Path) -> None:
@@ -380,3 +385,21 @@ def test_an_aborted_writer_leaves_nothing_with_rows_in_flight(tmp_path: Path) ->
             writer.write_batch(np.zeros(int(lengths.sum()), dtype=np.uint16), lengths)  # rows compressed on a thread
             raise KeyError("stop")
     assert not list((tmp_path / "d").glob("*.npy")) and not list((tmp_path / "d").glob("*.csv.gz"))
+
+
+def test_the_open_counts_the_rows_it_streams_for_the_last_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opening streams each .csv.gz once (its last end checks the dtype); the same pass counts the rows, so len()
+    decompresses nothing again."""
+    from tokformats.formats import _dolma_rows
+
+    npy, lengths = _many_rows(tmp_path, 1000)
+    with tokformats.open(npy, dtype="uint16") as reader:
+
+        def again(*args: object) -> None:
+            raise AssertionError("the rows were decompressed a second time to count them")
+
+        monkeypatch.setattr(_dolma_rows, "_count_rows", again)
+        assert len(reader) == len(lengths) == 1000
+        assert reader[999].tolist() == [t % 1000 for t in range(int(lengths[:999].sum()), int(lengths.sum()))]

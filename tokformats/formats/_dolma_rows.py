@@ -19,14 +19,24 @@ import threading
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..errors import FormatError
 from ..fs.untrusted import MAX_DEFLATE_RATIO, existing_regular
 
-__all__ = ["GzipRows", "RowStream", "format_rows", "last_end", "parse_rows", "rows_text", "start_end_columns"]
+__all__ = [
+    "GzipRows",
+    "RowScan",
+    "RowStream",
+    "format_rows",
+    "last_end",
+    "parse_rows",
+    "rows_text",
+    "scan_rows",
+    "start_end_columns",
+]
 
 _DIGITS = 19  # an int64 holds every number of up to 18 digits; longer ones go to the csv parser
 _ROWS_PER_STEP = 1 << 18
@@ -184,10 +194,11 @@ class RowStream:
     """The ``start,end`` columns of one ``.csv.gz``, decompressed and parsed as far as they have been asked for,
     each piece checked against ``tokens`` (the tokens of its ``.npy``) before it is used."""
 
-    def __init__(self, path: Path, tokens: int) -> None:
+    def __init__(self, path: Path, tokens: int, scan: RowScan | None = None) -> None:
         self.path = path
         self.tokens = tokens
-        self._identity = _identity(path)
+        # a scan made at open: its file is the one read from now on (a change since is refused), its count is len()'s
+        self._identity = scan.identity if scan is not None else _identity(path)
         self._pieces: Iterator[bytes] | None = None
         self._tail = b""  # decompressed text after the last whole line
         self._starts: list[np.ndarray] = []
@@ -197,7 +208,7 @@ class RowStream:
         self.complete = False
         self._columns: tuple[np.ndarray, np.ndarray] | None = None
         self._error: FormatError | None = None  # what stopped the parse: raised again by every later use
-        self._total: int | None = None
+        self._total: int | None = scan.rows if scan is not None else None
 
     def total(self) -> int:
         """How many rows there are: all decompressed and counted (a row is a line that is not blank, as the
@@ -341,24 +352,47 @@ def _filled_lines(text: bytes) -> int:
     return int(len(ends) - blank.sum())
 
 
-def last_end(path: Path) -> int | None:
-    """The ``end`` of the last row of ``path``, streamed (only the last line is kept); None when the rows are not
-    plain lines (a quote anywhere, a last row that is not ``start,end,...`` in digits): the whole parse decides."""
-    tail, quoted = b"", False
-    for piece in _inflated(path, _identity(path)):
+class RowScan(NamedTuple):
+    """One streamed pass over a rows file (decompressed, no field parsed): the file as it was read, its last row's
+    ``end`` and its number of rows; either is None where the rows are not plain lines (a quote anywhere; a last
+    row that is not ``start,end,...`` in digits): the whole parse decides those."""
+
+    identity: tuple[int, int, int, int]
+    last_end: int | None
+    rows: int | None
+
+
+def scan_rows(path: Path) -> RowScan:
+    """:class:`RowScan` of ``path``: the last non-blank line kept, the rows counted as :func:`_count_rows` does."""
+    identity = _identity(path)
+    rows, tail, last, quoted = 0, b"", b"", False
+    for piece in _inflated(path, identity):
         quoted = quoted or b'"' in piece
         text = tail + piece
-        cut = text.rstrip(b"\r\n").rfind(b"\n")
-        tail = text[cut + 1 :] if cut >= 0 else text
-    line = tail.strip(b"\r\n")
+        cut = text.rfind(b"\n") + 1
+        whole = text[:cut]
+        if not quoted:
+            rows += _filled_lines(whole)
+        body = whole.rstrip(b"\r\n")
+        if body:
+            last = body[body.rfind(b"\n") + 1 :]
+        tail = text[cut:]
+    if tail.rstrip(b"\r"):
+        rows, last = rows + 1, tail
     if quoted:
-        return None
+        return RowScan(identity, None, None)
+    line = last.strip(b"\r\n")
     if not line:
-        return 0  # no rows
+        return RowScan(identity, 0, rows)  # no rows
     fields = line.split(b",")
     if len(fields) < 2 or not fields[1].isdigit() or len(fields[1]) >= _DIGITS:
-        return None
-    return int(fields[1])
+        return RowScan(identity, None, rows)
+    return RowScan(identity, int(fields[1]), rows)
+
+
+def last_end(path: Path) -> int | None:
+    """The ``end`` of the last row of ``path`` (:func:`scan_rows`); None when the whole parse must decide."""
+    return scan_rows(path).last_end
 
 
 def _digits(values: np.ndarray) -> np.ndarray:

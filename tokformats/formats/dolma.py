@@ -37,7 +37,7 @@ from ..core.registry import FormatDescriptor, Probe
 from ..errors import DTypeError, NoFilesError, SizeMismatchError, option
 from ..fs.paths import expand_paths
 from ..fs.untrusted import is_regular, require_regular
-from ._dolma_rows import GzipRows, RowStream, format_rows, last_end, parse_rows, rows_text, start_end_columns
+from ._dolma_rows import GzipRows, RowStream, format_rows, parse_rows, rows_text, scan_rows, start_end_columns
 from ._parts import Part, PartsReader, checked_offsets, sibling_masks
 from ._shards import DocumentShards
 
@@ -219,9 +219,10 @@ class Reader(PartsReader):
         opened by URL); the rows' fields are parsed on first use."""
         metadata = metadata_path(file)
         has_rows = os.path.lexists(metadata) or self._rows_expected
-        last = None
+        last = scan = None
         if has_rows and self._remote is None:
-            last = last_end(metadata)  # an unreadable one is an error, not a file without rows
+            scan = scan_rows(metadata)  # an unreadable one is an error, not a file without rows
+            last = scan.last_end
         if has_rows and (self._remote is not None or last is None):
             _, ends = read_start_end(metadata)  # rows that are not plain lines (or fetched whole): all of them decide
             last = int(ends[-1]) if len(ends) else 0
@@ -239,7 +240,7 @@ class Reader(PartsReader):
         if size % chosen.itemsize:
             raise SizeMismatchError(f"{file}: {size:,} bytes is not a whole number of {chosen.name} tokens.")
         if has_rows:
-            self._rows[k] = RowStream(metadata, size // chosen.itemsize)
+            self._rows[k] = RowStream(metadata, size // chosen.itemsize, scan)
         return Part(file, 0, size // chosen.itemsize, chosen)
 
     @staticmethod
