@@ -337,18 +337,21 @@ def _count_rows(path: Path, identity: tuple[int, int, int, int]) -> int | None:
             return None
         text = tail + piece
         cut = text.rfind(b"\n") + 1
-        rows += _filled_lines(text[:cut])
+        rows += _filled_lines(text, cut)
         tail = text[cut:]
     return rows + (1 if tail.rstrip(b"\r") else 0)
 
 
-def _filled_lines(text: bytes) -> int:
-    """The lines of ``text`` (which ends with a newline, or is empty) that are not blank (nothing, or ``\\r``)."""
-    if b"\n\n" not in text and b"\n\r\n" not in text and not text.startswith((b"\n", b"\r\n")):
-        return text.count(b"\n")
-    ends = np.flatnonzero(np.frombuffer(text, dtype=np.uint8) == ord("\n"))
+def _filled_lines(text: bytes, stop: int) -> int:
+    """The lines of ``text[:stop]`` (which ends with a newline, or is empty) that are not blank (nothing, or
+    ``\\r``); searched in place, without copying the slice."""
+    blank_lines = text.find(b"\n\n", 0, stop) >= 0 or text.find(b"\n\r\n", 0, stop) >= 0
+    if not blank_lines and not text.startswith((b"\n", b"\r\n"), 0, stop):
+        return text.count(b"\n", 0, stop)
+    data = np.frombuffer(text, dtype=np.uint8, count=stop)
+    ends = np.flatnonzero(data == ord("\n"))
     starts = np.concatenate([[0], ends[:-1] + 1])
-    blank = (ends == starts) | ((ends == starts + 1) & (np.frombuffer(text, dtype=np.uint8)[ends - 1] == ord("\r")))
+    blank = (ends == starts) | ((ends == starts + 1) & (data[ends - 1] == ord("\r")))
     return int(len(ends) - blank.sum())
 
 
@@ -370,12 +373,13 @@ def scan_rows(path: Path) -> RowScan:
         quoted = quoted or b'"' in piece
         text = tail + piece
         cut = text.rfind(b"\n") + 1
-        whole = text[:cut]
         if not quoted:
-            rows += _filled_lines(whole)
-        body = whole.rstrip(b"\r\n")
-        if body:
-            last = body[body.rfind(b"\n") + 1 :]
+            rows += _filled_lines(text, cut)
+        end = cut  # the last non-blank line before the cut, found without copying the piece
+        while end and text[end - 1] in b"\r\n":
+            end -= 1
+        if end:
+            last = text[text.rfind(b"\n", 0, end) + 1 : end]
         tail = text[cut:]
     if tail.rstrip(b"\r"):
         rows, last = rows + 1, tail
