@@ -31,7 +31,6 @@ __all__ = [
     "RowScan",
     "RowStream",
     "format_rows",
-    "last_end",
     "parse_rows",
     "rows_text",
     "scan_rows",
@@ -392,11 +391,6 @@ def scan_rows(path: Path) -> RowScan:
     if len(fields) < 2 or not fields[1].isdigit() or len(fields[1]) >= _DIGITS:
         return RowScan(identity, None, rows)
     return RowScan(identity, int(fields[1]), rows)
-
-
-def last_end(path: Path) -> int | None:
-    """The ``end`` of the last row of ``path`` (:func:`scan_rows`); None when the whole parse must decide."""
-    return scan_rows(path).last_end
 
 
 def _digits(values: np.ndarray) -> np.ndarray:
