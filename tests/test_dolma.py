@@ -400,6 +400,6 @@ def test_the_open_counts_the_rows_it_streams_for_the_last_end(
         def again(*args: object) -> None:
             raise AssertionError("the rows were decompressed a second time to count them")
 
-        monkeypatch.setattr(_dolma_rows, "_count_rows", again)
+        monkeypatch.setattr(_dolma_rows, "scan_rows", again)
         assert len(reader) == len(lengths) == 1000
         assert reader[999].tolist() == [t % 1000 for t in range(int(lengths[:999].sum()), int(lengths.sum()))]

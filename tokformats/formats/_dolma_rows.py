@@ -213,7 +213,7 @@ class RowStream:
         """How many rows there are: all decompressed and counted (a row is a line that is not blank, as the
         parser takes them); their fields are parsed, and checked, where they are used."""
         if self._total is None:
-            counted = None if self.complete else _count_rows(self.path, self._identity)
+            counted = None if self.complete else scan_rows(self.path, self._identity).rows
             if counted is None:  # parsed already, or quoted fields (a row may span lines): the parse counts
                 self.columns()
                 counted = self.count
@@ -327,20 +327,6 @@ class RowStream:
         self._pieces = None
 
 
-def _count_rows(path: Path, identity: tuple[int, int, int, int]) -> int | None:
-    """The rows of ``path`` counted as :func:`start_end_columns` finds them (lines that are not blank), without
-    parsing a field; None when a quote makes rows other than lines."""
-    rows, tail = 0, b""
-    for piece in _inflated(path, identity):
-        if b'"' in piece:
-            return None
-        text = tail + piece
-        cut = text.rfind(b"\n") + 1
-        rows += _filled_lines(text, cut)
-        tail = text[cut:]
-    return rows + (1 if tail.rstrip(b"\r") else 0)
-
-
 def _filled_lines(text: bytes, stop: int) -> int:
     """The lines of ``text[:stop]`` (which ends with a newline, or is empty) that are not blank (nothing, or
     ``\\r``); searched in place, without copying the slice."""
@@ -364,16 +350,17 @@ class RowScan(NamedTuple):
     rows: int | None
 
 
-def scan_rows(path: Path) -> RowScan:
-    """:class:`RowScan` of ``path``: the last non-blank line kept, the rows counted as :func:`_count_rows` does."""
-    identity = _identity(path)
-    rows, tail, last, quoted = 0, b"", b"", False
+def scan_rows(path: Path, identity: tuple[int, int, int, int] | None = None) -> RowScan:
+    """:class:`RowScan` of ``path`` (as it was when ``identity`` was taken, if given): the last non-blank line kept,
+    the rows counted as :func:`start_end_columns` finds them (lines that are not blank)."""
+    identity = _identity(path) if identity is None else identity
+    rows, tail, last = 0, b"", b""
     for piece in _inflated(path, identity):
-        quoted = quoted or b'"' in piece
+        if b'"' in piece:  # a quoted field may span lines: only the parse can say where rows end
+            return RowScan(identity, None, None)
         text = tail + piece
         cut = text.rfind(b"\n") + 1
-        if not quoted:
-            rows += _filled_lines(text, cut)
+        rows += _filled_lines(text, cut)
         end = cut  # the last non-blank line before the cut, found without copying the piece
         while end and text[end - 1] in b"\r\n":
             end -= 1
@@ -382,8 +369,6 @@ def scan_rows(path: Path) -> RowScan:
         tail = text[cut:]
     if tail.rstrip(b"\r"):
         rows, last = rows + 1, tail
-    if quoted:
-        return RowScan(identity, None, None)
     line = last.strip(b"\r\n")
     if not line:
         return RowScan(identity, 0, rows)  # no rows
