@@ -73,12 +73,12 @@ class _Batch(NamedTuple):
 
 class _BatchLayout(NamedTuple):
     """Where every record batch of one file lies, one array element per batch: the byte ``at`` which its row
-    offsets are stored (-1: no rows), its row count, and its tokens (``count`` of them from byte ``start``)."""
+    offsets are stored (-1: no rows), its row count, and its tokens (``tokens`` of them from byte ``start``)."""
 
     at: np.ndarray
     rows: np.ndarray
     start: np.ndarray
-    count: np.ndarray
+    tokens: np.ndarray
 
     @classmethod
     def of(
@@ -131,7 +131,8 @@ def _offsets_at(whole: Any, positions: np.ndarray, kind: np.dtype) -> np.ndarray
     """The offsets (of dtype ``kind``) stored at byte ``positions`` of ``whole``, as int64 (positions are in range)."""
     raw = np.frombuffer(whole, np.uint8)
     gathered = raw[np.clip(positions, 0, None)[:, None] + np.arange(kind.itemsize)]
-    return gathered.view(kind).reshape(-1).astype(np.int64)
+    values: np.ndarray = gathered.view(kind).reshape(-1).astype(np.int64)
+    return values
 
 
 def _pyarrow() -> Any:
