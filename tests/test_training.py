@@ -90,6 +90,17 @@ def test_samples_over_every_format_follow_megatrons_walk(tmp_path: Path, fmt: st
     for i in range(len(samples)):
         np.testing.assert_array_equal(samples[i], expected[i])
     assert samples.batch([0, 1]).shape == (2, 16 + samples.add_extra_token)
+    # batch() gathers every part of a batch at once: equal to the walk on random picks (repeats and negative
+    # positions included), in int64 and in the stored dtype where it is an integer one
+    picks = np.random.default_rng(5).integers(-len(samples), len(samples), size=(20, 8))
+    for pick in picks:
+        wanted = np.stack([expected[i] for i in pick])
+        np.testing.assert_array_equal(samples.batch(pick), wanted)
+        if samples.dtype.kind not in "iu":  # float series (timemoe): int64 samples only
+            continue
+        stored = samples.batch(pick.tolist(), samples.dtype)
+        assert stored.dtype == samples.dtype
+        np.testing.assert_array_equal(stored, wanted)
 
 
 def test_kept_partial_sample_is_padded(tmp_path: Path) -> None:

@@ -36,16 +36,18 @@ def gathered_samples(samples: GPTSamples, unshuffled: np.ndarray, dtype: np.dtyp
     a sample is not whole (a kept partial sample, or rows that do not describe one): the per-sample path serves,
     pads or refuses those."""
     length = samples.sequence_length + samples.add_extra_token
-    rows, offsets = samples.sample_index, samples._offsets
-    first, first_offset = rows[unshuffled, 0].astype(np.int64), rows[unshuffled, 1].astype(np.int64)
-    last, last_offset = rows[unshuffled + 1, 0].astype(np.int64), rows[unshuffled + 1, 1].astype(np.int64)
+    count, offsets = len(unshuffled), samples._offsets
+    # ``take`` rather than fancy indexing (several times faster on a few indices, and a batch is a few): rows u and
+    # u + 1 of the sample index, where sample u starts and where it ends
+    bounds = samples.sample_index.take(np.concatenate((unshuffled, unshuffled + 1)), axis=0).astype(np.int64)
+    first, first_offset, last, last_offset = bounds[:count, 0], bounds[:count, 1], bounds[count:, 0], bounds[count:, 1]
     counts = last - first + 1  # units each sample is cut from
     if int(counts.min()) < 1:
         return None
     ends = np.cumsum(counts)
     heads, tails = ends - counts, ends - 1
-    units = samples.document_index[np.arange(int(ends[-1])) + np.repeat(first - heads, counts)]
-    starts, stops = offsets[units], offsets[units + 1]
+    units = samples.document_index.take(np.arange(int(ends[-1])) + np.repeat(first - heads, counts))
+    starts, stops = offsets.take(units), offsets.take(units + 1)
     stops[tails] = starts[tails] + last_offset + samples.add_extra_token  # before the head moves: one unit's start
     starts[heads] += first_offset
     np.maximum(stops, starts, out=stops)
