@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import operator
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -30,11 +31,29 @@ def data_fingerprint(reader: TokenReader, lengths: np.ndarray) -> str:
     return f"{reader.format}:{reader.dtype.name}:{len(lengths)}:{lengths.dtype.str}:{digest[:32]}"
 
 
-def gathered_samples(samples: GPTSamples, unshuffled: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
-    """Bare-id samples ``unshuffled`` (positions before shuffling) as one array: every part of every sample found
-    with array arithmetic and the parts joined by one ``concatenate``, instead of Python work per part. None when
-    a sample is not whole (a kept partial sample, or rows that do not describe one): the per-sample path serves,
-    pads or refuses those."""
+#: Consecutive samples (shuffled positions) whose parts are found together, once, when a loader reads samples in
+#: order: a DataLoader over ``GPTSamples`` (shuffled already, so read with ``shuffle=False``) asks for batch after
+#: batch of consecutive positions, and one vectorised pass per block costs less than one per batch.
+SPAN_BLOCK = 1024
+#: Blocks kept per process (a batch's block and the one before: a worker's batches go forward).
+_BLOCKS_KEPT = 2
+
+
+class SpanBlock(NamedTuple):
+    """The parts of samples ``first``, ``first + 1``, ... (shuffled positions): sample ``first + k`` is the reader's
+    tokens ``starts[j]:stops[j]`` for ``j`` in ``range(pointers[k], pointers[k + 1])``, joined."""
+
+    first: int
+    pointers: list[int]
+    starts: list[int]
+    stops: list[int]
+
+
+def sample_spans(samples: GPTSamples, unshuffled: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The parts of samples ``unshuffled`` (positions before shuffling), found with array arithmetic: each sample's
+    cumulative part count (``ends``), and every part's ``starts`` and ``stops`` in the reader's token stream. None
+    when a sample is not whole (a kept partial sample, or rows that do not describe one): the per-sample path
+    serves, pads or refuses those."""
     length = samples.sequence_length + samples.add_extra_token
     count, offsets = len(unshuffled), samples._offsets
     # ``take`` rather than fancy indexing (several times faster on a few indices, and a batch is a few): rows u and
@@ -53,10 +72,37 @@ def gathered_samples(samples: GPTSamples, unshuffled: np.ndarray, dtype: np.dtyp
     np.maximum(stops, starts, out=stops)
     if not np.all(np.add.reduceat(stops - starts, heads) == length):
         return None
-    span = samples.reader.span
-    parts = [span(a, b) for a, b in zip(starts.tolist(), stops.tolist())]
+    return ends, starts, stops
+
+
+def _joined(samples: GPTSamples, starts: list[int], stops: list[int], count: int, dtype: np.dtype) -> np.ndarray:
+    """The tokens of parts ``starts[j]:stops[j]`` joined by one ``concatenate``, as ``count`` samples' rows."""
+    parts = list(map(samples.reader.span, starts, stops))
     gathered = np.concatenate(parts, dtype=dtype, casting="unsafe")  # as the per-sample path's assignment casts
-    return gathered.reshape(len(unshuffled), length)
+    return gathered.reshape(count, samples.sequence_length + samples.add_extra_token)
+
+
+def gathered_samples(samples: GPTSamples, unshuffled: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
+    """Bare-id samples ``unshuffled`` (positions before shuffling) as one array: every part of every sample found
+    with array arithmetic (:func:`sample_spans`) and the parts joined by one ``concatenate``, instead of Python
+    work per part. None when a sample is not whole."""
+    spans = sample_spans(samples, unshuffled)
+    if spans is None:
+        return None
+    _, starts, stops = spans
+    return _joined(samples, starts.tolist(), stops.tolist(), len(unshuffled), dtype)
+
+
+def span_block(samples: GPTSamples, number: int) -> SpanBlock | None:
+    """The parts of block ``number`` of :data:`SPAN_BLOCK` consecutive samples (shuffled positions), or None when
+    one of them is not whole (the per-batch path then serves that block)."""
+    first = number * SPAN_BLOCK
+    unshuffled = samples.shuffle_index[first : min(first + SPAN_BLOCK, len(samples))].astype(np.int64)
+    spans = sample_spans(samples, unshuffled)
+    if spans is None:
+        return None
+    ends, starts, stops = spans
+    return SpanBlock(first, [0, *ends.tolist()], starts.tolist(), stops.tolist())
 
 
 class GPTSamples(Sequence[Any], Explained):
@@ -390,14 +436,47 @@ class GPTSamples(Sequence[Any], Explained):
             return {key: np.stack([row[key] for row in rows]) for key in rows[0]}
         if not len(samples):
             return self._empty_batch().astype(dtype)
-        picks = np.asarray(samples)
         wanted = self._ids_dtype(dtype)
+        in_order = self._batch_in_order(samples, wanted)
+        if in_order is not None:
+            return in_order
+        picks = np.asarray(samples)
         whole = picks.ndim == 1 and picks.dtype.kind in "iu"
         if whole and -len(self) <= int(picks.min()) and int(picks.max()) < len(self):
             gathered = gathered_samples(self, self.shuffle_index[picks].astype(np.int64), wanted)
             if gathered is not None:
                 return gathered
         return np.stack([self.ids(int(i), wanted) for i in samples])  # raises for what the fast path passed on
+
+    def _batch_in_order(self, samples: Sequence[int] | np.ndarray, dtype: np.dtype) -> np.ndarray | None:
+        """Consecutive samples (``start``, ``start + 1``, ..., in range and in one :data:`SPAN_BLOCK`) from their
+        block's parts, found once per block (:func:`span_block`); None for any other batch, or a block with a sample
+        that is not whole."""
+        count = len(samples)
+        try:
+            start = operator.index(samples[0])
+        except TypeError:  # not an integer position: the general path says what is wrong
+            return None
+        number = start // SPAN_BLOCK
+        if start < 0 or start + count > len(self) or (start + count - 1) // SPAN_BLOCK != number:
+            return None
+        expected = range(start, start + count)
+        if isinstance(samples, np.ndarray):
+            consecutive = samples.ndim == 1 and np.array_equal(samples, expected)
+        else:
+            consecutive = list(samples) == list(expected)
+        if not consecutive:
+            return None
+        blocks: dict[int, SpanBlock | None] = self.__dict__.setdefault("_span_blocks", {})
+        if number not in blocks:
+            while len(blocks) >= _BLOCKS_KEPT:
+                del blocks[next(iter(blocks))]  # the oldest: a reader in order does not go back
+            blocks[number] = span_block(self, number)
+        block = blocks[number]
+        if block is None:
+            return None
+        low, high = block.pointers[start - block.first], block.pointers[start - block.first + count]
+        return _joined(self, block.starts[low:high], block.stops[low:high], count, dtype)
 
     def sample_tokens(self) -> np.ndarray:
         """The tokens each sample feeds a model (``sequence_length`` each, int64): what a token budget counts."""
@@ -421,6 +500,7 @@ class GPTSamples(Sequence[Any], Explained):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         del state["_lengths"], state["_offsets"]  # views of the reader's index: taken again from the reader
+        state.pop("_span_blocks", None)  # found again where they are read
         if self.cache_dir is not None:
             for name in _NAMES:
                 state.pop(name, None)
