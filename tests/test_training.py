@@ -106,10 +106,10 @@ def test_samples_over_every_format_follow_megatrons_walk(tmp_path: Path, fmt: st
 def test_batches_read_in_order_come_from_span_blocks_and_equal_the_samples(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Consecutive positions (what a DataLoader over GPTSamples asks for) are cut from parts found once per block of
-    SPAN_BLOCK samples: equal to the samples one by one for every batch size, across blocks (a batch straddling two
-    takes the general path), in int64 and the stored dtype; a block holding a kept partial sample is served, padded,
-    by the per-sample path; positions past the end still raise."""
+    """Consecutive positions read in order (what a DataLoader over GPTSamples asks for) are cut from parts found
+    once per block of SPAN_BLOCK samples: equal to the samples one by one for every batch size, across blocks (a
+    batch straddling two takes the general path), in int64 and the stored dtype; batches far apart find no block; a
+    block holding a kept partial sample is served, padded, by the per-sample path; positions past the end raise."""
     from tokformats.training import samples as samples_module
 
     monkeypatch.setattr(samples_module, "SPAN_BLOCK", 16)
@@ -128,15 +128,22 @@ def test_batches_read_in_order_come_from_span_blocks_and_equal_the_samples(
             stored = samples.batch(np.arange(start, start + size), np.uint16)
             assert stored.dtype == np.uint16
             np.testing.assert_array_equal(stored, wanted)
-    assert len(samples.__dict__["_span_blocks"]) <= 2  # a reader in order keeps its block and the one before
+    _, blocks = samples.__dict__["_span_blocks"]
+    assert 1 <= len(blocks) <= 2  # a reader in order keeps its block and the one before
     assert "_span_blocks" not in pickle.loads(pickle.dumps(samples)).__dict__
+    sparse = training.GPTSamples(reader, 16, seed=3)  # batches 8 x 8 positions apart or more: no block is found
+    for start in (0, 65, 130):
+        np.testing.assert_array_equal(sparse.batch(list(range(start, start + 8))), expected[start : start + 8])
+    assert sparse.__dict__["_span_blocks"] == (130, ())
     with pytest.raises(IndexError, match="out of range"):
         samples.batch([len(samples) - 1, len(samples)])
     kept = training.GPTSamples(reader, 16, seed=3, drop_last_partial=False, pad_id=0)
     last = int(np.flatnonzero(kept.shuffle_index == len(kept) - 1)[0])  # the partial sample's position
     assert samples_module.span_block(kept, last // 16) is None
-    block = list(range(last // 16 * 16, min(last // 16 * 16 + 16, len(kept))))
-    np.testing.assert_array_equal(kept.batch(block, np.uint16), np.stack([kept[i] for i in block]))
+    for start in range(last // 16 * 16, min(last // 16 * 16 + 16, len(kept)), 4):  # in order: the block is asked for
+        batch = list(range(start, min(start + 4, len(kept))))
+        np.testing.assert_array_equal(kept.batch(batch, np.uint16), np.stack([kept[i] for i in batch]))
+    assert kept.__dict__["_span_blocks"][1] == ((last // 16, None),)
     assert kept.batch([last])[0, -1] == 0 and len(kept[last]) == 16 + 1
 
 
