@@ -314,10 +314,62 @@ def make_litdata(prefix: Path) -> Path:
     return folder
 
 
+class _WorkerClock:
+    """The CPU seconds each DataLoader worker spends from its ``worker_init_fn`` to its exit, in shared memory (a
+    worker's ``process_time`` counts its queue feeder thread too: what the worker costs the machine)."""
+
+    def __init__(self, workers: int) -> None:
+        import multiprocessing
+
+        self.seconds = multiprocessing.Array("d", workers, lock=False)
+
+    def __call__(self, worker: int) -> None:
+        import multiprocessing.util
+
+        started = time.process_time()
+        seconds = self.seconds
+
+        def record() -> None:
+            seconds[worker] = time.process_time() - started
+
+        multiprocessing.util.Finalize(None, record, exitpriority=100)
+
+    def total(self, timeout: float = 2.0) -> float:
+        """The workers' CPU seconds, once every worker has exited and recorded them (0 for one that did not)."""
+        waited = 0.0
+        while not all(self.seconds) and waited < timeout:
+            time.sleep(0.02)
+            waited += 0.02
+        return float(sum(self.seconds))
+
+
+def _no_read_dataset(length: int) -> Any:
+    """A map-style dataset serving the same rows (2,049 uint16) without reading anything: the DataLoader's own cost
+    per batch (index queue, collate into shared memory, result queue)."""
+    import torch
+
+    class NoRead(torch.utils.data.Dataset):  # type: ignore[type-arg]
+        def __init__(self) -> None:
+            self.row = torch.zeros(SEQUENCE + 1, dtype=torch.uint16)
+
+        def __len__(self) -> int:
+            return length
+
+        def __getitem__(self, index: int) -> Any:
+            return self.row
+
+        def __getitems__(self, indices: list[int]) -> list[Any]:
+            return [self.row] * len(indices)
+
+    return NoRead()
+
+
 def bench_loader_litdata(documents: int, repeat: int, batches: int = 1000) -> list[dict[str, Any]]:
     """DataLoader, 2 workers, batches of 8 x 2049 token ids, each batch widened to int64 by the consumer (what an
     embedding needs): litdata's ``StreamingDataLoader`` over ``TokensLoader`` blocks (uint16, in order) vs
-    ``tft.Dataset(GPTSamples)`` as int64 (the default) and with ``dtype="stored"`` (uint16, widened after)."""
+    ``tft.Dataset(GPTSamples)`` as int64 (the default) and with ``dtype="stored"`` (uint16, widened after), and a
+    dataset that reads nothing (the DataLoader's own cost). Samples/s (wall, worker start-up included) and the CPU
+    of the main process plus both workers per batch, which a loaded machine disturbs less than the wall clock."""
     import torch
     from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
 
@@ -329,22 +381,30 @@ def bench_loader_litdata(documents: int, repeat: int, batches: int = 1000) -> li
     folder = make_litdata(prefix)
     samples = GPTSamples(tokformats.open(prefix), SEQUENCE, seed=1234)
     sides = {
-        "litdata": lambda: StreamingDataLoader(
+        "litdata": lambda clock: StreamingDataLoader(
             StreamingDataset(str(folder), item_loader=TokensLoader(block_size=SEQUENCE + 1), shuffle=False),
             batch_size=8,
             num_workers=2,
+            worker_init_fn=clock,
         ),
-        "int64": lambda: torch.utils.data.DataLoader(tft.Dataset(samples), batch_size=8, num_workers=2),
-        "stored": lambda: torch.utils.data.DataLoader(
-            tft.Dataset(samples, dtype="stored"), batch_size=8, num_workers=2
+        "int64": lambda clock: torch.utils.data.DataLoader(
+            tft.Dataset(samples), batch_size=8, num_workers=2, worker_init_fn=clock
+        ),
+        "stored": lambda clock: torch.utils.data.DataLoader(
+            tft.Dataset(samples, dtype="stored"), batch_size=8, num_workers=2, worker_init_fn=clock
+        ),
+        "no read": lambda clock: torch.utils.data.DataLoader(
+            _no_read_dataset(len(samples)), batch_size=8, num_workers=2, worker_init_fn=clock
         ),
     }
     dtypes: dict[str, Any] = {}
     rates: dict[str, list[float]] = {name: [] for name in sides}
-    for _ in range(repeat):
-        for name, make in sides.items():
-            loader = make()
-            started = time.perf_counter()  # worker start-up included, as a training loop pays it
+    cpu: dict[str, list[float]] = {name: [] for name in sides}  # microseconds per batch, main + workers
+    for round_ in range(repeat):
+        for name, make in sides.items() if round_ % 2 == 0 else reversed(list(sides.items())):
+            clock = _WorkerClock(2)
+            started, main = time.perf_counter(), time.process_time()  # worker start-up included, as training pays it
+            loader = make(clock)
             for k, batch in enumerate(loader):
                 dtypes[name] = batch.dtype
                 wide = batch.long()
@@ -352,16 +412,20 @@ def bench_loader_litdata(documents: int, repeat: int, batches: int = 1000) -> li
                 if k + 1 == batches:
                     break
             rates[name].append(batches * 8 / (time.perf_counter() - started))
+            main = time.process_time() - main
+            del loader  # the workers exit and record their CPU
+            cpu[name].append((main + clock.total()) / batches * 1e6)
     rows = []
-    for name in ("int64", "stored"):
+    label = {"int64": "tokformats default", "stored": "tokformats dtype=stored", "no read": "a dataset reading nothing"}
+    for name in ("int64", "stored", "no read"):
         rows.append(
             {
-                "measure": f"DataLoader, 2 workers, 8 x {SEQUENCE + 1}, widened to int64 by the loop, tokformats "
-                f"{'default' if name == 'int64' else 'dtype=stored'} ({dtypes[name]}) vs litdata "
-                f"({dtypes['litdata']}) (samples/s)",
-                "litdata": spread(rates["litdata"], "{:,.0f}"),
-                "tokformats": spread(rates[name], "{:,.0f}"),
+                "measure": f"DataLoader, 2 workers, 8 x {SEQUENCE + 1}, widened to int64 by the loop, {label[name]} "
+                f"({dtypes[name]}) vs litdata ({dtypes['litdata']}) (samples/s; CPU us per batch)",
+                "litdata": f"{spread(rates['litdata'], '{:,.0f}')}; CPU {spread(cpu['litdata'], '{:,.0f}')}",
+                "tokformats": f"{spread(rates[name], '{:,.0f}')}; CPU {spread(cpu[name], '{:,.0f}')}",
                 "tokformats advantage (x)": spread([o / t for o, t in zip(rates[name], rates["litdata"])]),
+                "CPU advantage (x)": spread([t / o for o, t in zip(cpu[name], cpu["litdata"])]),
             }
         )
     return rows

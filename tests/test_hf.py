@@ -166,3 +166,57 @@ def test_a_batch_whose_offsets_start_past_zero_reads_as_arrow_does(tmp_path: Pat
     with tokformats.open(folder) as reader:
         assert [reader[k].tolist() for k in range(len(reader))] == expected
         assert reader.num_tokens == 8 and reader.tokens.tolist() == [2, 3, 4, 5, 6, 7, 8, 9]
+
+
+def _hand_written_folder(folder: Path, batches: list[Any]) -> Path:
+    """A ``save_to_disk`` folder whose one ``.arrow`` file holds ``batches`` (record batches of ``input_ids``)."""
+    import pyarrow as pa
+    import pyarrow.ipc  # the submodule new_stream is in
+
+    folder.mkdir()
+    arrow = folder / "data-00000-of-00001.arrow"
+    with pa.OSFile(str(arrow), "wb") as sink, pa.ipc.new_stream(sink, batches[0].schema) as stream:
+        for batch in batches:
+            stream.write_batch(batch)
+    feature = {"input_ids": {"feature": {"dtype": "int32", "_type": "Value"}, "_type": "Sequence"}}
+    (folder / "dataset_info.json").write_text(json.dumps({"features": feature}))
+    (folder / "state.json").write_text(json.dumps({"_data_files": [{"filename": arrow.name}]}))
+    return arrow
+
+
+def test_batches_of_empty_rows_and_no_rows_read_between_others(tmp_path: Path) -> None:
+    """A record batch whose rows are all empty (Arrow stores its values buffer empty, at address 0) and one with no
+    rows at all read as such between full batches."""
+    import pyarrow as pa
+
+    rows = [[[1, 2], [3]], [[], [], []], [], [[4, 5, 6]]]
+    batches = [pa.record_batch([pa.array(r, type=pa.list_(pa.int32()))], names=["input_ids"]) for r in rows]
+    _hand_written_folder(tmp_path / "d", batches)
+    with tokformats.open(tmp_path / "d") as reader:
+        assert len(reader) == 6 and reader.num_tokens == 6 and reader.metadata["record_batches"] == 4
+        assert [reader[k].tolist() for k in range(6)] == [[1, 2], [3], [], [], [], [4, 5, 6]]
+        assert reader.lengths.tolist() == [2, 1, 0, 0, 0, 3]
+
+
+def test_null_token_ids_are_refused_naming_the_column(tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    column = pa.array([[1, 2], [3, None]], type=pa.list_(pa.int32()))
+    _hand_written_folder(tmp_path / "d", [pa.record_batch([column], names=["input_ids"])])
+    with pytest.raises(FormatError, match=r"data-00000-of-00001\.arrow: column 'input_ids' has null token ids"):
+        tokformats.open(tmp_path / "d")
+
+
+def test_a_later_batch_with_a_negative_first_offset_is_refused_at_open(tmp_path: Path) -> None:
+    """Every record batch's structure is validated at open (Arrow's check, per batch), the later ones too."""
+    import pyarrow as pa
+
+    rows = [[[1, 2], [3]], [[4], [5, 6]]]
+    batches = [pa.record_batch([pa.array(r, type=pa.list_(pa.int32()))], names=["input_ids"]) for r in rows]
+    arrow = _hand_written_folder(tmp_path / "d", batches)
+    data = bytearray(arrow.read_bytes())
+    second = data.rfind(np.array([0, 1, 3], dtype="<i4").tobytes())  # batch 1's offsets: 0, 1, 3
+    data[second : second + 4] = np.array([-(10**6)], dtype="<i4").tobytes()
+    arrow.write_bytes(bytes(data))
+    with pytest.raises(FormatError, match=r"\.arrow: the Arrow stream is damaged .*chunk 1: Invalid: Negative offsets"):
+        tokformats.open(tmp_path / "d")

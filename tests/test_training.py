@@ -90,6 +90,61 @@ def test_samples_over_every_format_follow_megatrons_walk(tmp_path: Path, fmt: st
     for i in range(len(samples)):
         np.testing.assert_array_equal(samples[i], expected[i])
     assert samples.batch([0, 1]).shape == (2, 16 + samples.add_extra_token)
+    # batch() gathers every part of a batch at once: equal to the walk on random picks (repeats and negative
+    # positions included), in int64 and in the stored dtype where it is an integer one
+    picks = np.random.default_rng(5).integers(-len(samples), len(samples), size=(20, 8))
+    for pick in picks:
+        wanted = np.stack([expected[i] for i in pick])
+        np.testing.assert_array_equal(samples.batch(pick), wanted)
+        if samples.dtype.kind not in "iu":  # float series (timemoe): int64 samples only
+            continue
+        stored = samples.batch(pick.tolist(), samples.dtype)
+        assert stored.dtype == samples.dtype
+        np.testing.assert_array_equal(stored, wanted)
+
+
+def test_batches_read_in_order_come_from_span_blocks_and_equal_the_samples(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Consecutive positions read in order (what a DataLoader over GPTSamples asks for) are cut from parts found
+    once per block of SPAN_BLOCK samples: equal to the samples one by one for every batch size, across blocks (a
+    batch straddling two takes the general path), in int64 and the stored dtype; batches far apart find no block; a
+    block holding a kept partial sample is served, padded, by the per-sample path; positions past the end raise."""
+    from tokformats.training import samples as samples_module
+
+    monkeypatch.setattr(samples_module, "SPAN_BLOCK", 16)
+    rng = np.random.default_rng(11)
+    lengths = rng.integers(1, 40, size=300)
+    with tokformats.create(tmp_path / "m", format="megatron", vocab_size=1000) as writer:
+        writer.write_batch(rng.integers(0, 1000, size=int(lengths.sum())), lengths)
+    reader = tokformats.open(tmp_path / "m")
+    samples = training.GPTSamples(reader, 16, seed=3)
+    expected = np.stack([samples[i] for i in range(len(samples))])
+    assert len(samples) > 100
+    for size in (1, 3, 8, 16):
+        for start in range(0, len(samples) - size + 1, size):
+            wanted = expected[start : start + size]
+            np.testing.assert_array_equal(samples.batch(list(range(start, start + size))), wanted)
+            stored = samples.batch(np.arange(start, start + size), np.uint16)
+            assert stored.dtype == np.uint16
+            np.testing.assert_array_equal(stored, wanted)
+    _, blocks = samples.__dict__["_span_blocks"]
+    assert 1 <= len(blocks) <= 2  # a reader in order keeps its block and the one before
+    assert "_span_blocks" not in pickle.loads(pickle.dumps(samples)).__dict__
+    sparse = training.GPTSamples(reader, 16, seed=3)  # batches 8 x 8 positions apart or more: no block is found
+    for start in (0, 65, 130):
+        np.testing.assert_array_equal(sparse.batch(list(range(start, start + 8))), expected[start : start + 8])
+    assert sparse.__dict__["_span_blocks"] == (130, ())
+    with pytest.raises(IndexError, match="out of range"):
+        samples.batch([len(samples) - 1, len(samples)])
+    kept = training.GPTSamples(reader, 16, seed=3, drop_last_partial=False, pad_id=0)
+    last = int(np.flatnonzero(kept.shuffle_index == len(kept) - 1)[0])  # the partial sample's position
+    assert samples_module.span_block(kept, last // 16) is None
+    for start in range(last // 16 * 16, min(last // 16 * 16 + 16, len(kept)), 4):  # in order: the block is asked for
+        batch = list(range(start, min(start + 4, len(kept))))
+        np.testing.assert_array_equal(kept.batch(batch, np.uint16), np.stack([kept[i] for i in batch]))
+    assert kept.__dict__["_span_blocks"][1] == ((last // 16, None),)
+    assert kept.batch([last])[0, -1] == 0 and len(kept[last]) == 16 + 1
 
 
 def test_kept_partial_sample_is_padded(tmp_path: Path) -> None:

@@ -71,6 +71,70 @@ class _Batch(NamedTuple):
     kind: np.dtype
 
 
+class _BatchLayout(NamedTuple):
+    """Where every record batch of one file lies, one array element per batch: the byte ``at`` which its row
+    offsets are stored (-1: no rows), its row count, and its tokens (``tokens`` of them from byte ``start``)."""
+
+    at: np.ndarray
+    rows: np.ndarray
+    start: np.ndarray
+    tokens: np.ndarray
+
+    @classmethod
+    def of(
+        cls, file: Path, whole: Any, column: str, chunks: list[Any], offsets: np.dtype, dtype: np.dtype
+    ) -> _BatchLayout:
+        """The layout of ``chunks`` (the token column of each record batch, read zero-copy from the mapped file
+        ``whole``): a few attribute reads per batch, then each batch's first and last offsets read together and
+        checked vectorised (its tokens must lie in the file); the offsets between are checked where they are used."""
+        base, size, item = whole.address, offsets.itemsize, dtype.itemsize
+        rows = np.fromiter((len(chunk) for chunk in chunks), np.int64, len(chunks))
+        # (list offset, list buffers, values offset) per batch; buffers: validity, offsets, values' validity, values.
+        # An IPC reader drops a validity buffer whose null count is 0, so a values' validity means nulls to count.
+        kept = [(chunk.offset, chunk.buffers(), chunk.values.offset) for chunk in chunks]
+        for number, (_, buffers, _) in enumerate(kept):
+            if buffers[2] is not None and chunks[number].values.null_count:
+                raise FormatError(f"{file}: column {column!r} has null token ids.")
+        empty = rows == 0  # Arrow may leave an empty array's buffers out
+        at = np.fromiter(
+            (-1 if buffers[1] is None else buffers[1].address - base + first * size for first, buffers, _ in kept),
+            np.int64,
+            len(kept),
+        )
+        values = np.fromiter(
+            # -1: no values buffer, or an empty one at address 0 (a batch whose rows are all empty)
+            (-1 if not buffers[3] else buffers[3].address - base + shift * item for _, buffers, shift in kept),
+            np.int64,
+            len(kept),
+        )
+        bad = ~empty & ((at < 0) | (at + (rows + 1) * size > whole.size))
+        if bad.any():
+            raise FormatError(f"{file}: column {column!r} has a damaged offsets buffer.")
+        at[empty] = -1
+        first, last = _offsets_at(whole, np.where(empty, 0, at), offsets), _offsets_at(whole, at + rows * size, offsets)
+        first[empty], last[empty] = 0, 0
+        count = last - first
+        start = np.where(values < 0, 0, values + first * dtype.itemsize)  # rows all empty: no values buffer
+        outside = (first < 0) | (count < 0) | (start < 0) | (start + count * dtype.itemsize > whole.size)
+        outside = ~empty & (outside | ((values < 0) & (count > 0)))
+        if outside.any():
+            number = int(np.flatnonzero(outside)[0])
+            raise FormatError(
+                f"{file}: record batch {number}'s {column!r} tokens lie outside the file "
+                f"(offsets {int(first[number]):,} to {int(last[number]):,}); it is damaged."
+            )
+        start[empty] = 0
+        return cls(at, rows, start, count)
+
+
+def _offsets_at(whole: Any, positions: np.ndarray, kind: np.dtype) -> np.ndarray:
+    """The offsets (of dtype ``kind``) stored at byte ``positions`` of ``whole``, as int64 (positions are in range)."""
+    raw = np.frombuffer(whole, np.uint8)
+    gathered = raw[np.clip(positions, 0, None)[:, None] + np.arange(kind.itemsize)]
+    values: np.ndarray = gathered.view(kind).reshape(-1).astype(np.int64)
+    return values
+
+
 def _pyarrow() -> Any:
     try:
         import pyarrow
@@ -196,45 +260,28 @@ class Reader(PartsReader):
             raise FormatError(f"{file}: column {self.column!r} is {kind}; a token column is a list of integers.")
         dtype = little_endian(kind.value_type.to_pandas_dtype())
         masked = self._mask_type(pa, file, schema)
-        parts = []
         offsets_type = np.dtype("<i8") if pa.types.is_large_list(kind) else np.dtype("<i4")
         try:
-            for number, batch in enumerate(stream):
-                # buffers inside the file, O(1) per buffer; the token column's offsets are read and checked where
-                # they are used (_part_offsets: batch k's when a row of batch k is first read), and no other column
-                # is read, so none is validated whole
-                batch.validate()
-                rows = batch.column(self.column)
-                values = rows.values  # the child array, already offset into the values buffer
-                if values.null_count:
-                    raise FormatError(f"{file}: column {self.column!r} has null token ids.")
-                if len(rows) == 0:  # Arrow may leave an empty array's buffers out
-                    self._batches.append(_Batch(number, -1, 0, offsets_type))
-                    parts.append(Part(file, 0, 0, dtype))
-                    if masked is not None and self._mask_parts is not None:
-                        self._mask_parts.append(Part(file, 0, 0, masked))
-                    continue
-                # where this batch's offsets lie in the file: exactly len(rows) + 1 of them
-                size = offsets_type.itemsize
-                at = rows.buffers()[1].address - whole.address + rows.offset * size
-                if at < 0 or at + (len(rows) + 1) * size > whole.size:
-                    raise FormatError(f"{file}: column {self.column!r} has a damaged offsets buffer.")
-                first, last = (int(np.frombuffer(whole, offsets_type, 1, at + k * size)[0]) for k in (0, len(rows)))
-                count = last - first
-                # the rows' tokens: from the first offset (Arrow lets a batch's offsets start past 0) to the last
-                start = values.buffers()[1].address - whole.address + (values.offset + first) * dtype.itemsize
-                if first < 0 or count < 0 or start < 0 or start + count * dtype.itemsize > whole.size:
-                    raise FormatError(
-                        f"{file}: record batch {number}'s {self.column!r} tokens lie outside the file "
-                        f"(offsets {first:,} to {last:,}); it is damaged."
-                    )
-                self._batches.append(_Batch(number, at, len(rows), offsets_type))
-                parts.append(Part(file, start, count, dtype))
-                if masked is not None and self._mask_parts is not None:
-                    raw = np.frombuffer(whole, offsets_type, count=len(rows) + 1, offset=at)
-                    self._mask_parts.append(self._mask_part(pa, file, whole, batch, raw, masked))
+            # one C++ pass over the stream's messages (zero-copy on the map: every buffer stays inside the file),
+            # the structure of each record batch checked as batch.validate() checks it; the token column's offsets
+            # are read and checked where they are used (_part_offsets), and no other column is read
+            table = stream.read_all()
+            table.validate()
+            chunks = table.column(self.column).chunks
+            layout = _BatchLayout.of(file, whole, self.column, chunks, offsets_type, dtype)
+            mask_chunks = table.column(self.mask_column).chunks if masked is not None else None
         except (pa.lib.ArrowException, OSError, UnicodeDecodeError) as error:  # a truncated or corrupted stream
             raise FormatError(f"{file}: the Arrow stream is damaged ({error}).") from None
+        parts = []
+        for number, (at, rows, start, count) in enumerate(zip(*(column.tolist() for column in layout))):
+            self._batches.append(_Batch(number, at, rows, offsets_type))
+            parts.append(Part(file, start, count, dtype))
+            if mask_chunks is not None and self._mask_parts is not None and masked is not None:
+                if rows == 0:
+                    self._mask_parts.append(Part(file, 0, 0, masked))
+                    continue
+                raw = np.frombuffer(whole, offsets_type, count=rows + 1, offset=at)
+                self._mask_parts.append(self._mask_part(pa, file, whole, mask_chunks[number], raw, masked))
         return parts
 
     def _mask_type(self, pa: Any, file: Path, schema: Any) -> np.dtype | None:
@@ -255,9 +302,9 @@ class Reader(PartsReader):
             self._mask_parts = []
         return little_endian(kind.value_type.to_pandas_dtype())
 
-    def _mask_part(self, pa: Any, file: Path, whole: Any, batch: Any, offsets: np.ndarray, dtype: np.dtype) -> Part:
-        """Where one record batch's mask values lie in ``file``; its rows must have the tokens' lengths."""
-        rows = batch.column(self.mask_column)
+    def _mask_part(self, pa: Any, file: Path, whole: Any, rows: Any, offsets: np.ndarray, dtype: np.dtype) -> Part:
+        """Where one record batch's mask values (its list array ``rows``) lie in ``file``; its rows must have the
+        tokens' lengths."""
         values = rows.values
         kind = np.int64 if pa.types.is_large_list(rows.type) else np.int32
         raw = np.frombuffer(rows.buffers()[1], kind, count=len(rows) + 1, offset=rows.offset * np.dtype(kind).itemsize)
