@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -387,14 +388,14 @@ def test_an_aborted_writer_leaves_nothing_with_rows_in_flight(tmp_path: Path) ->
     assert not list((tmp_path / "d").glob("*.npy")) and not list((tmp_path / "d").glob("*.csv.gz"))
 
 
-def test_the_open_counts_the_rows_it_streams_for_the_last_end(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Opening streams each .csv.gz once (its last end checks the dtype); the same pass counts the rows, so len()
-    decompresses nothing again."""
+def test_the_open_counts_the_rows_it_streams_for_the_last_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opening streams each .csv.gz once (its last end checks the dtype) when its last row is not in a marked member
+    of its own (a file another tool wrote: one member); the same pass counts the rows, so len() decompresses nothing
+    again."""
     from tokformats.formats import _dolma_rows
 
     npy, lengths = _many_rows(tmp_path, 1000)
+    _rewrite_rows(npy, lambda lines: None)  # one gzip member, as dolma's and OLMo-core's writers write
     with tokformats.open(npy, dtype="uint16") as reader:
 
         def again(*args: object) -> None:
@@ -403,3 +404,122 @@ def test_the_open_counts_the_rows_it_streams_for_the_last_end(
         monkeypatch.setattr(_dolma_rows, "scan_rows", again)
         assert len(reader) == len(lengths) == 1000
         assert reader[999].tolist() == [t % 1000 for t in range(int(lengths[:999].sum()), int(lengths.sum()))]
+
+
+def _members(path: Path) -> list[bytes]:
+    """The decompressed text of each gzip member of ``path``."""
+    packed, texts = path.read_bytes(), []
+    while packed:
+        inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        texts.append(inflate.decompress(packed))
+        assert inflate.eof
+        packed = inflate.unused_data
+    return texts
+
+
+def test_written_rows_end_with_the_last_row_in_a_marked_member_every_reader_reads(tmp_path: Path) -> None:
+    from olmo_core.data.utils import get_document_indices
+
+    from tokformats.formats._dolma_rows import scan_rows, tail_scan
+
+    npy, lengths = _many_rows(tmp_path, 5000)
+    rows = dolma.metadata_path(npy)
+    members = _members(rows)
+    ends = np.cumsum(lengths).tolist()
+    assert len(members) == 2 and members[1] == f"{ends[-2]},{ends[-1]},4999,,4999\r\n".encode()
+    assert members[1] not in members[0] and members[0].count(b"\n") == 4999
+    assert gzip.decompress(rows.read_bytes()) == b"".join(members)  # gzip reads the members as one text
+    with gzip.open(rows, "rt") as handle:
+        assert len(handle.read().splitlines()) == 5000
+    indices = get_document_indices(str(npy))  # OLMo-core's own reader (gzip.open + csv)
+    assert [end for _, end in indices] == ends
+    scan = tail_scan(rows)
+    assert scan is not None and scan.last_end == ends[-1] and scan.rows is None
+    assert scan_rows(rows).last_end == ends[-1] and scan_rows(rows).rows == 5000
+
+
+def test_an_open_of_written_rows_decompresses_nothing_and_still_checks_the_dtype(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tokformats.formats import _dolma_rows
+
+    npy, lengths = _many_rows(tmp_path, 2000)
+    inflated = _dolma_rows._inflated
+
+    def refused(*args: Any) -> Any:
+        raise AssertionError("the open decompressed the rows")
+
+    monkeypatch.setattr(_dolma_rows, "_inflated", refused)
+    reader = tokformats.open(npy, dtype="uint16")
+    with pytest.raises(DTypeError, match=r"dtype uint32 was given, but part-0-00000\.csv\.gz"):
+        tokformats.open(npy, dtype="uint32")
+    with pytest.raises(DTypeError, match="dtype uint8 was given"):
+        tokformats.open(npy, dtype="uint8")
+    monkeypatch.setattr(_dolma_rows, "_inflated", inflated)
+    assert len(reader) == 2000  # counted where it is asked for
+    assert reader[1999].tolist() == [t % 1000 for t in range(int(lengths[:1999].sum()), int(lengths.sum()))]
+
+
+def _marked_tail(rows: Path) -> int:
+    """Where the marked last member of ``rows`` starts."""
+    from tokformats.formats._dolma_rows import _TAIL_HEAD, _TAIL_MARK
+
+    packed = rows.read_bytes()
+    return packed.rfind(_TAIL_MARK) - len(_TAIL_HEAD) - 1
+
+
+@pytest.mark.parametrize("damage", ["crc", "size", "deflate", "trailing byte"])
+def test_a_damaged_last_member_falls_back_to_the_streamed_pass_which_raises(tmp_path: Path, damage: str) -> None:
+    from tokformats.formats._dolma_rows import tail_scan
+
+    npy, _ = _many_rows(tmp_path, 2000)
+    rows = dolma.metadata_path(npy)
+    packed = bytearray(rows.read_bytes())
+    position = {"crc": len(packed) - 8, "size": len(packed) - 4, "deflate": _marked_tail(rows) + 30}.get(damage)
+    if position is None:
+        packed += b"\0"
+    else:
+        packed[position] ^= 0x55
+    rows.write_bytes(bytes(packed))
+    assert tail_scan(rows) is None
+    with pytest.raises(FormatError, match=r"part-0-00000\.csv\.gz"):
+        tokformats.open(npy, dtype="uint16")
+
+
+def test_a_lying_last_member_is_checked_and_a_broken_stream_before_it_raises_where_read(tmp_path: Path) -> None:
+    npy, lengths = _many_rows(tmp_path, 2000)
+    rows = dolma.metadata_path(npy)
+    packed = rows.read_bytes()
+    tail = _marked_tail(rows)
+    total = int(lengths.sum())
+    lying = gzip.compress(f"{total - 1},{total * 2},1999,,1999\r\n".encode(), mtime=0)
+    from tokformats.formats._dolma_rows import _TAIL_HEAD, _TAIL_MARK
+
+    marked = _TAIL_HEAD + lying[8:9] + _TAIL_MARK + lying[10:]  # the marker put in gzip's own header
+    rows.write_bytes(packed[:tail] + marked)
+    with pytest.raises(
+        DTypeError, match=r"dtype uint16 was given, but part-0-00000\.csv\.gz and the file size say uint8"
+    ):
+        tokformats.open(npy, dtype="uint16")
+    # the first member cut short: the marked member still reads (the open passes), the rows raise where they are used
+    rows.write_bytes(packed[: tail // 2] + packed[tail:])
+    reader = tokformats.open(npy, dtype="uint16")
+    with pytest.raises(FormatError, match=r"part-0-00000\.csv\.gz"):
+        len(reader)
+    with pytest.raises(FormatError, match=r"part-0-00000\.csv\.gz"):
+        reader[1999]
+
+
+def test_a_member_appended_by_another_tool_is_read_by_the_streamed_pass(tmp_path: Path) -> None:
+    from tokformats.formats._dolma_rows import tail_scan
+
+    npy, lengths = _many_rows(tmp_path, 100)
+    rows = dolma.metadata_path(npy)
+    total = int(lengths.sum())
+    rows.write_bytes(rows.read_bytes() + gzip.compress(f"{total},{total + 3},100,,100\r\n".encode()))
+    npy.write_bytes(npy.read_bytes() + np.array([7, 8, 9], dtype=np.uint16).tobytes())
+    assert tail_scan(rows) is None  # the last member is not marked: its row is found by the streamed pass
+    with tokformats.open(npy, dtype="uint16") as reader:
+        assert len(reader) == 101 and reader[100].tolist() == [7, 8, 9]
+    with pytest.raises(DTypeError, match="dtype uint32 was given"):
+        tokformats.open(npy, dtype="uint32")

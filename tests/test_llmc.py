@@ -365,3 +365,26 @@ def test_opening_a_glob_imports_only_what_reading_needs(tmp_path: Path) -> None:
     # Not the writer's shard roll-over, the vocabulary format, nor `resource` for a glob below the least map bound.
     assert modules == "['tokformats.formats._parts', 'tokformats.formats.llmc']"
     assert vocab == f"tokformats.formats.llmc_vocab {int(stream[:8].astype(np.int64).sum())}"
+
+
+@pytest.mark.parametrize(("soft", "bound"), [(-1, 1024), (40, 16), (256, 64), (1024, 256), (20_000, 1024)])
+def test_the_default_map_bound_is_a_quarter_of_the_descriptor_limit(
+    monkeypatch: pytest.MonkeyPatch, soft: int, bound: int
+) -> None:
+    import os
+
+    from tokformats.core.arrays import default_open_maps
+
+    monkeypatch.setattr(os, "sysconf", lambda name: soft if name == "SC_OPEN_MAX" else 0)
+    assert default_open_maps() == bound
+
+
+def test_the_default_map_bound_reads_this_process_limit() -> None:
+    import os
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    from tokformats.core.arrays import default_open_maps
+
+    expected = 1024 if soft == resource.RLIM_INFINITY else max(16, min(1024, soft // 4))
+    assert default_open_maps() == expected and os.sysconf("SC_OPEN_MAX") in (soft, -1)

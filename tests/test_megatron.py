@@ -401,3 +401,51 @@ def test_cli_merge(fixtures: Path, tmp_path: Path, capsys: pytest.CaptureFixture
     assert (tmp_path / "ab.idx").read_bytes() == (fixtures / "megatron" / "merged_uint16.idx").read_bytes()
     assert main(["merge", *sources, "-o", str(tmp_path / "ab")]) == 2
     assert "pass --overwrite to replace" in capsys.readouterr().err  # the CLI names its flag
+
+
+def _index_advice(idx: Path) -> list[str]:
+    """The kernel's flags of each mapping of ``idx`` in this process (``rr``: advised MADV_RANDOM)."""
+    flags, current = [], None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if line.split()[-1:] == [str(idx)] and "-" in line.split()[0]:
+            current = line
+        elif line.startswith("VmFlags:") and current is not None:
+            flags.append(line)
+            current = None
+    return flags
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads the kernel's flags from /proc")
+def test_the_open_and_first_read_fault_single_index_pages_then_read_ahead_returns(tmp_path: Path) -> None:
+    import gc
+
+    prefix, _ = build(tmp_path)
+    idx = Path(f"{prefix}.idx").resolve()
+    for first_read in ("document", "sequence", "lengths"):
+        reader = tokformats.open(prefix, format="megatron")
+        assert [" rr" in flags for flags in _index_advice(idx)] == [True]  # MADV_RANDOM: no megabytes read around
+        if first_read == "document":
+            assert reader[0].tolist() == [1, 2, 3, 4]
+        elif first_read == "sequence":
+            assert reader.sequences[0].tolist() == [1, 2, 3]
+        else:
+            assert reader.sequence_lengths.tolist() == [3, 1, 2, 0]  # the index used whole: read ahead
+        assert [" rr" in flags for flags in _index_advice(idx)] == [False]
+        reader.close()
+        gc.collect()
+        assert _index_advice(idx) == []  # the advice holds no reference that keeps the map
+
+
+def test_a_lying_document_index_still_raises_on_the_first_read(tmp_path: Path) -> None:
+    prefix, index = build(tmp_path)
+    di_at = 34 + 12 * 4
+    idx = Path(f"{prefix}.idx")
+    idx.write_bytes(patch(index, di_at + 8, "<q", 9))  # document 0 would end at sequence 9 of 4
+    with tokformats.open(prefix, format="megatron") as reader:
+        with pytest.raises(HeaderError, match=r"document_indices\[0\.\.1\] are 0 and 9"):
+            reader[0]
+        assert reader.sequences[0].tolist() == [1, 2, 3]  # sequences do not use the document index
+    idx.write_bytes(patch(index, 34 + 4 * 4 + 8, "<q", 2))  # sequence 1's pointer lies
+    with tokformats.open(prefix, format="megatron") as reader:
+        with pytest.raises(HeaderError, match=r"sequence_pointers\[1\] is 2"):
+            reader[0]

@@ -210,13 +210,11 @@ class ConcatenatedArray:
 def default_open_maps() -> int:
     """How many shard maps a reader keeps at once by default: a quarter of this process's file-descriptor limit
     (``ulimit -n``; each map holds a descriptor), between 16 and 1,024."""
-    try:
-        import resource
-
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    except (ImportError, OSError, ValueError):  # no resource module (Windows): maps hold no descriptor there
+    try:  # POSIX's sysconf gives the soft limit without importing ``resource`` (a fresh process's first open)
+        soft = os.sysconf("SC_OPEN_MAX")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows): maps hold no descriptor there
         return 1024
-    if soft == resource.RLIM_INFINITY:
+    if soft < 0:  # unlimited
         return 1024
     return max(16, min(1024, soft // 4))
 

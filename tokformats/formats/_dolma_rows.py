@@ -35,6 +35,7 @@ __all__ = [
     "rows_text",
     "scan_rows",
     "start_end_columns",
+    "tail_scan",
 ]
 
 _DIGITS = 19  # an int64 holds every number of up to 18 digits; longer ones go to the csv parser
@@ -44,6 +45,13 @@ _POWERS_OF_TEN = 10 ** np.arange(_DIGITS, dtype=np.int64)
 _FIRST_READ = 1 << 12
 _LARGEST_READ = 1 << 24
 _GZIP = 16 + zlib.MAX_WBITS
+#: The gzip header of the member holding a file's last row, as :class:`GzipRows` writes it with ``last_row_apart``:
+#: the FEXTRA flag and one subfield ``TR`` ("tokformats row") saying so. The byte between the two pieces records the
+#: compression level. Other tools' files do not carry it: their last row is found by the streamed pass.
+_TAIL_HEAD = b"\x1f\x8b\x08\x04\x00\x00\x00\x00"
+_TAIL_MARK = b"\xff\x0c\x00TR\x08\x00last row"
+#: Compressed bytes read back from the end of a file for its last row's member (a row of up to ~60,000 bytes).
+_TAIL_READ = 1 << 16
 
 
 def _budget(size: int) -> int:
@@ -372,10 +380,57 @@ def scan_rows(path: Path, identity: tuple[int, int, int, int] | None = None) -> 
     line = last.strip(b"\r\n")
     if not line:
         return RowScan(identity, 0, rows)  # no rows
+    return RowScan(identity, _row_end(line), rows)
+
+
+def tail_scan(path: Path) -> RowScan | None:
+    """:class:`RowScan` of ``path`` from its last gzip member alone, when that member is one :class:`GzipRows`
+    marks as holding the last row, decodes cleanly to the end of the file (its CRC and size checked by zlib) and
+    holds exactly one plain row; else None (the streamed pass decides). The rows are not counted here."""
+    identity = _identity(path)
+    try:
+        with open(path, "rb") as handle:
+            info = os.fstat(handle.fileno())
+            if (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns) != identity:
+                raise FormatError(f"{path} changed while it was opened; open the dataset again.")
+            begin = max(identity[2] - _TAIL_READ, 0)
+            packed = os.pread(handle.fileno(), identity[2] - begin, begin)
+    except FileNotFoundError:
+        raise FormatError(f"{path} was removed while it was opened; open the dataset again.") from None
+    mark = len(packed)
+    for _ in range(4):  # the last marked member; a marker's bytes inside compressed data are passed over
+        mark = packed.rfind(_TAIL_MARK, 0, mark)
+        if mark < len(_TAIL_HEAD) + 1:
+            return None
+        line = _member_row(packed[mark - len(_TAIL_HEAD) - 1 :])
+        if line is not None:
+            end = _row_end(line)
+            return RowScan(identity, end, None) if end is not None else None
+    return None
+
+
+def _member_row(packed: bytes) -> bytes | None:
+    """The one row of the gzip member ``packed`` (which must end exactly where ``packed`` does), or None."""
+    if not packed.startswith(_TAIL_HEAD):
+        return None
+    inflate = zlib.decompressobj(_GZIP)
+    try:
+        text = inflate.decompress(packed, _TAIL_READ)
+    except zlib.error:  # not a member (marker bytes inside compressed data), or a damaged one
+        return None
+    if not inflate.eof or inflate.unused_data or inflate.unconsumed_tail:
+        return None
+    if not text.endswith(b"\n") or text.count(b"\n") != 1 or b'"' in text or not text.strip(b"\r\n"):
+        return None
+    return text.strip(b"\r\n")
+
+
+def _row_end(line: bytes) -> int | None:
+    """The ``end`` of the row ``line`` (no line ending), or None when its second field is not plain digits."""
     fields = line.split(b",")
     if len(fields) < 2 or not fields[1].isdigit() or len(fields[1]) >= _DIGITS:
-        return RowScan(identity, None, rows)
-    return RowScan(identity, int(fields[1]), rows)
+        return None
+    return int(fields[1])
 
 
 def _digits(values: np.ndarray) -> np.ndarray:
@@ -426,20 +481,31 @@ class GzipRows:
     with ``mtime=0`` and no file name (the output is byte-for-byte reproducible; with the default ``strategy``, the
     bytes ``GzipFile`` writes at ``level``).
 
+    With ``last_row_apart``, the last row is held back and written as a gzip member of its own, marked in its
+    header (an FEXTRA subfield ``TR``), so that a reader finds the last row's end from the file's last bytes
+    (:func:`tail_scan`) instead of decompressing every row. Multi-member gzip is standard: ``gzip.open``, zlib and
+    OLMo-core's reader (``gzip.open``) read the rows as one text. Rows must be whole lines.
+
     ``write(rows, background=True)`` formats and compresses a batch's rows on a helper thread while the caller goes
     on (writing the batch's tokens: zlib and file writes release the GIL); the next ``write`` or ``close`` waits for
     it first, so rows stay in order, at most one batch is in flight, and a failure is raised there (and by every
     later ``write`` and ``close``: a file missing a batch's rows is never ended as if whole)."""
 
-    def __init__(self, handle: Any, level: int, strategy: int = zlib.Z_DEFAULT_STRATEGY) -> None:
+    def __init__(
+        self, handle: Any, level: int, strategy: int = zlib.Z_DEFAULT_STRATEGY, *, last_row_apart: bool = False
+    ) -> None:
         self.handle = handle
+        self._level, self._strategy = level, strategy
         self._deflate = zlib.compressobj(level, zlib.DEFLATED, -zlib.MAX_WBITS, zlib.DEF_MEM_LEVEL, strategy)
         self._crc = 0
         self._size = 0
         self._pending: threading.Thread | None = None
         self._failure: BaseException | None = None
-        extra = b"\x02" if level == 9 else b"\x04" if level == 1 else b"\x00"  # what GzipFile records of the level
-        handle.write(b"\x1f\x8b\x08\x00\x00\x00\x00\x00" + extra + b"\xff")
+        self._held: bytes | None = b"" if last_row_apart else None  # the last row so far, not yet compressed
+        handle.write(b"\x1f\x8b\x08\x00\x00\x00\x00\x00" + self._level_byte() + b"\xff")
+
+    def _level_byte(self) -> bytes:
+        return b"\x02" if self._level == 9 else b"\x04" if self._level == 1 else b"\x00"  # what GzipFile records
 
     def write(self, rows: bytes | Callable[[], bytes], *, background: bool = False) -> None:
         """Compress ``rows`` (or what ``rows()`` makes) into the file; on a helper thread when ``background``."""
@@ -454,6 +520,11 @@ class GzipRows:
         """End the member: the rest of the compressed stream, its CRC and its size."""
         self._wait()
         self.handle.write(self._deflate.flush() + struct.pack("<II", self._crc, self._size & 0xFFFFFFFF))
+        if self._held:  # the last row: a member of its own, marked as such
+            deflate = zlib.compressobj(self._level, zlib.DEFLATED, -zlib.MAX_WBITS, zlib.DEF_MEM_LEVEL, self._strategy)
+            packed = deflate.compress(self._held) + deflate.flush()
+            trailer = struct.pack("<II", zlib.crc32(self._held), len(self._held) & 0xFFFFFFFF)
+            self.handle.write(_TAIL_HEAD + self._level_byte() + _TAIL_MARK + packed + trailer)
 
     def abandon(self) -> None:
         """Let a batch in flight finish, and drop what it raised (the file is being discarded)."""
@@ -463,6 +534,17 @@ class GzipRows:
 
     def _compress(self, rows: bytes | Callable[[], bytes]) -> None:
         text = rows() if callable(rows) else rows
+        if self._held is None or not text:
+            self._deflate_text(text)
+            return
+        cut = text.rfind(b"\n", 0, len(text) - 1) + 1  # where the batch's last row starts
+        self._deflate_text(self._held)
+        self._deflate_text(memoryview(text)[:cut])  # no copy of the batch's rows
+        self._held = text[cut:]
+
+    def _deflate_text(self, text: bytes | memoryview) -> None:
+        if not len(text):
+            return
         self._crc = zlib.crc32(text, self._crc)
         self._size += len(text)
         self.handle.write(self._deflate.compress(text))

@@ -37,7 +37,16 @@ from ..core.registry import FormatDescriptor, Probe
 from ..errors import DTypeError, NoFilesError, SizeMismatchError, option
 from ..fs.paths import expand_paths
 from ..fs.untrusted import is_regular, require_regular
-from ._dolma_rows import GzipRows, RowStream, format_rows, parse_rows, rows_text, scan_rows, start_end_columns
+from ._dolma_rows import (
+    GzipRows,
+    RowStream,
+    format_rows,
+    parse_rows,
+    rows_text,
+    scan_rows,
+    start_end_columns,
+    tail_scan,
+)
 from ._parts import Part, PartsReader, checked_offsets, sibling_masks
 from ._shards import DocumentShards
 
@@ -221,7 +230,9 @@ class Reader(PartsReader):
         has_rows = os.path.lexists(metadata) or self._rows_expected
         last = scan = None
         if has_rows and self._remote is None:
-            scan = scan_rows(metadata)  # an unreadable one is an error, not a file without rows
+            # the last row from the file's own last member when it is marked as such (tokformats writes it apart),
+            # else one streamed pass; an unreadable file is an error, not a file without rows
+            scan = tail_scan(metadata) or scan_rows(metadata)
             last = scan.last_end
         if has_rows and (self._remote is not None or last is None):
             _, ends = read_start_end(metadata)  # rows that are not plain lines (or fetched whole): all of them decide
@@ -433,7 +444,11 @@ class Writer(TokenWriter):
             self._mask = self._files.create(label_mask_path(final))
         # the rows are compressed as each batch arrives (no second pass over them at the shard's end), at a level
         # that costs little next to writing the tokens (ROWS_COMPRESSION)
-        self._rows = GzipRows(self._files.create(metadata_path(final)), ROWS_COMPRESSION, ROWS_STRATEGY)
+        # the last row in a gzip member of its own: an open finds its end (the dtype check) without decompressing
+        # every row (_dolma_rows.tail_scan); the rows read as one text by every gzip reader
+        self._rows = GzipRows(
+            self._files.create(metadata_path(final)), ROWS_COMPRESSION, ROWS_STRATEGY, last_row_apart=True
+        )
         return handle
 
     def _end(self, handle: Any, tokens: int) -> None:

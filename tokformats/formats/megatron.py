@@ -27,8 +27,10 @@ fixes: ids that do not fit the dtype are refused instead of wrapped, the index i
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
+import weakref
 from collections.abc import Iterable, Sequence
 from functools import cached_property
 from pathlib import Path
@@ -144,7 +146,7 @@ class Sequences(Sequence[np.ndarray]):
         self._reader = reader
 
     def __len__(self) -> int:
-        return len(self._reader.sequence_lengths)
+        return self._reader._sequences
 
     def __getitem__(self, key: Any) -> Any:
         if isinstance(key, slice):
@@ -157,7 +159,7 @@ class Sequences(Sequence[np.ndarray]):
     def get(self, index: int, offset: int = 0, length: int | None = None) -> np.ndarray:
         """Tokens ``offset .. offset + length`` of sequence ``index`` (``IndexedDataset.get``, bounds-checked)."""
         index = self._index(index)
-        size = int(self._reader.sequence_lengths[index])
+        size = self._reader._index[0].item(index)
         if length is None:
             length = size - offset
         if offset < 0 or length < 0 or offset + length > size:
@@ -166,6 +168,8 @@ class Sequences(Sequence[np.ndarray]):
             )
         reader = self._reader
         start = reader._span(index, index + 1, f"sequence {index}")[0] + offset
+        if reader._random_index is not None:
+            reader._end_random_index()
         return reader._view[start : start + length]
 
     @property
@@ -194,6 +198,16 @@ def remote_companions(name: str) -> list[tuple[str, bool]]:
     return [(f"{name}.idx", False), (f"{name}.bin", False), (f"{masks}.idx", False), (f"{masks}.bin", False)]
 
 
+def _advised(mapped: np.ndarray, advice: int) -> mmap.mmap | None:
+    """Give the kernel ``advice`` on the pages of ``mapped`` (an ``np.memmap`` of ``core.arrays.map_file``);
+    returns its ``mmap`` (None where there is none: an empty file, or a platform without ``madvise``)."""
+    handle = getattr(mapped, "_mmap", None)
+    if not isinstance(handle, mmap.mmap) or not hasattr(handle, "madvise"):
+        return None
+    handle.madvise(advice)
+    return handle
+
+
 def remote_lazy(folder: Path, names: list[str]) -> bool:
     """Whether a dataset opened by URL can fetch its ``.bin`` on first use: its ``.idx`` (fetched at open) gives
     every sequence and document, so ``len()``, ``lengths`` and a training sample index need no token."""
@@ -210,6 +224,10 @@ class Reader(TokenReader):
     """
 
     format = "megatron"
+    #: The ``.idx`` map made at open, advised ``MADV_RANDOM`` (each fault reads its page, not megabytes around it)
+    #: until the first read or a use of the index whole (:meth:`_end_random_index`); a weak reference.
+    _random_index: weakref.ref[mmap.mmap] | None = None
+    _index_mapped = False
 
     def __init__(self, path: PathLike, *, multimodal: bool | None = None, remote: LazyFiles | None = None) -> None:
         super().__init__(path, multimodal=multimodal, remote=remote)
@@ -270,8 +288,13 @@ class Reader(TokenReader):
     def _index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
         """The ``.idx`` arrays, mapped (again after :meth:`close`): lengths, pointers, document indices, modes."""
         count, entries, has_modes = self._layout
+        mapped = self._map(self.idx_path, np.dtype(np.uint8))
+        if not self._index_mapped:  # the map made at open: single pages until the first read
+            self._index_mapped = True
+            advised = _advised(mapped, mmap.MADV_RANDOM)
+            self._random_index = weakref.ref(advised) if advised is not None else None  # never keeps it mapped
         # A plain ndarray view of the map: slicing an np.memmap runs Python code on every access.
-        index = self._map(self.idx_path, np.dtype(np.uint8)).view(np.ndarray)
+        index = mapped.view(np.ndarray)
         start = HEADER.size
         lengths = index[start : start + 4 * count].view("<i4")
         start += 4 * count
@@ -282,19 +305,30 @@ class Reader(TokenReader):
         modes = index[start : start + count].view("i1") if has_modes else None
         return lengths, pointers, document_indices, modes
 
+    def _end_random_index(self) -> None:
+        """The ``.idx`` map back to the kernel's read-ahead: the open and the first read are done (they faulted
+        single pages: the header, the first entries, the entries read), and what follows may use the index whole."""
+        advised = self._random_index() if self._random_index is not None else None
+        self._random_index = None
+        if advised is not None and not advised.closed:
+            advised.madvise(mmap.MADV_NORMAL)
+
     @property
     def sequence_lengths(self) -> np.ndarray:
         """Tokens per sequence (int32, as stored)."""
+        self._end_random_index()
         return self._index[0]
 
     @property
     def sequence_pointers(self) -> np.ndarray:
         """Byte offset of each sequence in the ``.bin`` (int64, as stored)."""
+        self._end_random_index()
         return self._index[1]
 
     @property
     def document_indices(self) -> np.ndarray:
         """``[0, end_0, ..., N]``: where each document's sequences end (int64, as stored)."""
+        self._end_random_index()
         return self._index[2]
 
     @property
@@ -317,10 +351,10 @@ class Reader(TokenReader):
         path = self.idx_path
         itemsize = self._dtype.itemsize
         bin_size = self._pinned_size(self.bin_path) if self._remote is None else self._remote.size(self.bin_path)
-        if count and self.sequence_pointers[0] != 0:
+        first_pointer = self._index[1].item(0) if count else 0  # the index map made here, read single pages
+        if first_pointer != 0:
             raise SizeMismatchError(
-                f"{path}: the first sequence must start at byte 0; sequence_pointers[0] is "
-                f"{int(self.sequence_pointers[0])}."
+                f"{path}: the first sequence must start at byte 0; sequence_pointers[0] is {first_pointer}."
             )
         if bin_size % itemsize or (not count and bin_size):
             raise SizeMismatchError(
@@ -513,6 +547,8 @@ class Reader(TokenReader):
                 f"within the {self._sequences:,} sequences."
             )
         start, end = self._span(first, stop, f"document {index}")
+        if self._random_index is not None:
+            self._end_random_index()
         return self._view[start:end]
 
     def sample_units(self) -> tuple[np.ndarray, np.ndarray]:
