@@ -121,7 +121,7 @@ def test_a_chat_run_asks_auto_for_the_engine_of_chat_text(monkeypatch: pytest.Mo
     chats.write_text(json.dumps({"messages": turns}) + "\n")
     tokformats.tokenize(_corpus(tmp_path), tokenizer_path, tmp_path / "text", "datatrove", progress=False)
     tokformats.tokenize(chats, tokenizer_path, tmp_path / "chat", "datatrove", chat="messages", progress=False)
-    assert asked == [{"chat": False}, {"chat": True}]
+    assert [gate["chat"] for gate in asked] == [False, True]
 
 
 def test_unknown_engine_is_refused(tokenizer_path: Path) -> None:
@@ -197,7 +197,11 @@ def test_gate_runs_once_per_tokenizer_per_process(
     for name in ("first", "second"):
         summary = tokformats.tokenize(corpus, tokenizer_path, tmp_path / name, "raw", progress=False)
         assert summary["engine"] == "lying" and summary["engine_reason"] == "a test engine"
-    assert calls == [("auto", {"chat": False})]  # the second run reused the first one's gated engine
+    import hashlib
+
+    digest = hashlib.sha256(_tokenizer(tokenizer_path).to_str().encode("utf-8")).hexdigest()
+    # The second run reused the first one's gated engine.
+    assert calls == [("auto", {"chat": False, "tokenizer_hash": digest})]
     assert (tmp_path / "first.bin").read_bytes() == (tmp_path / "second.bin").read_bytes()
 
 

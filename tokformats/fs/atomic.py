@@ -152,6 +152,28 @@ class AtomicFiles:
         os.fsync(handle.fileno())
         handle.close()
 
+    def adopt(self, final: str | os.PathLike[str], source: str | os.PathLike[str]) -> None:
+        """Make the finished file ``source`` (left where it is) the content of ``final``, which :meth:`create` made
+        and nothing was written to: its temporary becomes a hard link to ``source``, fsynced, so that the commit
+        renames those bytes into place without copying them, and an abort (or a kill) leaves ``source`` whole.
+        Raises ``OSError`` where that cannot be (no hard links on the file system, ``source`` on another one);
+        nothing has changed then, and the caller writes the bytes itself."""
+        path = Path(final)
+        index = self._finals.index(path)
+        handle, tmp = self._handles[index], self._temporaries[index]
+        if handle.closed or handle.tell() or os.fstat(handle.fileno()).st_size:
+            raise ValueError(f"{path} was written to; only an empty temporary can adopt a file")
+        link = temporary_name(path)
+        os.link(source, link)
+        try:
+            with open(link, "rb") as linked:  # the source's bytes reach the disk before the rename publishes them
+                os.fsync(linked.fileno())
+            os.replace(link, tmp)
+        except BaseException:
+            link.unlink(missing_ok=True)
+            raise
+        handle.close()
+
     def retarget(self, final: str | os.PathLike[str], new_final: str | os.PathLike[str]) -> None:
         """Give a created temporary another final name (for names known only at commit: data-K-of-N)."""
         old, new = Path(final), Path(new_final)
