@@ -900,6 +900,8 @@ class _PartitionRun:
         self.stats.tokens += len(flat)
 
     def _split_of(self, good: list[Record]) -> np.ndarray:
+        if len(self.fractions) == 1:  # one split: no draw (the spooling ignores it)
+            return np.zeros(len(good), dtype=np.intp)
         return assign_splits(
             self.plan.seed,
             np.array([r.input + self.first_input for r in good], dtype=np.int64),
