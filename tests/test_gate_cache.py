@@ -194,4 +194,8 @@ def test_off_keeps_nothing_on_disk(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     select_engine(tokenizer, "auto", chat=False, tokenizer_hash=_digest(tokenizer))
     assert not (tmp_path / "cache").exists()
     monkeypatch.delenv(gate_cache.GATE_CACHE_ENV)
-    assert gate_cache.gate_cache_folder() == tmp_path / "cache" / "gates"  # the default: the remote cache's folder
+    from tokformats.remote.cache import default_cache_dir
+
+    assert gate_cache.gate_cache_folder() == default_cache_dir() / "gates" == tmp_path / "cache" / "gates"
+    monkeypatch.delenv("TOKFORMATS_CACHE")
+    assert gate_cache.gate_cache_folder() == default_cache_dir() / "gates"  # the remote cache's folder
