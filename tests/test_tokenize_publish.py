@@ -197,3 +197,36 @@ def test_an_id_beyond_the_dtype_is_never_wrapped(tokenizer_path: Path) -> None:
                                chosen=(_Wide(), "a test engine"))  # fmt: skip
     with pytest.raises(EngineMismatchError, match="gave id 70,000 for doc 1, beyond the vocabulary's uint16"):
         encoder.encode(["a", "b"], np.dtype("<u2"), lambda k: f"doc {k}")
+
+
+KILLED_AFTER_COMMIT = r"""
+import os, signal, sys
+import tokformats
+from tokformats.tokenization import pipeline
+
+def killed(work):
+    os.kill(os.getpid(), signal.SIGKILL)  # the outputs committed, the work folder not yet removed
+
+pipeline._discard = killed
+tokformats.tokenize(sys.argv[1], sys.argv[2], sys.argv[3], "megatron", progress=False)
+"""
+
+
+def test_a_resume_after_the_commit_republishes_the_same_bytes_and_leaves_no_link_behind(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    corpus = _corpus(tmp_path, 300)
+    target = tmp_path / "run" / "c"
+    env = {**os.environ, "PYTHONPATH": str(Path(tokformats.__file__).parents[1])}
+    killed = subprocess.run([sys.executable, "-c", KILLED_AFTER_COMMIT, str(corpus), str(tokenizer_path),
+                             str(target)], env=env, capture_output=True, timeout=120)  # fmt: skip
+    assert killed.returncode == -9, killed.stderr.decode()
+    published = {p.name: p.read_bytes() for p in target.parent.glob("c_text_document.*")}
+    assert sorted(published) == ["c_text_document.bin", "c_text_document.idx", "c_text_document.provenance.npz"]
+    spool = Path(f"{target}.tokenize") / "part-0000" / "text.tokens"
+    assert spool.stat().st_nlink == 2  # the .bin is the spool
+    tokformats.tokenize(corpus, tokenizer_path, target, "megatron", progress=False, resume=True)
+    assert {p.name: p.read_bytes() for p in target.parent.glob("c_text_document.*")} == published
+    left = sorted(p.name for p in target.parent.iterdir())
+    assert left == sorted(published)  # no temporary link left beside the outputs, no work folder
+    assert (target.parent / "c_text_document.bin").stat().st_nlink == 1

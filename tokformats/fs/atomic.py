@@ -14,6 +14,7 @@ half-written dataset under its final name.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import weakref
 from collections.abc import Callable, Iterable
@@ -163,6 +164,10 @@ class AtomicFiles:
         handle, tmp = self._handles[index], self._temporaries[index]
         if handle.closed or handle.tell() or os.fstat(handle.fileno()).st_size:
             raise ValueError(f"{path} was written to; only an empty temporary can adopt a file")
+        if path.exists() and os.path.samefile(source, path):
+            # Already published (a resume after a kill between the commit and the cleanup): a rename between two
+            # links of one file does nothing and would leave the temporary behind. The caller copies instead.
+            raise FileExistsError(errno.EEXIST, "the source is already the final file", str(path))
         link = temporary_name(path)
         os.link(source, link)
         try:
