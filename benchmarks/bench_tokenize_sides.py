@@ -39,12 +39,15 @@ import sys, time
 cpu, wall = time.process_time(), time.perf_counter()
 import tokformats
 summary = tokformats.tokenize(sys.argv[1], sys.argv[2], sys.argv[3], "megatron", progress=False, overwrite=True)
-print(time.perf_counter() - wall, time.process_time() - cpu, summary["engine"])
+print(time.perf_counter() - wall, time.process_time() - cpu, summary["engine"], tokformats.__file__)
 """
 
 
 def child(code: str, args: list[str], env: dict[str, str]) -> list[str]:
-    out = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, check=False)
+    # Run from the file system's root: ``python -c`` puts the working folder first on sys.path, and a checkout
+    # there would be imported whatever PYTHONPATH says.
+    out = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, check=False,
+                         cwd="/")  # fmt: skip
     if out.returncode:
         raise SystemExit(out.stderr)
     return out.stdout.split()
@@ -81,6 +84,8 @@ def main() -> None:
                     target = outputs["before" if side == "before" else "after"]
                     found = child(RUN, [str(args.corpus), str(args.tokenizer), str(target)], env)
                     wall, cpu, engine = float(found[0]), float(found[1]), found[2]
+                    if not Path(found[3]).resolve().is_relative_to(Path(env["PYTHONPATH"])):
+                        raise SystemExit(f"{side} imported {found[3]}, not the checkout {env['PYTHONPATH']}")
                 results[side].append((wall, cpu, load))
                 print(f"round {round_} {side}: wall {wall:.2f} s, CPU {cpu:.2f} s, load {load:.1f}, {engine}",
                       flush=True)  # fmt: skip
