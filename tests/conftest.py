@@ -36,6 +36,21 @@ def goldens() -> Path:
 
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _no_gate_cache_on_disk() -> Iterator[None]:
+    """The engine gate's results are kept in the process only (the tests of the cache on disk turn it on in a
+    folder of their own): the user's cache is never written, and a test never sees another test's entry."""
+    import os
+
+    before = os.environ.get("TOKFORMATS_GATE_CACHE")
+    os.environ["TOKFORMATS_GATE_CACHE"] = "off"
+    yield
+    if before is None:
+        os.environ.pop("TOKFORMATS_GATE_CACHE", None)
+    else:
+        os.environ["TOKFORMATS_GATE_CACHE"] = before
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--reliability-long",

@@ -121,7 +121,7 @@ def test_a_chat_run_asks_auto_for_the_engine_of_chat_text(monkeypatch: pytest.Mo
     chats.write_text(json.dumps({"messages": turns}) + "\n")
     tokformats.tokenize(_corpus(tmp_path), tokenizer_path, tmp_path / "text", "datatrove", progress=False)
     tokformats.tokenize(chats, tokenizer_path, tmp_path / "chat", "datatrove", chat="messages", progress=False)
-    assert asked == [{"chat": False}, {"chat": True}]
+    assert [gate["chat"] for gate in asked] == [False, True]
 
 
 def test_unknown_engine_is_refused(tokenizer_path: Path) -> None:
@@ -197,7 +197,11 @@ def test_gate_runs_once_per_tokenizer_per_process(
     for name in ("first", "second"):
         summary = tokformats.tokenize(corpus, tokenizer_path, tmp_path / name, "raw", progress=False)
         assert summary["engine"] == "lying" and summary["engine_reason"] == "a test engine"
-    assert calls == [("auto", {"chat": False})]  # the second run reused the first one's gated engine
+    import hashlib
+
+    digest = hashlib.sha256(_tokenizer(tokenizer_path).to_str().encode("utf-8")).hexdigest()
+    # The second run reused the first one's gated engine.
+    assert calls == [("auto", {"chat": False, "tokenizer_hash": digest})]
     assert (tmp_path / "first.bin").read_bytes() == (tmp_path / "second.bin").read_bytes()
 
 
@@ -306,3 +310,105 @@ def test_command_line_names_the_engine(
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["engine"] == "tokenizers" and summary["engine_reason"] == "asked for"
+
+
+class _Counting(TokenizersEngine):
+    """The reference, recording every text it is asked to encode."""
+
+    seen: list[str] = []  # noqa: RUF012 - reset by each test
+
+    def encode(self, texts: list[str], split_special: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        type(self).seen.extend(texts)
+        return super().encode(texts, split_special)
+
+
+def _late_corpus(tmp_path: Path) -> tuple[Path, list[str]]:
+    """About 3 MiB of documents, numbered (``doc N:``) so that a re-encoded text tells its place."""
+    base = sample_texts(600)
+    texts = [f"doc {k}: " + " ".join(base[(k + j) % 600] for j in range(6)) for k in range(2400)]
+    corpus = tmp_path / "late.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return corpus, texts
+
+
+def _checked(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Make the run's engine tokenizers' ids under another name (so that the encoder checks it) and record the
+    texts the check re-encodes."""
+    _lying(monkeypatch, "\x00never")
+    _Counting.seen = []
+    monkeypatch.setattr(pipeline, "TokenizersEngine", _Counting)
+    return _Counting.seen
+
+
+def test_the_check_after_the_first_mib_is_sized_by_verify_bytes_and_spread_over_the_input(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path
+) -> None:
+    corpus, texts = _late_corpus(tmp_path)
+    size = corpus.stat().st_size
+    assert size > 3 * pipeline.Encoder.FIRST_SAMPLE_BYTES
+    seen = _checked(monkeypatch)
+    # Each document with probability 1 at most: lowered to about 128 KiB of the ~3.4 MB.
+    tokformats.tokenize(corpus, tokenizer_path, tmp_path / "budget", "raw", progress=False, batch_size=100,
+                        verify_fraction=1.0, verify_bytes=128 << 10)  # fmt: skip
+    numbers = [int(t.split(":", 1)[0][4:]) for t in seen]
+    first = [n for n in numbers if sum(len(t) for t in texts[:n]) < pipeline.Encoder.FIRST_SAMPLE_BYTES]
+    drawn = [n for n in numbers if n not in first]
+    assert first == list(range(len(first))) and len(first) > 100  # the first MiB, in order
+    drawn_text = sum(len(texts[n]) for n in drawn)
+    assert 32 << 10 < drawn_text < 384 << 10, drawn_text  # about verify_bytes, not 1% of the corpus
+    assert max(drawn) > 0.85 * len(texts) and min(drawn) < 0.6 * len(texts), drawn  # across the input
+    seen.clear()
+    tokformats.tokenize(corpus, tokenizer_path, tmp_path / "all", "raw", progress=False, batch_size=100,
+                        verify_fraction=1.0, verify_bytes=None)  # fmt: skip
+    # None: no budget; every document is checked but some of the two batches where the first MiB ends.
+    missing = set(range(len(texts))) - {int(t.split(":", 1)[0][4:]) for t in seen}
+    assert missing and min(missing) > max(first) and max(missing) < max(first) + 200
+
+
+def test_an_iterables_draws_stop_at_verify_bytes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path
+) -> None:
+    _, texts = _late_corpus(tmp_path)
+    seen = _checked(monkeypatch)
+    tokformats.tokenize(iter(texts), tokenizer_path, tmp_path / "it", "raw", progress=False, batch_size=100,
+                        verify_fraction=1.0, verify_bytes=64 << 10)  # fmt: skip
+    numbers = [int(t.split(":", 1)[0][4:]) for t in seen]
+    drawn = [n for n in numbers if n >= 1000]  # past the batches where the first MiB (856 documents) ends
+    # Every document was drawn (verify_fraction 1) until the budget was spent, and none after.
+    assert drawn == list(range(1000, max(drawn) + 1)) and max(drawn) < 1400
+    assert 32 << 10 < sum(len(texts[n]) for n in drawn) <= 64 << 10
+
+
+def test_a_wrong_engine_late_in_the_input_is_still_caught_by_the_budgeted_draw(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path
+) -> None:
+    corpus, texts = _late_corpus(tmp_path)
+    # Wrong on every document of the last third only: the first MiB passes, the draws across the input do not.
+    late = set(range(1600, len(texts)))
+
+    class LateLying(Engine):
+        name = "late-lying"
+
+        def __init__(self, tokenizer: Any) -> None:
+            self.reference = TokenizersEngine(tokenizer)
+
+        def encode(self, batch: list[str], split_special: bool = False) -> tuple[np.ndarray, np.ndarray]:
+            flat, lengths = self.reference.encode(batch)
+            flat, ends = flat.copy(), np.cumsum(lengths)
+            for k, text in enumerate(batch):
+                if int(text.split(":", 1)[0][4:]) in late:
+                    flat[ends[k] - 1] += 1
+            return flat, lengths
+
+    monkeypatch.setattr(pipeline, "select_engine", lambda tokenizer, engine="auto", **gate: (LateLying(tokenizer),
+                                                                                              "a test engine"))
+    with pytest.raises(EngineMismatchError, match=r"late-lying gave other ids than tokenizers for .*late\.jsonl"):
+        tokformats.tokenize(corpus, tokenizer_path, tmp_path / "wrong", "raw", progress=False, batch_size=100,
+                            verify_fraction=1.0, verify_bytes=64 << 10)  # fmt: skip
+    assert not (tmp_path / "wrong.bin").exists()
+
+
+def test_verify_bytes_must_be_a_size(tmp_path: Path, tokenizer_path: Path) -> None:
+    for bad in (-1, 1.5, "1M", True):
+        with pytest.raises(tokformats.ConfigError, match="verify_bytes must be a number of bytes"):
+            tokformats.tokenize(["a"], tokenizer_path, tmp_path / "x", "raw", verify_bytes=bad, progress=False)

@@ -669,6 +669,7 @@ def run_tokenize(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             engine=args.engine,
             verify_fraction=args.verify_fraction,
+            verify_bytes=getattr(args, "verify_bytes", 1 << 20),
             chat=args.chat,
             template=args.template,
             train_on=args.train_on,

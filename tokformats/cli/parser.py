@@ -213,7 +213,15 @@ def _tokenize_run_args() -> list[Row]:
             type=float,
             default=0.01,
             metavar="F",
-            help="fraction of batches a faster engine's ids are checked against tokenizers' during the run (0.01)",
+            help="after the first MiB, the largest share of documents a faster engine's ids are checked against "
+            "tokenizers' for (0.01)",
+        ),
+        Arg(
+            "--verify-bytes",
+            type=int,
+            default=1 << 20,
+            metavar="N",
+            help="text of the documents drawn across the input for that check, beyond the first MiB (1048576)",
         ),
         Arg(
             "--provenance",

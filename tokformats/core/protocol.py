@@ -714,6 +714,16 @@ class TokenWriter(Writer[Any]):
             else:
                 self.write_batch(tokens[start:end], sizes[first:stop], loss_masks[start:end])
 
+    def adopt_data_file(self, path: PathLike, dtype: np.dtype, lengths: np.ndarray) -> bool:
+        """Take the finished file at ``path`` as this dataset's data file instead of writing its bytes again:
+        ``path`` holds the ids of documents of ``lengths`` back to back in ``dtype``, every id already checked
+        below :attr:`vocab_size`. The file stays where it is (it is hard-linked into the commit), so an abort or a
+        kill before the commit leaves it whole. Returns whether the writer did: False (nothing written) from
+        formats whose data file is not the bare id stream, from a writer already written to or that would store
+        another dtype, and where the file system cannot link; the caller then writes the documents with
+        :meth:`write_batch`. ``tokenize`` publishes a single-partition run's spool this way."""
+        return False
+
     def _write_masked(self, flat: np.ndarray, lengths: np.ndarray, mask: np.ndarray) -> None:
         """Write documents and their loss mask (uint8 0/1, parallel to ``flat``); formats that store masks
         (:attr:`stores_loss_mask`) override it and put the mask in the same atomic commit as the tokens."""

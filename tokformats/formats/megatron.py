@@ -40,7 +40,7 @@ import numpy as np
 
 from ..core.arrays import GrowableArray
 from ..core.documents import offsets_from_lengths
-from ..core.dtypes import as_token_array, little_endian, resolve_dtype
+from ..core.dtypes import as_token_array, check_lengths, little_endian, resolve_dtype
 from ..core.protocol import PathLike, TokenReader, TokenWriter, checked_position
 from ..core.registry import FormatDescriptor, Probe
 from ..errors import DTypeError, FormatError, HeaderError, NoFilesError, SizeMismatchError
@@ -759,8 +759,49 @@ class Writer(TokenWriter):
             self._mask_bin.write(np.ones(count, dtype=np.uint8).data)
 
     # -- the common protocol --------------------------------------------------------------------
+    def adopt_data_file(self, path: PathLike, dtype: np.dtype, lengths: np.ndarray) -> bool:
+        """Take ``path`` (the ids of single-sequence documents of ``lengths``, in ``dtype``) as the ``.bin``: the
+        ``.bin`` is the bare id stream, so only the ``.idx`` is built (from ``lengths``, as ``write_batch`` builds
+        it); see :meth:`TokenWriter.adopt_data_file`. Not for a multimodal dataset, one with loss masks, or one
+        already written to."""
+        self._check_open()
+        given = np.dtype(dtype)
+        if (
+            self.num_documents
+            or len(self._lengths)
+            or self._modes is not None
+            or self.loss_masked
+            or given.kind not in "iu"
+            or given.itemsize != self.dtype.itemsize
+            or given.byteorder not in ("=", "<", "|")
+        ):
+            return False
+        sizes = check_lengths(lengths, int(np.sum(lengths)), where=f"{self.path}: ")
+        tokens = int(sizes.sum())
+        found = os.stat(path).st_size
+        if found != tokens * self.dtype.itemsize:
+            raise FormatError(
+                f"{path} has {found:,} bytes; {len(sizes):,} documents of {tokens:,} {self.dtype.name} ids take "
+                f"{tokens * self.dtype.itemsize:,}."
+            )
+        try:
+            self._files.adopt(self.bin_path, path)
+        except OSError:  # no hard links here, or another file system: the caller writes the bytes
+            return False
+        self._index_documents(None, sizes)
+        self.loss_masked = False
+        self.num_documents += len(sizes)
+        self.num_tokens += tokens
+        self.num_trained_tokens += tokens
+        return True
+
     def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
         """Single-sequence documents (``write`` / ``write_batch``)."""
+        self._index_documents(flat, lengths)
+
+    def _index_documents(self, flat: np.ndarray | None, lengths: np.ndarray) -> None:
+        """Single-sequence documents of ``lengths`` into the index, and their ids ``flat`` into the ``.bin`` (None:
+        the ``.bin`` holds them already)."""
         if self.empty_documents == "none":
             nonempty = lengths > 0
             self._add_sequences(flat, lengths[nonempty], None)
@@ -777,7 +818,7 @@ class Writer(TokenWriter):
         self._write_tokens(flat, lengths)
         self._mask_bin.write(np.ascontiguousarray(mask, dtype=np.uint8).data)
 
-    def _add_sequences(self, flat: np.ndarray, lengths: np.ndarray, modes: Sequence[int] | None) -> None:
+    def _add_sequences(self, flat: np.ndarray | None, lengths: np.ndarray, modes: Sequence[int] | None) -> None:
         if len(lengths) and lengths.max() > _MAX_SEQUENCE:
             raise FormatError(
                 f"{self.path}: a sequence of {int(lengths.max()):,} tokens does not fit Megatron's int32 "
@@ -788,7 +829,8 @@ class Writer(TokenWriter):
             if len(chosen) != len(lengths) or (len(chosen) and (chosen.min() < -128 or chosen.max() > 127)):
                 raise FormatError(f"{self.path}: give one int8 mode per sequence ({len(lengths)}), found {modes!r}.")
             self._modes.extend(chosen)
-        self._bin.write(np.ascontiguousarray(flat).data)
+        if flat is not None:
+            self._bin.write(np.ascontiguousarray(flat).data)
         self._lengths.extend(lengths)
 
     def _finish(self) -> None:

@@ -14,6 +14,7 @@ half-written dataset under its final name.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import weakref
 from collections.abc import Callable, Iterable
@@ -150,6 +151,32 @@ class AtomicFiles:
             return
         handle.flush()
         os.fsync(handle.fileno())
+        handle.close()
+
+    def adopt(self, final: str | os.PathLike[str], source: str | os.PathLike[str]) -> None:
+        """Make the finished file ``source`` (left where it is) the content of ``final``, which :meth:`create` made
+        and nothing was written to: its temporary becomes a hard link to ``source``, fsynced, so that the commit
+        renames those bytes into place without copying them, and an abort (or a kill) leaves ``source`` whole.
+        Raises ``OSError`` where that cannot be (no hard links on the file system, ``source`` on another one);
+        nothing has changed then, and the caller writes the bytes itself."""
+        path = Path(final)
+        index = self._finals.index(path)
+        handle, tmp = self._handles[index], self._temporaries[index]
+        if handle.closed or handle.tell() or os.fstat(handle.fileno()).st_size:
+            raise ValueError(f"{path} was written to; only an empty temporary can adopt a file")
+        if path.exists() and os.path.samefile(source, path):
+            # Already published (a resume after a kill between the commit and the cleanup): a rename between two
+            # links of one file does nothing and would leave the temporary behind. The caller copies instead.
+            raise FileExistsError(errno.EEXIST, "the source is already the final file", str(path))
+        link = temporary_name(path)
+        os.link(source, link)
+        try:
+            with open(link, "rb") as linked:  # the source's bytes reach the disk before the rename publishes them
+                os.fsync(linked.fileno())
+            os.replace(link, tmp)
+        except BaseException:
+            link.unlink(missing_ok=True)
+            raise
         handle.close()
 
     def retarget(self, final: str | os.PathLike[str], new_final: str | os.PathLike[str]) -> None:

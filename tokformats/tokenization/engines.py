@@ -44,6 +44,7 @@ __all__ = [
     "first_difference",
     "differing_text",
     "select_engine",
+    "ReferenceIds",
     "calibration_texts",
     "encoded",
 ]
@@ -292,11 +293,30 @@ def _built(tokenizer_json: str, name: str, reference: TokenizersEngine) -> tuple
         return None, f"{name} refuses this tokenizer: {exc}"
 
 
-def _gate(candidate: Engine, reference: Engine, texts: list[str], modes: tuple[bool, ...]) -> str | None:
+class ReferenceIds:
+    """``tokenizers``' ids of the gate's texts in each way of encoding, each computed once (however many engines
+    are gated) or given (read from the gate cache, :mod:`.gate_cache`)."""
+
+    def __init__(
+        self, reference: Engine, texts: list[str], known: dict[bool, tuple[np.ndarray, np.ndarray]] | None = None
+    ) -> None:
+        self.reference, self.texts = reference, texts
+        self.known = dict(known or {})
+
+    def __call__(self, split_special: bool) -> tuple[np.ndarray, np.ndarray]:
+        if split_special not in self.known:
+            self.known[split_special] = encoded(self.reference, self.texts, split_special)
+        return self.known[split_special]
+
+
+def _gate(
+    candidate: Engine, reference: Engine | ReferenceIds, texts: list[str], modes: tuple[bool, ...]
+) -> str | None:
     """Why ``candidate`` fails the identity gate on the adversarial ``texts`` in each way of encoding of ``modes``
     (``False``: text; ``True``: chat message text, specials spelled out staying text), or None when it passes."""
+    want = reference if isinstance(reference, ReferenceIds) else ReferenceIds(reference, texts)
     for split_special in modes:
-        difference = first_difference(reference, candidate, texts, split_special)
+        difference = differing_text(*want(split_special), *encoded(candidate, texts, split_special))
         if difference is not None:
             shown = _describe(texts[difference])
             how = " with special tokens split as text" if split_special else ""
@@ -305,20 +325,28 @@ def _gate(candidate: Engine, reference: Engine, texts: list[str], modes: tuple[b
 
 
 def _gated(
-    tokenizer: Any, name: str, reference: TokenizersEngine, texts: list[str], modes: tuple[bool, ...] = (False, True)
+    tokenizer: Any,
+    name: str,
+    reference: TokenizersEngine,
+    texts: list[str],
+    modes: tuple[bool, ...] = (False, True),
+    want: ReferenceIds | None = None,
 ) -> tuple[Engine | None, str]:
     """Engine ``name`` on ``tokenizer`` when it is installed, accepts the tokenizer and gives the reference's ids on
-    the adversarial ``texts``, and why; else None and the error an explicit request raises (its message says why)."""
+    the adversarial ``texts`` (``want``: those ids, when known), and why; else None and the error an explicit
+    request raises (its message says why)."""
     candidate, refusal = _built(tokenizer.to_str(), name, reference)
     if candidate is None:
         return None, refusal
-    failure = _gate(candidate, reference, texts, modes)
+    failure = _gate(candidate, want or reference, texts, modes)
     if failure is not None:
         return None, failure
     return candidate, f"{name} passed the identity gate ({len(texts)} adversarial texts)"
 
 
-def select_engine(tokenizer: Any, engine: str = "auto", *, chat: bool = True) -> tuple[Engine, str]:
+def select_engine(
+    tokenizer: Any, engine: str = "auto", *, chat: bool = True, tokenizer_hash: str | None = None
+) -> tuple[Engine, str]:
     """The engine to encode with, and why (for the progress line and the summary).
 
     ``"auto"``: of the fast engines (fastokens, splintr) that are installed and pass the identity gate on
@@ -328,16 +356,42 @@ def select_engine(tokenizer: Any, engine: str = "auto", *, chat: bool = True) ->
     refuses the tokenizer, :class:`EngineMismatchError` when it differs. ``"tokenizers"``: the reference, unchecked.
     ``chat=False`` (a plain-text run) gates the way text is encoded only; by default chat message text's way too,
     and ``auto`` prefers the engines that encode such text themselves (splintr hands it to tokenizers).
+
+    With ``tokenizer_hash`` (the SHA-256 of ``tokenizer.to_str()``), what the selection found is kept on disk and
+    read back by later processes (:mod:`.gate_cache`; ``TOKFORMATS_GATE_CACHE=off`` turns it off): they load the
+    engine found and gate it against the stored ``tokenizers`` ids, without timing or loading the others.
     """
     if engine not in ENGINES:
         raise ConfigError(f"engine must be one of {', '.join(ENGINES)}; found {engine!r}.")
     reference = TokenizersEngine(tokenizer)
     if engine == "tokenizers":
         return reference, "asked for"
-    texts = adversarial_texts(tokenizer)
     modes = (False, True) if chat else (False,)
+    from . import gate_cache
+
+    path = gate_cache.entry_path(tokenizer_hash, engine, modes) if tokenizer_hash else None
+    cached = gate_cache.load(path, tokenizer_hash or "", engine, modes) if path is not None else None
+    if cached is not None:
+        hit = _from_cache(tokenizer, reference, cached, modes, path)
+        if hit is not None:
+            return hit
+    texts = adversarial_texts(tokenizer)
+    want = ReferenceIds(reference, texts)
+    chosen, reason = _selected(tokenizer, engine, reference, want, modes)
+    if path is not None and tokenizer_hash:
+        kept = {mode: want(mode) for mode in modes} if chosen is not reference else {}
+        gate_cache.save(path, tokenizer_hash, engine, modes, gate_cache.GateEntry(chosen.name, reason, texts, kept))
+    return chosen, reason
+
+
+def _selected(
+    tokenizer: Any, engine: str, reference: TokenizersEngine, want: ReferenceIds, modes: tuple[bool, ...]
+) -> tuple[Engine, str]:
+    """The full selection of :func:`select_engine` (no cache): the gate on a named engine, or ``auto``'s timing
+    and gating, against ``want`` (the reference's ids of the adversarial texts)."""
+    texts = want.texts
     if engine != "auto":
-        chosen, reason = _gated(tokenizer, engine, reference, texts, modes)
+        chosen, reason = _gated(tokenizer, engine, reference, texts, modes, want)
         if chosen is not None:
             return chosen, reason
         if " gives other ids " in reason:
@@ -352,11 +406,26 @@ def select_engine(tokenizer: Any, engine: str = "auto", *, chat: bool = True) ->
             refused.append(refusal)
         else:
             built.append(candidate)
-    return _fastest_gated(built, refused, reference, texts, modes)
+    return _fastest_gated(built, refused, want, texts, modes)
+
+
+def _from_cache(
+    tokenizer: Any, reference: TokenizersEngine, cached: Any, modes: tuple[bool, ...], path: Any
+) -> tuple[Engine, str] | None:
+    """The engine a cached selection found, gated against the cached ``tokenizers`` ids; None when it is no longer
+    built or fails (the caller then selects anew and rewrites the entry)."""
+    if cached.engine == "tokenizers":
+        return reference, f"{cached.reason} (the gate's result cached in {path})"
+    candidate, _ = _built(tokenizer.to_str(), cached.engine, reference)
+    if candidate is None:
+        return None
+    if _gate(candidate, ReferenceIds(reference, cached.texts, cached.reference), cached.texts, modes) is not None:
+        return None
+    return candidate, f"{cached.reason} (the gate's reference ids cached in {path})"
 
 
 def _fastest_gated(
-    built: list[Engine], refused: list[str], reference: Engine, texts: list[str], modes: tuple[bool, ...]
+    built: list[Engine], refused: list[str], reference: ReferenceIds, texts: list[str], modes: tuple[bool, ...]
 ) -> tuple[Engine, str]:
     """Of the ``built`` engines, the fastest on the calibration text that passes the gate (the rest are not gated),
     with the reason; tokenizers when none passes. When chat message text is among the ``modes``, the engines that
@@ -378,4 +447,4 @@ def _fastest_gated(
         if refused:
             reason += f"; {'; '.join(refused)}"
         return candidate, reason
-    return reference, "; ".join(refused)
+    return reference.reference, "; ".join(refused)

@@ -42,7 +42,7 @@ import numpy as np
 
 from .. import api
 from ..core.documents import add_delimiter, document_runs, offsets_from_lengths
-from ..core.dtypes import dtype_for_vocab
+from ..core.dtypes import check_tokens, dtype_for_vocab
 from ..core.protocol import TokenWriter
 from ..core.provenance import ROW_DTYPE, Provenance, RowSpool, read_rows, save_provenance
 from ..core.registry import default_corpus_format
@@ -221,8 +221,12 @@ class Spool:
         hashes: dict[str, str] | None = None,
         *,
         masked: bool = False,
+        vocab_size: int | None = None,
         **older: Any,
     ) -> None:
+        #: Every id appended must be below it (checked as it is spooled: a spool published as it is, Megatron's
+        #: ``.bin``, passes no writer's check).
+        self.vocab_size = vocab_size
         self.tokens_path = folder / f"{name}.tokens"
         self.lengths_path = folder / f"{name}.lengths"
         self.mask_path = folder / f"{name}.mask" if masked else None
@@ -275,6 +279,9 @@ class Spool:
         """Append documents (and their loss mask, which a chat spool requires)."""
         if (mask is None) != (self._mask is None):
             raise ValueError(f"{self.tokens_path}: a chat spool takes a mask with every batch, a text spool none")
+        if self.vocab_size is not None and len(flat):
+            check_tokens(flat, self.dtype, vocab_size=self.vocab_size, lengths=lengths,
+                         first_document=self.num_documents, where=f"{self.tokens_path}: ")  # fmt: skip
         tokens = np.ascontiguousarray(flat, dtype=self.dtype).data
         counts = np.ascontiguousarray(lengths, dtype="<i8").data
         self._tokens.write(tokens)
@@ -321,31 +328,66 @@ def copy_spool(writer: TokenWriter, folder: Path, name: str, dtype: np.dtype) ->
     """
     import hashlib
 
-    sizes = read_json_object(folder / CHECKPOINT)["spools"][name]
-    recorded = sizes.get("hashes") or {}
-    lengths = np.fromfile(folder / f"{name}.lengths", dtype="<i8", count=sizes["documents"])
-    offsets = offsets_from_lengths(lengths) if len(lengths) == sizes["documents"] else None
-    lengths_hash = hashlib.sha256(np.ascontiguousarray(lengths, dtype="<i8").data).hexdigest()
-    if offsets is None or lengths_hash != recorded.get(".lengths") or offsets.item(-1) != sizes["tokens"]:
-        _refuse_spool(folder / f"{name}.lengths")
+    recorded, lengths = _spooled_lengths(folder, name)
+    offsets = offsets_from_lengths(lengths)
+    tokens_path, mask_path = folder / f"{name}.tokens", folder / f"{name}.mask"
     tokens_hash, mask_hash = hashlib.sha256(), hashlib.sha256()
-    mask_path = folder / f"{name}.mask"
-    with open(folder / f"{name}.tokens", "rb") as handle, contextlib.ExitStack() as stack:
+    with open(tokens_path, "rb") as handle, contextlib.ExitStack() as stack:
         masks = stack.enter_context(open(mask_path, "rb")) if ".mask" in recorded else None
         for first, stop in document_runs(offsets, _SPOOL_CHUNK):
             count = offsets.item(stop) - offsets.item(first)
             flat = np.fromfile(handle, dtype=dtype, count=count)
             mask = np.fromfile(masks, dtype=np.uint8, count=count) if masks is not None else None
             if len(flat) != count or (mask is not None and len(mask) != count):
-                _refuse_spool(folder / f"{name}.tokens" if len(flat) != count else mask_path)
+                _refuse_spool(tokens_path if len(flat) != count else mask_path)
             tokens_hash.update(flat.data)
             if mask is not None:
                 mask_hash.update(mask.data)
             writer.write_batch(flat, lengths[first:stop], mask)
     if tokens_hash.hexdigest() != recorded.get(".tokens"):
-        _refuse_spool(folder / f"{name}.tokens")
+        _refuse_spool(tokens_path)
     if masks is not None and mask_hash.hexdigest() != recorded.get(".mask"):
         _refuse_spool(mask_path)
+
+
+def _spooled_lengths(folder: Path, name: str) -> tuple[dict[str, str], np.ndarray]:
+    """A finished spool's recorded hashes and its document lengths, checked against its checkpoint (their hash,
+    count and total); a spool that differs raises."""
+    import hashlib
+
+    sizes = read_json_object(folder / CHECKPOINT)["spools"][name]
+    recorded = sizes.get("hashes") or {}
+    lengths = np.fromfile(folder / f"{name}.lengths", dtype="<i8", count=sizes["documents"])
+    lengths_hash = hashlib.sha256(np.ascontiguousarray(lengths, dtype="<i8").data).hexdigest()
+    if (
+        len(lengths) != sizes["documents"]
+        or lengths_hash != recorded.get(".lengths")
+        or (lengths < 0).any()
+        or int(lengths.sum()) != sizes["tokens"]
+    ):
+        _refuse_spool(folder / f"{name}.lengths")
+    return recorded, lengths
+
+
+def adopt_spool(writer: TokenWriter, folder: Path, name: str, dtype: np.dtype) -> bool:
+    """Publish a finished spool's ids as ``writer``'s data file, without writing them again
+    (:meth:`~tokformats.core.protocol.TokenWriter.adopt_data_file`: Megatron's ``.bin`` is the spool's bytes,
+    hard-linked into the commit; its ``.idx`` is built from the spooled lengths), after checking the spool against
+    its checkpoint: read once and hashed (a write after the last checkpoint, even in place, is found; the file is
+    not written again). False when the writer cannot (another format, a chat spool's masks, no hard links):
+    nothing was written, and :func:`copy_spool` feeds it instead."""
+    if type(writer).adopt_data_file is TokenWriter.adopt_data_file:  # the format has no flat data file
+        return False
+    recorded, lengths = _spooled_lengths(folder, name)
+    tokens_path = folder / f"{name}.tokens"
+    if ".mask" in recorded:
+        return False
+    digest = _spool_hash(tokens_path, int(lengths.sum()) * dtype.itemsize)
+    if digest is None or digest.hexdigest() != recorded.get(".tokens") or (
+        tokens_path.stat().st_size != int(lengths.sum()) * dtype.itemsize
+    ):
+        _refuse_spool(tokens_path)
+    return writer.adopt_data_file(tokens_path, dtype, lengths)
 
 
 def _refuse_spool(path: Path) -> NoReturn:
@@ -503,15 +545,35 @@ def _gated_engine(tokenizer: Any, engine: str, tokenizer_hash: str | None, chat:
     if gated is None:
         if len(_GATED) >= 4:  # a process tokenizing with many tokenizers keeps a few engines, not all
             _GATED.clear()
-        gated = _GATED[key] = select(tokenizer, engine, chat=chat)
+        # The hash also keys the gate's results on disk, so that the next process pays no gate either.
+        gated = _GATED[key] = select(tokenizer, engine, chat=chat, tokenizer_hash=tokenizer_hash)
     return gated
 
 
+#: Text (characters) of documents drawn across the input that ``tokenize`` re-encodes with ``tokenizers`` by
+#: default, beyond the first :attr:`Encoder.FIRST_SAMPLE_BYTES`: the verification's cost is then fixed, not a share
+#: of the corpus (``verify_bytes=``).
+VERIFY_BYTES = 1 << 20
+
+
+def verification_rate(verify_fraction: float, verify_bytes: int | None, input_bytes: int | None) -> float:
+    """The probability with which each document (after the first sample) is re-encoded with ``tokenizers``:
+    ``verify_fraction``, lowered so that about ``verify_bytes`` of text are drawn from inputs of ``input_bytes``
+    (their size on disk; a compressed input's text is larger, so its sample too). ``verify_bytes`` None: no budget;
+    ``input_bytes`` None (an iterable): ``verify_fraction``, and the encoder stops drawing once the budget is
+    spent."""
+    if verify_bytes is None or not input_bytes:
+        return verify_fraction
+    return min(verify_fraction, verify_bytes / input_bytes)
+
+
 class Encoder:
-    """The run's engine, checked against ``tokenizers`` on a sample of the corpus (the first documents, up to
-    :attr:`FIRST_SAMPLE_BYTES` of text) and then on a random ``verify_fraction`` of the documents (reproducibly: the
-    draw depends on the seed and the partition only). Checking documents rather than whole batches keeps the cost
-    at about ``verify_fraction`` of what ``tokenizers`` alone would take. In a partitioned run only the first
+    """The run's engine, checked against ``tokenizers`` on a sample of the corpus: the first documents, up to
+    :attr:`FIRST_SAMPLE_BYTES` of text, then each later document with probability ``verify_fraction``
+    (reproducibly: the draw depends on the seed and the partition only), until ``verify_bytes`` of text were drawn
+    (None: no limit). ``tokenize`` sets the probability from the input's size (:func:`verification_rate`), so that
+    the draws spread over the whole input and the cost is the budget's, whatever the corpus size. Checking
+    documents rather than whole batches keeps the cost at what is checked. In a partitioned run only the first
     partition checks the first documents (the others run the engine the gate already chose, explicitly): the
     sample's cost is paid once per run, not once per partition."""
 
@@ -529,6 +591,7 @@ class Encoder:
         *,
         tokenizer_hash: str | None = None,
         chat: bool = True,
+        verify_bytes: int | None = None,
     ) -> None:
         self.reference = TokenizersEngine(tokenizer)
         self.engine, self.reason = chosen or _gated_engine(tokenizer, engine, tokenizer_hash, chat)
@@ -539,6 +602,8 @@ class Encoder:
         self._draws = np.random.default_rng([seed, partition])
         self.batches = 0
         self._sampled_bytes = 0 if partition == 0 else self.FIRST_SAMPLE_BYTES
+        #: Text drawn at random so far, and how much may be (None: no limit).
+        self.drawn_bytes, self.verify_bytes = 0, verify_bytes
 
     def encode(
         self, texts: list[str], dtype: np.dtype, where: Any, split_special: bool = False
@@ -553,6 +618,12 @@ class Encoder:
                 if self.engine is self.reference:  # fell back on the first sample: the reference encodes it all
                     flat, lengths = self.reference.encode(texts, split_special)
         self.batches += 1
+        if flat.dtype.itemsize > dtype.itemsize and len(flat) and flat.max() > np.iinfo(dtype).max:
+            k = int(np.searchsorted(np.cumsum(lengths), int(np.argmax(flat > np.iinfo(dtype).max)), side="right"))
+            raise EngineMismatchError(  # the cast would wrap it into another, valid-looking id
+                f"{self.engine.name} gave id {int(flat.max()):,} for {where(k)}, beyond the vocabulary's "
+                f"{dtype.name}; nothing wrong was written."
+            )
         return flat.astype(dtype, copy=False), lengths
 
     def _sample(self, texts: list[str]) -> np.ndarray:
@@ -563,7 +634,13 @@ class Encoder:
             count = min(len(texts), max(1, int(np.searchsorted(np.cumsum(sizes), room, side="right"))))
             self._sampled_bytes += max(int(sizes[:count].sum()), 1)
             return np.arange(count)
-        return np.flatnonzero(self._draws.random(len(texts)) < self.verify_fraction)
+        chosen = np.flatnonzero(self._draws.random(len(texts)) < self.verify_fraction)
+        if len(chosen) and self.verify_bytes is not None:
+            sizes = np.cumsum([len(texts[k]) for k in chosen.tolist()])
+            room = self.verify_bytes - self.drawn_bytes  # what fits the budget (the draw itself is unchanged)
+            chosen = chosen[: int(np.searchsorted(sizes, room, side="right"))]
+            self.drawn_bytes += int(sizes[len(chosen) - 1]) if len(chosen) else 0
+        return chosen
 
     def _check(
         self,
@@ -679,7 +756,12 @@ class _PartitionRun:
         recorded = state.get("spools", {})
         self.spools = {
             stream: Spool(
-                folder, _stream_name(*stream), self.dtype, **recorded.get(_stream_name(*stream), {}), masked=bool(chat)
+                folder,
+                _stream_name(*stream),
+                self.dtype,
+                **recorded.get(_stream_name(*stream), {}),
+                masked=bool(chat),
+                vocab_size=plan.vocab_size,
             )
             for stream in plan.streams
         }
@@ -818,6 +900,8 @@ class _PartitionRun:
         self.stats.tokens += len(flat)
 
     def _split_of(self, good: list[Record]) -> np.ndarray:
+        if len(self.fractions) == 1:  # one split: no draw (the spooling ignores it)
+            return np.zeros(len(good), dtype=np.intp)
         return assign_splits(
             self.plan.seed,
             np.array([r.input + self.first_input for r in good], dtype=np.int64),
@@ -1001,6 +1085,7 @@ def tokenize(
     checkpoint_every: float = 5.0,
     engine: str = "auto",
     verify_fraction: float = 0.01,
+    verify_bytes: int | None = VERIFY_BYTES,
     chat: Any = None,
     template: str = "chatml",
     train_on: str = "assistant",
@@ -1042,9 +1127,14 @@ def tokenize(
         engine: ``auto`` (fastokens when installed and it passes the identity gate, else tokenizers),
             ``fastokens`` (the same gate; an error when it is missing or differs) or ``tokenizers``. See
             :mod:`tokformats.engines`; the output is the same whichever engine runs.
-        verify_fraction: the fraction of batches (beyond the first, always checked) that a faster engine's ids are
-            checked against tokenizers' during the run; a difference stops the run with
-            :class:`~tokformats.engines.EngineMismatchError`.
+        verify_fraction: a faster engine's ids are checked against tokenizers' during the run: the first MiB of
+            text (the first documents), then each later document with this probability at most (drawn from the
+            seed, spread over the whole input); a difference stops the run with
+            :class:`~tokformats.engines.EngineMismatchError`. 0: the first MiB only.
+        verify_bytes: the text of the documents drawn after the first MiB: the probability is lowered so that
+            about this much (1 MiB by default) is drawn across the input (its size on disk: a compressed input's
+            text, hence its sample, is larger by its compression ratio; an iterable's draws stop at it). None: every
+            document with probability ``verify_fraction`` (the earlier behaviour).
         chat: read each record as a conversation: ``"messages"`` (OpenAI), ``"sharegpt"``, ``"alpaca"``, or a
             callable ``record -> messages`` (see :mod:`tokformats.tokenization.chat`); each conversation is one
             document, stored with its loss mask (the format must store masks). None: plain text.
@@ -1078,13 +1168,14 @@ def tokenize(
         total_bytes = sum(i.size or 0 for i in resolved) or None
         # By default on a terminal, and in a notebook (where tqdm draws a widget); not in logs.
         show = (sys.stderr.isatty() or "ipykernel" in sys.modules) if progress is None else progress
-        encoder = Encoder(loaded, engine, verify_fraction, plan.seed, 0, tokenizer_hash=plan.tokenizer_hash,
-                          chat=spec is not None)  # fmt: skip
+        rate = verification_rate(verify_fraction, _verify_budget(verify_bytes), total_bytes)
+        encoder = Encoder(loaded, engine, rate, plan.seed, 0, tokenizer_hash=plan.tokenizer_hash,
+                          chat=spec is not None, verify_bytes=None if total_bytes else verify_bytes)  # fmt: skip
         monitor = Progress(show, total_bytes, [])  # after the gate and the engines' timing: rates are encoding's
         if show:
             print(f"tokformats: encoding with {encoder.engine.name}: {encoder.reason}", file=sys.stderr)
         all_stats: list[Stats] = []
-        chosen_engine = (encoder.engine.name if engine == "auto" else engine, verify_fraction)
+        chosen_engine = (encoder.engine.name if engine == "auto" else engine, rate)
         parts = _encoded_parts(plan, encoder, resolved, work, executor, partitions, (batch_size, resume,
                                checkpoint_every), chosen_engine, spec, monitor, all_stats)  # fmt: skip
         outputs = _write_outputs(plan, writer_class, targets, parts, writer_options, replace=bool(resume or overwrite))
@@ -1132,6 +1223,15 @@ def _encoded_parts(
     stats.append(_encode_partition(plan, encoder, resolved, 0, part, batch_size=batch_size, resume=resume,
                                    progress=monitor, checkpoint_every=checkpoint_every, chat=chat))  # fmt: skip
     return [part]
+
+
+def _verify_budget(verify_bytes: Any) -> int | None:
+    """``verify_bytes`` checked: None or a non-negative whole number of bytes."""
+    if verify_bytes is None:
+        return None
+    if isinstance(verify_bytes, bool) or not isinstance(verify_bytes, int) or verify_bytes < 0:
+        raise ConfigError(f"verify_bytes must be a number of bytes (0 or more) or None, found {verify_bytes!r}.")
+    return verify_bytes
 
 
 def _chat_plan(
@@ -1397,9 +1497,13 @@ def _write_outputs(
         for (key, split), target in targets.items():
             writers[_stream_name(key, split)] = _output_writer(plan, writer_class, target, split, writer_options,
                                                                replace=replace)  # fmt: skip
+        # One partition (a run without an executor): its spools become the outputs' data files where the format
+        # allows (every id written once); else, and with several partitions, they are copied into the writers.
+        single = isinstance(parts, list) and len(parts) == 1
         for part in parts:
             for name, writer in writers.items():
-                copy_spool(writer, part, name, dtype)
+                if not (single and adopt_spool(writer, part, name, dtype)):
+                    copy_spool(writer, part, name, dtype)
             done.append(part)
         for writer in writers.values():
             writer.close()

@@ -1,0 +1,201 @@
+"""The engine gate's results on disk: a second selection for the same tokenizer neither times nor loads the other
+engines nor encodes the adversarial texts with tokenizers; a damaged, stale or forged entry is ignored and
+rewritten, and never makes a wrong engine write a wrong id; ``TOKFORMATS_GATE_CACHE=off`` keeps nothing on disk."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tokformats
+from tokformats.tokenization import engines, gate_cache, pipeline
+from tokformats.tokenization.engines import Engine, TokenizersEngine, select_engine
+from tokformats.tokenization.sample_text import sample_texts
+
+pytest.importorskip("fastokens")
+
+
+def _tokenizer(path: Path) -> Any:
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(path))
+
+
+def _digest(tokenizer: Any) -> str:
+    return hashlib.sha256(tokenizer.to_str().encode("utf-8")).hexdigest()
+
+
+@pytest.fixture
+def cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    folder = tmp_path / "gates"
+    monkeypatch.setenv(gate_cache.GATE_CACHE_ENV, str(folder))
+    return folder
+
+
+def _spy(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Count the timing of engines and the reference's encodings of the adversarial texts."""
+    counts = {"timed": 0, "reference": 0}
+    rates, encode = engines._rates, TokenizersEngine.encode
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        counts["timed"] += 1
+        return rates(*args, **kwargs)
+
+    def reference(self: TokenizersEngine, texts: list[str], split_special: bool = False) -> Any:
+        counts["reference"] += 1
+        return encode(self, texts, split_special)
+
+    monkeypatch.setattr(engines, "_rates", timed)
+    monkeypatch.setattr(TokenizersEngine, "encode", reference)
+    return counts
+
+
+def test_a_second_selection_reads_the_gate_from_disk(
+    monkeypatch: pytest.MonkeyPatch, cache: Path, tokenizer_path: Path
+) -> None:
+    tokenizer = _tokenizer(tokenizer_path)
+    counts = _spy(monkeypatch)
+    first, why = select_engine(tokenizer, "auto", chat=False, tokenizer_hash=_digest(tokenizer))
+    entries = list(cache.iterdir())
+    assert [p.name for p in entries] == [f"{_digest(tokenizer)}-auto-text.json"]
+    assert counts["reference"] == 1 and "cached" not in why
+    timed = counts["timed"]
+    counts.update(timed=0, reference=0)
+    second, reason = select_engine(_tokenizer(tokenizer_path), "auto", chat=False, tokenizer_hash=_digest(tokenizer))
+    assert second.name == first.name and counts == {"timed": 0, "reference": 0}
+    assert reason.startswith(why) and str(entries[0]) in reason
+    assert timed <= 1  # the first selection timed the engines (when more than one was installed)
+    texts = engines.adversarial_texts(tokenizer)  # the candidate was still gated: its own ids on the texts
+    assert engines.first_difference(TokenizersEngine(tokenizer), second, texts) is None
+
+
+def _entry(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def _resealed(data: dict[str, Any]) -> str:
+    body = {k: v for k, v in data.items() if k != "checksum"}
+    return json.dumps({**body, "checksum": gate_cache._checksum(body)})
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "checksum", "other tokenizer", "other build", "lengths"])
+def test_a_damaged_or_stale_entry_is_ignored_and_rewritten(
+    monkeypatch: pytest.MonkeyPatch, cache: Path, tokenizer_path: Path, damage: str
+) -> None:
+    tokenizer = _tokenizer(tokenizer_path)
+    digest = _digest(tokenizer)
+    select_engine(tokenizer, "auto", chat=False, tokenizer_hash=digest)
+    path = next(cache.iterdir())
+    good = path.read_text()
+    data = _entry(path)
+    if damage == "garbage":
+        path.write_bytes(b"\x00\xff not json")
+    elif damage == "truncated":
+        path.write_text(good[: len(good) // 2])
+    elif damage == "checksum":
+        data["reason"] = "changed without resealing"
+        path.write_text(json.dumps(data))
+    elif damage == "other tokenizer":
+        data["key"]["tokenizer"] = "0" * 64
+        path.write_text(_resealed(data))
+    elif damage == "other build":
+        data["key"]["builds"]["fastokens"] = ["/elsewhere/fastokens/__init__.py", 1, 1]
+        path.write_text(_resealed(data))
+    else:
+        data["reference"]["text"]["lengths"][0] += 1
+        path.write_text(_resealed(data))
+    assert gate_cache.load(path, digest, "auto", (False,)) is None
+    counts = _spy(monkeypatch)
+    engine, reason = select_engine(tokenizer, "auto", chat=False, tokenizer_hash=digest)
+    assert counts["reference"] == 1 and "cached" not in reason  # selected anew
+    rewritten, before = _entry(path), json.loads(good)
+    for entry in (rewritten, before):  # the reason names the rates measured, which vary
+        del entry["reason"], entry["checksum"]
+    assert rewritten == before and gate_cache.load(path, digest, "auto", (False,)) is not None  # rewritten whole
+    assert engines.first_difference(TokenizersEngine(tokenizer), engine, engines.adversarial_texts(tokenizer)) is None
+
+
+def test_an_entry_whose_ids_the_engine_does_not_give_is_selected_anew(
+    monkeypatch: pytest.MonkeyPatch, cache: Path, tokenizer_path: Path
+) -> None:
+    tokenizer = _tokenizer(tokenizer_path)
+    digest = _digest(tokenizer)
+    select_engine(tokenizer, "auto", chat=False, tokenizer_hash=digest)
+    path = next(cache.iterdir())
+    data = _entry(path)
+    data["reference"]["text"]["ids"][0] += 1  # well formed, resealed, but not what the engine (or tokenizers) gives
+    path.write_text(_resealed(data))
+    counts = _spy(monkeypatch)
+    _, reason = select_engine(tokenizer, "auto", chat=False, tokenizer_hash=digest)
+    assert counts["reference"] == 1 and "cached" not in reason
+    assert _entry(path)["reference"]["text"]["ids"][0] == data["reference"]["text"]["ids"][0] - 1
+
+
+class _Forged(Engine):
+    """An engine that differs from tokenizers on texts holding ``marker``."""
+
+    name = "fastokens"
+
+    def __init__(self, tokenizer: Any, marker: str) -> None:
+        self.reference, self.marker = TokenizersEngine(tokenizer), marker
+
+    def encode(self, texts: list[str], split_special: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        flat, lengths = self.reference.encode(texts, split_special)
+        flat, ends = flat.copy(), np.cumsum(lengths)
+        for k, text in enumerate(texts):
+            if self.marker in text and lengths[k]:
+                flat[ends[k] - 1] += 1
+        return flat, lengths
+
+
+def test_a_forged_entry_never_puts_a_wrong_id_in_an_output(
+    monkeypatch: pytest.MonkeyPatch, cache: Path, tmp_path: Path, tokenizer_path: Path
+) -> None:
+    texts = sample_texts(400)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    reference = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "ref", "megatron", engine="tokenizers",
+                                    progress=False)  # fmt: skip
+    tokenizer = _tokenizer(tokenizer_path)
+    digest = _digest(tokenizer)
+    marker = texts[5][:12]
+    wrong = _Forged(tokenizer, marker)
+    # An entry that says the wrong engine passed, its "reference" ids being the wrong engine's own.
+    adversarial = engines.adversarial_texts(tokenizer)
+    ids, lengths = wrong.encode([*adversarial, marker])
+    forged = gate_cache.GateEntry("fastokens", "forged", [*adversarial, marker], {False: (ids, lengths)})
+    path = gate_cache.entry_path(digest, "auto", (False,))
+    assert path is not None
+    gate_cache.save(path, digest, "auto", (False,), forged)
+    monkeypatch.setattr(engines, "_built", lambda json_text, name, reference: (_Forged(tokenizer, marker), ""))
+    engine, reason = select_engine(tokenizer, "auto", chat=False, tokenizer_hash=digest)
+    assert engine is not None and reason.startswith("forged")  # the forgery passes the gate...
+    pipeline._GATED.clear()
+    summary = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "run", "megatron", progress=False)
+    # ...but the run's first MiB, re-encoded with tokenizers itself, catches it: tokenizers writes everything.
+    assert summary["engine"] == "tokenizers"
+    assert "on the first batch: tokenizers runs instead" in summary["engine_reason"]
+    for a, b in zip(summary["outputs"]["text"]["files"], reference["outputs"]["text"]["files"]):
+        assert Path(a).read_bytes() == Path(b).read_bytes()
+    pipeline._GATED.clear()
+
+
+def test_off_keeps_nothing_on_disk(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path) -> None:
+    monkeypatch.setenv(gate_cache.GATE_CACHE_ENV, "off")
+    monkeypatch.setenv("TOKFORMATS_CACHE", str(tmp_path / "cache"))
+    tokenizer = _tokenizer(tokenizer_path)
+    assert gate_cache.entry_path(_digest(tokenizer), "auto", (False,)) is None
+    select_engine(tokenizer, "auto", chat=False, tokenizer_hash=_digest(tokenizer))
+    assert not (tmp_path / "cache").exists()
+    monkeypatch.delenv(gate_cache.GATE_CACHE_ENV)
+    from tokformats.remote.cache import default_cache_dir
+
+    assert gate_cache.gate_cache_folder() == default_cache_dir() / "gates" == tmp_path / "cache" / "gates"
+    monkeypatch.delenv("TOKFORMATS_CACHE")
+    assert gate_cache.gate_cache_folder() == default_cache_dir() / "gates"  # the remote cache's folder
