@@ -212,7 +212,8 @@ class ChatML(ChatTemplate):
         valid[:, 1:4] = has_thought[:, None]
         per_message = np.concatenate([[0], np.cumsum(4 + 3 * has_thought)])
         bounds = per_message[np.concatenate([[0], np.cumsum(counts)])].astype(np.int64)
-        extra = [f"{IM_START}{role}\n" for role, _ in sorted(roles.items(), key=lambda item: item[1])[4:]]
+        others = sorted(roles.items(), key=lambda item: item[1])[len(self._ROLE_NUMBERS) :]
+        extra = [f"{IM_START}{role}\n" for role, _ in others]
         templates = [*self._FIXED, *extra]
         return Layout(texts, templates, sources[valid], trains[valid], bounds, ends_trained)
 
