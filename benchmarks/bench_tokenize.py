@@ -21,6 +21,7 @@ conversations (``messages`` JSONL, system/user/assistant, some thoughts), side b
 (p)  the plain-text pipeline on the same message texts (one JSONL record per conversation, its texts joined) ->
      datatrove;
 (q)  ``tokformats.tokenize(chat="messages")`` -> datatrove with ``.ds.loss`` masks;
+     (p) and (q) also report this process's CPU seconds (all its threads): steadier than wall time under load;
 (r)  the usual hand-written route on a sample of the conversations (TRL / Megatron ``SFTTokenizer`` style): the
      chat template rendered with Jinja as ``transformers`` renders it, the whole conversation encoded, and every
      prefix rendered and encoded to find the turns' spans, then written to datatrove with masks.
@@ -244,10 +245,13 @@ def chat_main(args: argparse.Namespace) -> None:
         sample = [f.read_text(encoding="utf-8", errors="replace") for f in files[:400]]
         tokformats.train_tokenizer(sample, 32000, progress=False).save(str(tokenizer_path))
     times: dict[str, list[float]] = {"p": [], "q": []}
+    cpu: dict[str, list[float]] = {"p": [], "q": []}  # this process's CPU seconds (all threads): steadier under load
     for _ in range(args.repeat):
         for key, source, chat in (("p", plain, None), ("q", chats, "messages")):
+            started = time.process_time()
             summary = tokformats.tokenize(source, tokenizer_path, folder / "out" / key, "datatrove", progress=False,
                                           overwrite=True, chat=chat)  # fmt: skip
+            cpu[key].append(time.process_time() - started)
             times[key].append(summary["seconds"])
     seconds, sampled, sampled_bytes = hand_written(chats, tokenizer_path, folder / "out" / "r.ds", args.chat_sample)
     rows = []
@@ -255,9 +259,11 @@ def chat_main(args: argparse.Namespace) -> None:
         median = statistics.median(times[key])
         rows.append({"run": label, "seconds min/med/max": spread(times[key]), "MB/s": f"{size / median / 1e6:.1f}",
                      "conversations/s": f"{count / median:,.0f}",
-                     "x (p)": f"{statistics.median(times['p']) / median:.2f}"})  # fmt: skip
+                     "x (p)": f"{statistics.median(times['p']) / median:.2f}",
+                     "CPU s min/med/max": spread(cpu[key]),
+                     "x (p), CPU": f"{statistics.median(cpu['p']) / statistics.median(cpu[key]):.2f}"})  # fmt: skip
     label = f"(r) hand-written route, first {sampled:,} conversations"
-    rows.append({"run": label, "seconds min/med/max": f"{seconds:.2f}",
+    rows.append({"run": label, "seconds min/med/max": f"{seconds:.2f}", "CPU s min/med/max": "", "x (p), CPU": "",
                  "MB/s": f"{sampled_bytes / seconds / 1e6:.2f}", "conversations/s": f"{sampled / seconds:,.0f}",
                  "x (p)": f"(q)/(r) = {count / statistics.median(times['q']) / (sampled / seconds):.1f}x"})  # fmt: skip
     print(f"machine: {machine()}; {count:,} conversations, {size / 1e6:.1f} MB of message text; "

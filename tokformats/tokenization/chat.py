@@ -14,22 +14,32 @@ Schemas:
 
 A record that does not fit raises :class:`ChatError` naming where (file and line) and the field
 (``messages[2].role``), what was expected and what was found.
+
+:func:`turns_of` reads a whole batch of records into :class:`Turns` (every message of the batch in flat lists): the
+``messages`` schema's common form (each message an object of a role and a text, and an assistant's
+``reasoning_content``) is checked and read one field at a time over the whole batch, so a batch costs a few list
+passes rather than Python work per message; every other record is read by :func:`messages_of`, one by one, exactly
+as alone (so its error, or its skipping, is the same).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from itertools import chain, repeat
 from typing import Any, NamedTuple
+
+import numpy as np
 
 from .sources import SourceError
 
-__all__ = ["Message", "ChatError", "SCHEMAS", "ROLES", "messages_of", "schema_name"]
+__all__ = ["Message", "Turns", "ChatError", "SCHEMAS", "ROLES", "messages_of", "turns_of", "schema_name"]
 
 #: The roles a message may have.
 ROLES = ("system", "user", "assistant", "tool")
 _ROLE_SET = frozenset(ROLES)
+_ASSISTANT = "assistant"
 #: The built-in schemas (``tokenize(chat=...)`` also takes a callable).
 SCHEMAS = ("messages", "sharegpt", "alpaca")
 
@@ -207,3 +217,145 @@ def _alpaca_messages(record: dict[str, Any], where: Any) -> list[Message]:
     messages.append(Message("user", f"{instruction}\n\n{extra}" if extra else instruction))
     messages.append(Message("assistant", output))
     return messages
+
+
+class Turns(NamedTuple):
+    """A batch of conversations, flat: every message's ``roles`` and ``contents``, conversation after conversation;
+    the ``counts`` of messages in each conversation; and the messages that have a thought (``thought_at``: their
+    indices into the flat lists, ascending) with their ``thoughts``."""
+
+    roles: list[str]
+    contents: list[str]
+    counts: np.ndarray
+    thought_at: np.ndarray
+    thoughts: list[str]
+
+    @classmethod
+    def of(cls, conversations: Sequence[Sequence[Message]]) -> Turns:
+        """The conversations (lists of :class:`Message`), flat."""
+        counts = np.fromiter(map(len, conversations), np.int64, len(conversations))
+        messages = list(chain.from_iterable(conversations))
+        if not messages:
+            return cls([], [], counts, np.zeros(0, np.int64), [])
+        roles, contents, thoughts = zip(*messages)
+        has = np.fromiter((t is not None for t in thoughts), bool, len(thoughts))
+        return cls(list(roles), list(contents), counts, np.flatnonzero(has), [t for t in thoughts if t is not None])
+
+    @classmethod
+    def joined(cls, parts: Sequence[Turns]) -> Turns:
+        """The conversations of ``parts``, one after another."""
+        starts = np.cumsum([0, *(len(part.roles) for part in parts)])
+        return cls(
+            list(chain.from_iterable(part.roles for part in parts)),
+            list(chain.from_iterable(part.contents for part in parts)),
+            np.concatenate([np.zeros(0, np.int64), *(part.counts for part in parts)]),
+            np.concatenate([np.zeros(0, np.int64), *(part.thought_at + s for part, s in zip(parts, starts))]),
+            list(chain.from_iterable(part.thoughts for part in parts)),
+        )
+
+    def part(self, first: int, stop: int) -> Turns:
+        """Conversations ``first`` to ``stop`` (exclusive)."""
+        offsets = np.concatenate([[0], np.cumsum(self.counts)])
+        start, end = int(offsets[first]), int(offsets[stop])
+        a, b = np.searchsorted(self.thought_at, [start, end]).tolist()
+        return Turns(
+            self.roles[start:end],
+            self.contents[start:end],
+            self.counts[first:stop],
+            self.thought_at[a:b] - start,
+            self.thoughts[a:b],
+        )
+
+    def conversations(self) -> list[list[Message]]:
+        """The conversations as lists of :class:`Message`."""
+        thoughts: list[str | None] = [None] * len(self.roles)
+        for k, thought in zip(self.thought_at.tolist(), self.thoughts):
+            thoughts[k] = thought
+        messages = list(map(Message, self.roles, self.contents, thoughts))
+        ends = np.cumsum(self.counts).tolist()
+        return [messages[end - count : end] for end, count in zip(ends, self.counts.tolist())]
+
+
+def turns_of(
+    values: Sequence[Any],
+    chat: str | Callable[[Any], Any],
+    where: Callable[[int], Any],
+    skip: Callable[[ChatError], None] | None = None,
+) -> tuple[list[int], Turns]:
+    """The conversations in a batch of records by schema ``chat``, flat, and which records hold them (indices into
+    ``values``, ascending). A record that does not fit raises :class:`ChatError` naming ``where(k)`` and the field,
+    as :func:`messages_of` does; with ``skip``, its error goes to ``skip`` (which may raise) and the record is left
+    out. ``messages`` records in the common form are read a field at a time over the batch (the same messages)."""
+    if callable(chat) or chat != "messages":
+        kept, conversations = [], []
+        for k, value in enumerate(values):
+            messages = _read_one(value, chat, where(k), skip)
+            if messages is not None:
+                kept.append(k)
+                conversations.append(messages)
+        return kept, Turns.of(conversations)
+    slow, turns = _common_messages(values)
+    if not slow.any():
+        return list(range(len(values))), turns
+    parts, kept, first = [], [], 0
+    for k in [*np.flatnonzero(slow).tolist(), len(values)]:  # runs of common records between the others
+        if k > first:
+            parts.append(turns.part(first, k))
+            kept += range(first, k)
+        messages = _read_one(values[k], chat, where(k), skip) if k < len(values) else None
+        if messages is not None:
+            parts.append(Turns.of([messages]))
+            kept.append(k)
+        first = k + 1
+    return kept, Turns.joined(parts)
+
+
+def _read_one(
+    value: Any, chat: str | Callable[[Any], Any], where: Any, skip: Callable[[ChatError], None] | None
+) -> list[Message] | None:
+    """:func:`messages_of`, or None when the record does not fit and ``skip`` took its error."""
+    try:
+        return messages_of(value, chat, where)
+    except ChatError as error:
+        if skip is None:
+            raise
+        skip(error)
+        return None
+
+
+#: What a message that is not a JSON object reads as in :func:`_common_messages` (no role: not common).
+_NOT_A_MESSAGE: dict[str, Any] = {}
+
+
+def _common_messages(values: Sequence[Any]) -> tuple[np.ndarray, Turns]:
+    """The ``messages`` records in the common form, read a field at a time over the whole batch: which records are
+    not (``slow``: to be read one by one), and the turns of all (a slow record's are meaningless, though its
+    count is right). Common, as :func:`_openai_messages` reads inline: a ``dict`` whose ``messages`` is a ``list``
+    of ``dict`` s, each of a ``role`` (one of :data:`ROLES`) and a ``str`` ``content``, or an assistant's with a
+    ``str`` ``reasoning_content`` too (its thought)."""
+    # type(), not __class__: only true dicts, lists and strs are read here (what claims to be one goes one by one).
+    lists: list[Any] = [v.get("messages") if type(v) is dict else None for v in values]
+    slow = np.fromiter((type(m) is not list for m in lists), bool, len(lists))
+    if slow.any():
+        lists = [[] if s else m for m, s in zip(lists, slow.tolist())]
+    counts = np.fromiter(map(len, lists), np.int64, len(lists))
+    items = list(chain.from_iterable(lists))
+    n = len(items)
+    if set(map(type, items)) - {dict}:
+        items = [m if type(m) is dict else _NOT_A_MESSAGE for m in items]
+    roles: list[Any] = list(map(dict.get, items, repeat("role")))
+    contents: list[Any] = list(map(dict.get, items, repeat("content")))
+    sizes = np.fromiter(map(len, items), np.int64, n)
+    # An assistant's thought: a third field, reasoning_content, a string.
+    thought = [(k, items[k].get("reasoning_content")) for k in np.flatnonzero(sizes == 3).tolist()]
+    thought = [(k, t) for k, t in thought if type(t) is str and type(roles[k]) is str and roles[k] == _ASSISTANT]
+    thought_at = np.fromiter((k for k, _ in thought), np.int64, len(thought))
+    bad = sizes != 2
+    bad[thought_at] = False
+    if set(map(type, roles)) - {str} or not _ROLE_SET.issuperset(roles):
+        bad |= np.fromiter((type(r) is not str or r not in _ROLE_SET for r in roles), bool, n)
+    if set(map(type, contents)) - {str}:
+        bad |= np.fromiter((type(c) is not str for c in contents), bool, n)
+    if bad.any():
+        slow[np.repeat(np.arange(len(lists)), counts)[bad]] = True
+    return slow, Turns(roles, contents, counts, thought_at, [t for _, t in thought])

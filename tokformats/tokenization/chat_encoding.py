@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from .chat import Message
-from .templates import ChatTemplate, Segment, trained_messages
+from .chat import Message, Turns
+from .templates import ChatTemplate, Segment, ends_trained
 
 __all__ = ["ChatEncoder", "render"]
 
@@ -72,7 +72,13 @@ class ChatEncoder:
         """``(ids in dtype, lengths, mask uint8, end_trained bool)``: the conversations back to back, their token
         counts, each token's loss mask, and whether an end-of-document id after each would be trained on (its last
         message is). ``encode_content(texts)`` encodes message texts (``(flat ids, lengths)``, specials as text)."""
-        layout = self.template.layout(conversations, self.train_on, self.thought)
+        return self.encode_turns(Turns.of(conversations), encode_content, dtype)
+
+    def encode_turns(
+        self, turns: Turns, encode_content: Callable[[list[str]], tuple[np.ndarray, np.ndarray]], dtype: np.dtype
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`encode` of a batch read flat (:func:`~tokformats.tokenization.chat.turns_of`)."""
+        layout = self.template.layout_turns(turns, self.train_on, self.thought)
         texts, sources = layout.texts, layout.sources
         content_flat, content_lengths = encode_content(texts) if texts else (np.zeros(0, np.uint32), np.zeros(0))
         pieces = [self.template_ids(text) for text in layout.templates]
@@ -99,9 +105,8 @@ class ChatEncoder:
         cumulative = np.concatenate([[0], np.cumsum(sizes)])
         lengths = (cumulative[layout.bounds[1:]] - cumulative[layout.bounds[:-1]]).astype(np.int64)
         end_trained = layout.ends_trained
-        if end_trained is None:
-            last = [bool(m) and trained_messages(m, self.train_on)[-1] for m in conversations]
-            end_trained = np.array(last, dtype=bool)
+        if end_trained is None:  # a template's own layout_turns that does not say
+            end_trained = ends_trained(turns, self.train_on)
         return flat, lengths, mask, end_trained
 
 

@@ -76,23 +76,47 @@ class Engine(ABC):
         ``split_special``, special tokens spelled in a text are encoded as text, never as their id."""
 
 
+#: The copies of tokenizers that read special tokens spelled in text as text (chat message text), by the SHA-256 of
+#: their ``to_str()``: a copy (a serialisation and a parse, tens of milliseconds) is made once per tokenizer in a
+#: process, not once per run or partition. Equal ``to_str()``, equal copies: which run made it does not matter.
+_SPLITTING: dict[str, Any] = {}
+
+
 class TokenizersEngine(Engine):
-    """HF ``tokenizers``' ``encode_batch_fast``: the reference every other engine must equal."""
+    """HF ``tokenizers``' ``encode_batch_fast``: the reference every other engine must equal.
+
+    Args:
+        tokenizer: a ``tokenizers.Tokenizer``.
+        tokenizer_hash: the SHA-256 of its ``to_str()`` when the caller knows it (its copy for ``split_special`` is
+            then shared by every engine of this process on the same tokenizer).
+    """
 
     name = "tokenizers"
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, tokenizer_hash: str | None = None) -> None:
         self.tokenizer = tokenizer
+        self.tokenizer_hash = tokenizer_hash
         self._splitting: Any = None  # a copy with encode_special_tokens set, made on first use
+
+    def _splitting_copy(self) -> Any:
+        """The tokenizer's copy with ``encode_special_tokens`` set (the caller's tokenizer keeps its own setting)."""
+        copy = _SPLITTING.get(self.tokenizer_hash) if self.tokenizer_hash is not None else None
+        if copy is None:
+            copy = type(self.tokenizer).from_str(self.tokenizer.to_str())
+            copy.encode_special_tokens = True
+            if self.tokenizer_hash is not None:
+                if len(_SPLITTING) >= 8:  # a process tokenizing with many tokenizers keeps a few
+                    _SPLITTING.clear()
+                _SPLITTING[self.tokenizer_hash] = copy
+        return copy
 
     def encode(self, texts: list[str], split_special: bool = False) -> tuple[np.ndarray, np.ndarray]:
         from itertools import chain
 
         tokenizer = self.tokenizer
         if split_special:
-            if self._splitting is None:  # a copy: the caller's tokenizer keeps its own setting
-                self._splitting = type(tokenizer).from_str(tokenizer.to_str())
-                self._splitting.encode_special_tokens = True
+            if self._splitting is None:
+                self._splitting = self._splitting_copy()
             tokenizer = self._splitting
         ids = [e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))

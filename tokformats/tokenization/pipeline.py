@@ -51,7 +51,7 @@ from ..errors import ConfigError, FormatError, OutputExistsError, option
 from ..fs.atomic import AtomicFiles, naming_output
 from ..fs.owner import LOCK_NAME, owned_folder
 from ..fs.untrusted import read_json_object
-from .chat import ChatError, messages_of, schema_name
+from .chat import ChatError, Turns, schema_name, turns_of
 from .chat_encoding import ChatSpec
 from .engines import Engine, EngineMismatchError, TokenizersEngine, differing_text, encoded, select_engine
 from .partitions import PARTITION_BYTES, partition_inputs
@@ -593,7 +593,7 @@ class Encoder:
         chat: bool = True,
         verify_bytes: int | None = None,
     ) -> None:
-        self.reference = TokenizersEngine(tokenizer)
+        self.reference = TokenizersEngine(tokenizer, tokenizer_hash)  # shares its chat copy across runs
         self.engine, self.reason = chosen or _gated_engine(tokenizer, engine, tokenizer_hash, chat)
         if isinstance(self.engine, TokenizersEngine):
             self.engine = self.reference  # the reference is not checked against itself
@@ -859,36 +859,33 @@ class _PartitionRun:
         """A record's place for messages: its file and line (an iterable's item), worded only when an error is."""
         return _Place(self.inputs[record.input], record.index)
 
-    def _conversations(self, good: list[Record]) -> tuple[list[Record], list[Any]]:
-        """The records that hold a conversation of the run's schema, and their messages; a record that does not is
-        raised, or counted and skipped with ``on_error="skip"``."""
+    def _conversations(self, good: list[Record]) -> tuple[list[Record], Turns]:
+        """The records that hold a conversation of the run's schema, and their messages (read a batch at a time);
+        a record that does not is raised, or counted and skipped with ``on_error="skip"``."""
         chat = self.chat
         if chat is None:
             raise ValueError("a text run has no conversations")
-        kept, conversations = [], []
-        for record in good:
-            try:
-                conversations.append(messages_of(record.value, chat.schema, self._where(record)))
-            except ChatError as error:
-                if self.plan.on_error != "skip":
-                    hint = f"Pass {option('on_error', repr('skip'))} to count and skip bad records."
-                    raise ChatError(f"{error} {hint}") from None
-                self.stats.skipped += 1
-                self.stats.errors.append(str(error))
-                continue
-            kept.append(record)
-        return kept, conversations
+
+        def skip(error: ChatError) -> None:
+            if self.plan.on_error != "skip":
+                hint = f"Pass {option('on_error', repr('skip'))} to count and skip bad records."
+                raise ChatError(f"{error} {hint}") from None
+            self.stats.skipped += 1
+            self.stats.errors.append(str(error))
+
+        kept, turns = turns_of([r.value for r in good], chat.schema, lambda k: self._where(good[k]), skip)
+        return (good if len(kept) == len(good) else [good[k] for k in kept]), turns
 
     def _take_chat(self, good: list[Record], split_of_records: Any) -> None:
         """Encode a batch's conversations with their loss masks into the spools."""
         encoder = self.chat_encoder
         if encoder is None:
             raise ValueError("a text run has no chat encoder")
-        good, conversations = self._conversations(good)
+        good, turns = self._conversations(good)
         if not good:
             return
-        flat, lengths, mask, ends = encoder.encode(
-            conversations,
+        flat, lengths, mask, ends = encoder.encode_turns(
+            turns,
             lambda texts: self.encoder.encode(texts, self.dtype, lambda n: "a chat message", split_special=True),
             self.dtype,
         )
@@ -1044,7 +1041,8 @@ def _partition_job(args: tuple[Any, ...]) -> dict[str, Any]:
     name, fraction = engine
     with parent_watch(origin):  # an orphan of a killed run stops at once instead of writing on into its spools
         tokenizer, chosen = _worker_engine(tokenizer_path, plan.tokenizer_hash, name, chat is not None)
-        encoder = Encoder(tokenizer, name, fraction, seed=plan.seed, partition=ordinal, chosen=chosen)
+        encoder = Encoder(tokenizer, name, fraction, seed=plan.seed, partition=ordinal, chosen=chosen,
+                          tokenizer_hash=plan.tokenizer_hash)  # fmt: skip
         stats = _encode_partition(
             plan,
             encoder,

@@ -34,7 +34,7 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from ..errors import ConfigError, FormatError
-from .chat import Message
+from .chat import Message, Turns
 
 __all__ = [
     "Segment",
@@ -45,6 +45,7 @@ __all__ = [
     "TRAIN_ON",
     "THOUGHT",
     "trained_messages",
+    "ends_trained",
     "load_template",
     "template_source",
 ]
@@ -128,6 +129,20 @@ class ChatTemplate(ABC):
             np.array(bounds, dtype=np.int64),
         )
 
+    def layout_turns(self, turns: Turns, train_on: str, thought: str) -> Layout:
+        """:meth:`layout` of a batch read flat (:func:`~tokformats.tokenization.chat.turns_of`), with
+        ``ends_trained``."""
+        layout = self.layout(turns.conversations(), train_on, thought)
+        if layout.ends_trained is None:
+            layout = layout._replace(ends_trained=ends_trained(turns, train_on))
+        return layout
+
+
+def ends_trained(turns: Turns, train_on: str) -> np.ndarray:
+    """Whether each conversation's last message is trained on (False for an empty one)."""
+    assistant = np.fromiter((role == "assistant" for role in turns.roles), bool, len(turns.roles))
+    return _trained_flags(assistant, turns.counts, train_on)[1]
+
 
 class ChatML(ChatTemplate):
     """The built-in ChatML template on the seed tokenizer's specials (see the module docstring)."""
@@ -154,31 +169,38 @@ class ChatML(ChatTemplate):
         return out
 
     #: The template texts every batch uses, in :meth:`layout`'s numbering (other roles' headers follow).
-    _FIXED = (*_HEADERS.values(), THOUGHT_START, f"{THOUGHT_END}\n", IM_END, "\n")
+    _FIXED = (*_HEADERS.values(), THOUGHT_START, f"{THOUGHT_END}\n", IM_END, "\n", f"{IM_START}tool\n")
     #: The roles whose header is one of :attr:`_FIXED`, by number (``assistant`` is 2).
-    _ROLE_NUMBERS: ClassVar[dict[str, int]] = {"system": 0, "user": 1, "assistant": 2}
+    _ROLE_NUMBERS: ClassVar[dict[str, int]] = {"system": 0, "user": 1, "assistant": 2, "tool": 7}
 
     def layout(self, conversations: Sequence[Sequence[Message]], train_on: str, thought: str) -> Layout:
-        """:meth:`segments` for a whole batch, built with NumPy from the messages' fields (no Python work per
-        segment): each message is the segments header, [``<|thought|>``, thought, ``<|/thought|>\n``], content,
-        ``<|im_end|>``, ``\n``."""
-        messages = [message for conversation in conversations for message in conversation]
-        n = len(messages)
-        role_names, contents, thoughts = zip(*messages) if n else ((), (), ())
+        """:meth:`segments` for a whole batch (see :meth:`layout_turns`)."""
+        return self.layout_turns(Turns.of(conversations), train_on, thought)
+
+    def layout_turns(self, turns: Turns, train_on: str, thought: str) -> Layout:
+        """:meth:`segments` for a whole batch, built with NumPy from the flat messages (no Python work per message
+        or segment): each message is the segments header, [``<|thought|>``, thought, ``<|/thought|>\n``],
+        content, ``<|im_end|>``, ``\n``."""
+        n = len(turns.roles)
         roles = dict(self._ROLE_NUMBERS)
         try:
-            header = np.fromiter(map(roles.__getitem__, role_names), np.int64, n)
-        except KeyError:  # tool (or another role): its header is text, numbered after the fixed ones
-            numbered = (roles.setdefault(r, len(self._FIXED) + len(roles) - 3) for r in role_names)
-            header = np.fromiter(numbered, np.int64, n)
-        has_thought = np.fromiter((t is not None for t in thoughts), bool, n)
-        counts = np.fromiter(map(len, conversations), np.int64, len(conversations))
+            header = np.fromiter(map(roles.__getitem__, turns.roles), np.int64, n)
+        except KeyError:  # another role: its header is text, numbered after the fixed ones
+            known = len(self._FIXED) - len(self._ROLE_NUMBERS)
+            header = np.fromiter((roles.setdefault(r, known + len(roles)) for r in turns.roles), np.int64, n)
+        has_thought = np.zeros(n, dtype=bool)
+        has_thought[turns.thought_at] = True
+        counts = turns.counts
         flags, ends_trained = _trained_flags(header == roles["assistant"], counts, train_on)
         # Message texts in segment order: each message's thought (if any), then its content.
-        content_at = np.arange(n) + np.cumsum(has_thought)
-        slots = np.empty(n + int(has_thought.sum()), dtype=object)
-        slots[content_at] = np.fromiter(contents, object, n)
-        slots[content_at[has_thought] - 1] = np.fromiter((t for t in thoughts if t is not None), object)
+        if turns.thoughts:
+            content_at = np.arange(n) + np.cumsum(has_thought)
+            slots = np.empty(n + len(turns.thoughts), dtype=object)
+            slots[content_at] = np.fromiter(turns.contents, object, n)
+            slots[content_at[has_thought] - 1] = np.fromiter(turns.thoughts, object, len(turns.thoughts))
+            texts = slots.tolist()
+        else:
+            content_at, texts = np.arange(n), list(turns.contents)
         start = content_at - has_thought
         everything = np.full(n, train_on == "all")
         thinks = flags & (thought == "train")
@@ -190,9 +212,10 @@ class ChatML(ChatTemplate):
         valid[:, 1:4] = has_thought[:, None]
         per_message = np.concatenate([[0], np.cumsum(4 + 3 * has_thought)])
         bounds = per_message[np.concatenate([[0], np.cumsum(counts)])].astype(np.int64)
-        extra = [f"{IM_START}{role}\n" for role, _ in sorted(roles.items(), key=lambda item: item[1])[3:]]
+        others = sorted(roles.items(), key=lambda item: item[1])[len(self._ROLE_NUMBERS) :]
+        extra = [f"{IM_START}{role}\n" for role, _ in others]
         templates = [*self._FIXED, *extra]
-        return Layout(slots.tolist(), templates, sources[valid], trains[valid], bounds, ends_trained)
+        return Layout(texts, templates, sources[valid], trains[valid], bounds, ends_trained)
 
 
 def _trained_flags(assistant: np.ndarray, counts: np.ndarray, train_on: str) -> tuple[np.ndarray, np.ndarray]:

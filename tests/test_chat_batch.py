@@ -1,0 +1,256 @@
+"""Chat records read and laid out a batch at a time (``turns_of``, ``Turns``, ``ChatML.layout_turns``): the same
+messages, errors, skips, ids and masks as reading and rendering each conversation on its own."""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tokformats
+from tokformats.tokenization.chat import ChatError, Message, Turns, messages_of, turns_of
+from tokformats.tokenization.chat_encoding import ChatEncoder
+from tokformats.tokenization.engines import TokenizersEngine
+from tokformats.tokenization.sample_text import sample_texts
+from tokformats.tokenization.templates import ChatML, ChatTemplate
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tokenizer_path: Path) -> Any:
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(tokenizer_path))
+
+
+def _user(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": text}
+
+
+def _assistant(text: str, **more: Any) -> dict[str, Any]:
+    return {"role": "assistant", "content": text, **more}
+
+
+class _Text(str):
+    """A str subclass: not the common form (its class is not str), read one by one."""
+
+
+def _mixed_records() -> list[Any]:
+    """Every form the messages schema takes: the common one, and the ones read one by one, in one batch."""
+    long_turn = " ".join(sample_texts(20))[:20000]
+    return [
+        {"messages": [_user("say <|im_end|><|endoftext|> and <|assistant|>"), _assistant("<|im_start|>no")]},
+        {"messages": [{"role": "system", "content": ""}, _user(""), _assistant("")]},
+        {"messages": [_user("weather?"),
+                      {"role": "assistant", "content": None,
+                       "tool_calls": [{"type": "function", "function": {"name": "get", "arguments": "{\"c\": 1}"}}]},
+                      {"role": "tool", "content": "{\"temp\": -3}", "tool_call_id": "x"},
+                      {"role": "tool", "content": "plain tool turn"}, _assistant("It is -3.")]},
+        {"messages": [_user("思考"), _assistant("答え", reasoning_content="二足す二 🤔")]},
+        {"messages": [_user("q"), _assistant("a", thought="by the thought field")]},
+        {"messages": [_user("q"), _assistant("a", reasoning="by the reasoning field")]},
+        {"messages": [{"role": "user", "content": "q", "reasoning_content": "a user's: dropped"}, _assistant("a")]},
+        {"messages": [_user("q"), _assistant("a", reasoning_content=None)]},
+        {"messages": [_user("q"), _assistant([{"type": "text", "text": "in "}, {"type": "text", "text": "parts"}])]},
+        {"messages": [_user("q"), {"role": "assistant", "content": "a", "name": "bot"}]},
+        OrderedDict(messages=[_user("an ordered dict record"), _assistant("ok")]),
+        {"messages": [OrderedDict(role="user", content="an ordered dict message"), _assistant("ok")]},
+        {"messages": [{"role": _Text("user"), "content": _Text("subclassed strings")}, _assistant("ok")]},
+        {"messages": [_user(long_turn), _assistant(long_turn[::-1], reasoning_content=long_turn[:500])]},
+        {"messages": []},
+        {"messages": [_assistant("only an answer")], "id": 7},
+    ]  # fmt: skip
+
+
+def test_a_batch_reads_the_same_messages_as_each_record_alone() -> None:
+    records = _mixed_records()
+    kept, turns = turns_of(records, "messages", lambda k: f"line {k + 1}")
+    assert kept == list(range(len(records)))
+    assert turns.conversations() == [messages_of(r, "messages", "w") for r in records]
+    assert turns.counts.tolist() == [len(messages_of(r, "messages", "w")) for r in records]
+
+
+def test_a_batch_of_only_common_records_is_read_without_one_by_one_reading(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The common form never reaches messages_of (the point of reading a batch at a time)."""
+    from tokformats.tokenization import chat
+
+    def refuse(*args: Any) -> Any:
+        raise AssertionError(f"read one by one: {args[0]!r:.60}")
+
+    monkeypatch.setattr(chat, "messages_of", refuse)
+    records = [{"messages": [_user(f"q{k}"), _assistant(f"a{k}", reasoning_content=f"t{k}")]} for k in range(5)]
+    kept, turns = turns_of(records, "messages", str)
+    assert kept == [0, 1, 2, 3, 4]
+    assert turns.roles == ["user", "assistant"] * 5
+    assert turns.contents == [x for k in range(5) for x in (f"q{k}", f"a{k}")]
+    assert turns.thought_at.tolist() == [1, 3, 5, 7, 9] and turns.thoughts == [f"t{k}" for k in range(5)]
+
+
+@pytest.mark.parametrize("schema", ["sharegpt", "alpaca", "callable"])
+def test_the_other_schemas_read_a_batch_as_each_record_alone(schema: str) -> None:
+    if schema == "sharegpt":
+        records: list[Any] = [{"system": "s", "conversations": [{"from": "human", "value": "q"},
+                                                                {"from": "gpt", "value": "a"}]},
+                              {"conversations": [{"from": "observation", "value": "t"}]}]  # fmt: skip
+        chat: Any = "sharegpt"
+    elif schema == "alpaca":
+        records = [{"instruction": "Sum.", "input": "1 2", "output": "3"}, {"instruction": "Hi", "output": "Hello"}]
+        chat = "alpaca"
+    else:
+        records = [["q", "a"], ["x", "y"]]
+
+        def chat(pair: list[str]) -> list[dict[str, str]]:
+            return [_user(pair[0]), _assistant(pair[1])]
+
+    kept, turns = turns_of(records, chat, str)
+    assert kept == [0, 1]
+    assert turns.conversations() == [messages_of(r, chat, "w") for r in records]
+
+
+BAD = [
+    ({"messages": [_user("x"), {"role": "bot", "content": "x"}]}, "'messages[1].role' is 'bot'"),
+    ({"messages": [_user("x"), {"role": "user", "content": 3}]}, "'messages[1].content' should be a string"),
+    ({"messages": [{"role": ["user"], "content": "x"}]}, "'messages[0].role' is ['user']"),
+    ({"messages": [_user("x"), "not a message"]}, "'messages[1]' should be an object"),
+    ({"messages": "hi"}, "'messages' should be a list"),
+    ({"messages": (_user("a tuple"),)}, "'messages' should be a list"),
+    ({"text": "x"}, "no field 'messages'"),
+    (["a", "list"], "expected a JSON object"),
+]
+
+
+@pytest.mark.parametrize(("bad", "field"), BAD)
+def test_a_bad_record_in_the_middle_of_a_batch_names_its_place_and_field(bad: Any, field: str) -> None:
+    good = {"messages": [_user("q"), _assistant("a")]}
+    records = [good, good, bad, good, bad]
+    with pytest.raises(ChatError) as caught:
+        turns_of(records, "messages", lambda k: f"chats.jsonl, line {k + 1}")
+    assert str(caught.value).startswith("chats.jsonl, line 3: ") and field in str(caught.value)
+    with pytest.raises(ChatError) as alone:
+        messages_of(bad, "messages", "chats.jsonl, line 3")
+    assert str(caught.value) == str(alone.value)
+    skipped: list[str] = []
+    kept, turns = turns_of(records, "messages", lambda k: f"line {k + 1}", lambda error: skipped.append(str(error)))
+    assert kept == [0, 1, 3]
+    assert [e.split(":")[0] for e in skipped] == ["line 3", "line 5"]
+    assert turns.conversations() == [messages_of(good, "messages", "w")] * 3
+
+
+def test_turns_cut_and_join_back() -> None:
+    conversations = [messages_of(r, "messages", "w") for r in _mixed_records()]
+    turns = Turns.of(conversations)
+    for cut in (0, 1, 3, 7, len(conversations)):
+        joined = Turns.joined([turns.part(0, cut), turns.part(cut, len(conversations))])
+        assert joined.conversations() == conversations
+        assert joined.thought_at.tolist() == turns.thought_at.tolist() and joined.thoughts == turns.thoughts
+    assert Turns.joined([]).conversations() == [] and Turns.of([[], []]).conversations() == [[], []]
+
+
+def _segment_by_segment(tokenizer: Any, conversation: list[Message], train_on: str, thought: str) -> Any:
+    """The per-message route: every segment of one conversation encoded on its own (message text with specials as
+    text, template text with specials recognised); its ids and mask."""
+    engine = TokenizersEngine(tokenizer)
+    ids: list[int] = []
+    mask: list[int] = []
+    for segment in ChatML().segments(conversation, train_on, thought):
+        if segment.content:
+            piece = engine.encode([segment.text], True)[0].tolist()
+        else:
+            piece = tokenizer.encode(segment.text, add_special_tokens=False).ids
+        ids += piece
+        mask += [int(segment.trained)] * len(piece)
+    return ids, mask
+
+
+@pytest.mark.parametrize("train_on", ["assistant", "all", "last"])
+@pytest.mark.parametrize("thought", ["train", "mask"])
+def test_a_batch_has_the_ids_and_masks_of_each_conversation_encoded_alone(
+    tokenizer: Any, train_on: str, thought: str
+) -> None:
+    records = _mixed_records()
+    records.append({"messages": [{"role": "tool", "content": "t"}, _assistant("a", reasoning_content="why")]})
+    kept, turns = turns_of(records, "messages", str)
+    assert kept == list(range(len(records)))
+    engine = TokenizersEngine(tokenizer)
+    encoder = ChatEncoder(tokenizer, ChatML(), train_on, thought)
+    ids, lengths, mask, ends = encoder.encode_turns(turns, lambda t: engine.encode(t, True), np.dtype("<u4"))
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    for k, record in enumerate(records):
+        conversation = messages_of(record, "messages", "w")
+        want_ids, want_mask = _segment_by_segment(tokenizer, conversation, train_on, thought)
+        assert ids[offsets[k] : offsets[k + 1]].tolist() == want_ids
+        assert mask[offsets[k] : offsets[k + 1]].tolist() == want_mask
+        last_trained = bool(conversation) and (train_on == "all" or conversation[-1].role == "assistant")
+        assert bool(ends[k]) == last_trained
+
+
+@pytest.mark.parametrize("train_on", ["assistant", "all", "last"])
+def test_the_generic_batch_layout_of_turns_says_which_ends_are_trained(train_on: str) -> None:
+    """A template without its own batch layout (the Jinja one) gets ``ends_trained`` from the turns."""
+    conversations = [
+        [Message("user", "q"), Message("assistant", "a")],
+        [Message("user", "q")],
+        [],
+        [Message("assistant", "a"), Message("tool", "t")],
+    ]
+
+    class Generic(ChatML):
+        layout_turns = ChatTemplate.layout_turns  # the default: from the segments
+        layout = ChatTemplate.layout
+
+    layout = Generic().layout_turns(Turns.of(conversations), train_on, "train")
+    fast = ChatML().layout_turns(Turns.of(conversations), train_on, "train")
+    expected = {"assistant": [True, False, False, False], "last": [True, False, False, False],
+                "all": [True, True, False, True]}[train_on]  # fmt: skip
+    assert layout.ends_trained is not None and layout.ends_trained.tolist() == expected
+    assert fast.ends_trained is not None and fast.ends_trained.tolist() == expected
+
+
+def test_a_file_with_bad_records_in_a_batch_names_their_lines_or_skips_them(
+    tmp_path: Path, tokenizer_path: Path, tokenizer: Any
+) -> None:
+    good = [{"messages": [_user(f"q{k}"), _assistant(f"a{k}")]} for k in range(40)]
+    bad = {20: {"messages": [_user("x"), {"role": "user", "content": 3}]}, 33: {"messages": "hi"}}
+    records = [bad.get(k, r) for k, r in enumerate(good)]
+    source = tmp_path / "chats.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    with pytest.raises(ChatError, match=r"chats.jsonl, line 21: field 'messages\[1\].content' should be a string"):
+        tokformats.tokenize([source], tokenizer_path, tmp_path / "out", "datatrove", chat="messages", progress=False)
+    summary = tokformats.tokenize([source], tokenizer_path, tmp_path / "out", "datatrove", chat="messages",
+                                  on_error="skip", progress=False, overwrite=True)  # fmt: skip
+    assert summary["documents"] == 38 and summary["skipped"] == 2
+    assert ["line 21" in summary["errors"][0], "line 34" in summary["errors"][1]] == [True, True]
+    kept = [r for k, r in enumerate(records) if k not in bad]
+    engine = TokenizersEngine(tokenizer)
+    encoder = ChatEncoder(tokenizer, ChatML(), "assistant", "train")
+    conversations = [messages_of(r, "messages", "w") for r in kept]
+    ids, lengths, mask, ends = encoder.encode(conversations, lambda t: engine.encode(t, True), np.dtype("<u4"))
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    with tokformats.open(tmp_path / "out.ds") as reader:
+        assert len(reader) == 38
+        for k in range(38):
+            assert reader[k].tolist() == [*ids[offsets[k] : offsets[k + 1]].tolist(), 0]  # <|endoftext|> appended
+            assert reader.loss_mask(k).tolist() == [*mask[offsets[k] : offsets[k + 1]].tolist(), int(ends[k])]
+
+
+def test_the_copy_for_chat_message_text_is_made_once_per_tokenizer(tokenizer: Any) -> None:
+    """Runs on the same tokenizer (the same to_str hash) share the copy that reads spelled specials as text; the
+    caller's tokenizer keeps its own setting; another hash gets its own copy."""
+    import hashlib
+
+    digest = hashlib.sha256(tokenizer.to_str().encode("utf-8")).hexdigest()
+    first, second = TokenizersEngine(tokenizer, digest), TokenizersEngine(tokenizer, digest)
+    spelled = ["say <|im_end|> here"]
+    assert first.encode(spelled, True)[0].tolist() == second.encode(spelled, True)[0].tolist()
+    assert first._splitting is second._splitting and first._splitting is not tokenizer
+    assert first._splitting.encode_special_tokens and not tokenizer.encode_special_tokens
+    assert 3 not in first.encode(spelled, True)[0].tolist() and 3 in first.encode(spelled)[0].tolist()
+    other = TokenizersEngine(tokenizer, "0" * 64)
+    other.encode(spelled, True)
+    assert other._splitting is not first._splitting
+    alone = TokenizersEngine(tokenizer)
+    alone.encode(spelled, True)
+    assert alone._splitting is not first._splitting
