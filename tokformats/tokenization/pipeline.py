@@ -917,6 +917,18 @@ def _encode_partition(
 #: chat run): built once for all the partitions (and runs) it encodes. The one cache of a worker's engines (the
 #: in-process runs' ``_GATED`` is not also filled): a pool's process keeps at most two tokenizers.
 _WORKER_ENGINES: dict[tuple[Any, str, str, bool], tuple[Any, tuple[Engine, str]]] = {}
+#: Held while a worker builds: a thread pool's workers wait for the first one's engine instead of each building one.
+_WORKER_BUILDING = threading.Lock()
+
+
+def _new_building_lock() -> None:
+    """In a forked child: a fresh lock (the parent's may have been held by a thread that the child does not have)."""
+    global _WORKER_BUILDING
+    _WORKER_BUILDING = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_building_lock)
 
 
 def _worker_engine(
@@ -929,10 +941,13 @@ def _worker_engine(
     key = (select, tokenizer_hash, engine, chat)
     built = _WORKER_ENGINES.get(key)  # one lookup: a thread pool's other worker may clear the table between two
     if built is None:
-        if len(_WORKER_ENGINES) >= 2:
-            _WORKER_ENGINES.clear()
-        tokenizer = _worker_tokenizer(tokenizer_path, tokenizer_hash)
-        built = _WORKER_ENGINES[key] = (tokenizer, select(tokenizer, engine, chat=chat))
+        with _WORKER_BUILDING:
+            built = _WORKER_ENGINES.get(key)  # built while this thread waited
+            if built is None:
+                if len(_WORKER_ENGINES) >= 2:
+                    _WORKER_ENGINES.clear()
+                tokenizer = _worker_tokenizer(tokenizer_path, tokenizer_hash)
+                built = _WORKER_ENGINES[key] = (tokenizer, select(tokenizer, engine, chat=chat))
     return built
 
 
