@@ -1049,7 +1049,8 @@ def tokenize(
         resume: continue a run that was interrupted (its work folder ``OUTPUT.tokenize`` is kept until success).
         on_error: ``raise`` on a bad record (naming file and line), or ``skip`` and count it.
         executor: a ``concurrent.futures.Executor`` (a process pool, dask's ``client.get_executor()``, ...) to
-            encode partitions of the inputs in parallel; the result equals a single-process run.
+            encode partitions of the inputs in parallel; the result equals a single-process run. Each worker
+            process gates ``engine`` itself (the summary's ``engine`` is the first partition's).
         partitions: how many partitions (default: one per input file, and one per 64 MiB where the inputs are
             larger). Large files are cut at line starts (JSON Lines, text per line) or row groups (Parquet); the
             output is byte-identical to a single-process run whatever the partitioning
