@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, NoReturn
@@ -54,7 +54,7 @@ from ..fs.untrusted import read_json_object
 from .chat import ChatError, Turns, schema_name, turns_of
 from .chat_encoding import ChatSpec
 from .engines import Engine, EngineMismatchError, TokenizersEngine, differing_text, encoded, select_engine
-from .partitions import PARTITION_BYTES, partition_inputs
+from .partitions import PARTITION_BYTES, iter_partitions
 from .sources import Input, Record, SourceError, iter_records, resolve_inputs
 from .templates import THOUGHT, TRAIN_ON, load_template
 from .tokenizer import load_tokenizer
@@ -994,9 +994,22 @@ def _encode_partition(
 # -- partitions ---------------------------------------------------------------------------------------
 
 
-#: A worker process's tokenizers and gated engines, by (tokenizer hash, engine): built once for all the partitions
-#: (and runs) it encodes.
-_WORKER_ENGINES: dict[tuple[str, str, bool], tuple[Any, tuple[Engine, str]]] = {}
+#: A worker process's tokenizers and gated engines, by (the selecting function, tokenizer hash, engine asked for,
+#: chat run): built once for all the partitions (and runs) it encodes. The one cache of a worker's engines (the
+#: in-process runs' ``_GATED`` is not also filled): a pool's process keeps at most two tokenizers.
+_WORKER_ENGINES: dict[tuple[Any, str, str, bool], tuple[Any, tuple[Engine, str]]] = {}
+#: Held while a worker builds: a thread pool's workers wait for the first one's engine instead of each building one.
+_WORKER_BUILDING = threading.Lock()
+
+
+def _new_building_lock() -> None:
+    """In a forked child: a fresh lock (the parent's may have been held by a thread that the child does not have)."""
+    global _WORKER_BUILDING
+    _WORKER_BUILDING = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_building_lock)
 
 
 def _worker_engine(
@@ -1005,35 +1018,41 @@ def _worker_engine(
     """The tokenizer and the gated engine of a worker process, from the run's ``tokenizer.json`` in its work folder
     (checked against the plan's hash: the file is on a shared file system, and a stale or damaged copy must not
     encode a single document); a tokenizer the process has already built is not read again."""
-    key = (tokenizer_hash, engine, chat)
+    select = select_engine  # looked up at each call, not bound at import (a test replaces it)
+    key = (select, tokenizer_hash, engine, chat)
     built = _WORKER_ENGINES.get(key)  # one lookup: a thread pool's other worker may clear the table between two
     if built is None:
-        if len(_WORKER_ENGINES) >= 2:
-            _WORKER_ENGINES.clear()
-        built = _WORKER_ENGINES[key] = _build_worker_engine(tokenizer_path, tokenizer_hash, engine, chat)
+        with _WORKER_BUILDING:
+            built = _WORKER_ENGINES.get(key)  # built while this thread waited
+            if built is None:
+                if len(_WORKER_ENGINES) >= 2:
+                    _WORKER_ENGINES.clear()
+                tokenizer = _worker_tokenizer(tokenizer_path, tokenizer_hash)
+                # The hash keys the gate's results on disk: a worker after the first process's gate pays none.
+                built = _WORKER_ENGINES[key] = (tokenizer, select(tokenizer, engine, chat=chat,
+                                                                  tokenizer_hash=tokenizer_hash))  # fmt: skip
     return built
 
 
-def _build_worker_engine(
-    tokenizer_path: str, tokenizer_hash: str, engine: str, chat: bool
-) -> tuple[Any, tuple[Engine, str]]:
+def _worker_tokenizer(tokenizer_path: str, tokenizer_hash: str) -> Any:
+    """The run's tokenizer from its ``tokenizer.json``, refused unless its SHA-256 is ``tokenizer_hash``."""
     import hashlib
 
     from tokenizers import Tokenizer
 
-    text = Path(tokenizer_path).read_text(encoding="utf-8")
-    found = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    data = Path(tokenizer_path).read_bytes()
+    found = hashlib.sha256(data).hexdigest()
     if found != tokenizer_hash:
         raise FormatError(
             f"{tokenizer_path} has SHA-256 {found}, but the run's tokenizer has {tokenizer_hash}; rerun with "
             f"{option('overwrite')}."
         )
-    tokenizer = Tokenizer.from_str(text)
-    return tokenizer, _gated_engine(tokenizer, engine, tokenizer_hash, chat)
+    return Tokenizer.from_str(data.decode("utf-8"))
 
 
 def _partition_job(args: tuple[Any, ...]) -> dict[str, Any]:
-    """Run in an executor worker: encode one partition. Module-level, so that it pickles by reference."""
+    """Run in an executor worker: encode one partition; its counters, and the engine that encoded it and why.
+    Module-level, so that it pickles by reference."""
     plan_dict, tokenizer_path, pieces, first_input, ordinal, folder, settings, engine = args[:8]
     origin, chat = args[8:]
     batch_size, resume, checkpoint_every = settings
@@ -1055,7 +1074,7 @@ def _partition_job(args: tuple[Any, ...]) -> dict[str, Any]:
             checkpoint_every=checkpoint_every,
             chat=chat,
         )
-    return asdict(stats)
+    return {"stats": asdict(stats), "engine": encoder.engine.name, "engine_reason": encoder.reason}
 
 
 # -- the entry point ------------------------------------------------------------------------------------
@@ -1115,7 +1134,8 @@ def tokenize(
         resume: continue a run that was interrupted (its work folder ``OUTPUT.tokenize`` is kept until success).
         on_error: ``raise`` on a bad record (naming file and line), or ``skip`` and count it.
         executor: a ``concurrent.futures.Executor`` (a process pool, dask's ``client.get_executor()``, ...) to
-            encode partitions of the inputs in parallel; the result equals a single-process run.
+            encode partitions of the inputs in parallel; the result equals a single-process run. Each worker
+            process gates ``engine`` itself (the summary's ``engine`` is the first partition's).
         partitions: how many partitions (default: one per input file, and one per 64 MiB where the inputs are
             larger). Large files are cut at line starts (JSON Lines, text per line) or row groups (Parquet); the
             output is byte-identical to a single-process run whatever the partitioning
@@ -1167,16 +1187,21 @@ def tokenize(
         # By default on a terminal, and in a notebook (where tqdm draws a widget); not in logs.
         show = (sys.stderr.isatty() or "ipykernel" in sys.modules) if progress is None else progress
         rate = verification_rate(verify_fraction, _verify_budget(verify_bytes), total_bytes)
-        encoder = Encoder(loaded, engine, rate, plan.seed, 0, tokenizer_hash=plan.tokenizer_hash,
-                          chat=spec is not None, verify_bytes=None if total_bytes else verify_bytes)  # fmt: skip
-        monitor = Progress(show, total_bytes, [])  # after the gate and the engines' timing: rates are encoding's
+        encoder = None
+        if executor is None:  # a parallel run's workers gate the engine themselves: the parent encodes nothing
+            encoder = Encoder(loaded, engine, rate, plan.seed, 0, tokenizer_hash=plan.tokenizer_hash,
+                              chat=spec is not None, verify_bytes=None if total_bytes else verify_bytes)  # fmt: skip
         if show:
-            print(f"tokformats: encoding with {encoder.engine.name}: {encoder.reason}", file=sys.stderr)
+            doing = f"with {encoder.engine.name}: {encoder.reason}" if encoder else "in the executor's workers"
+            print(f"tokformats: encoding {doing}", file=sys.stderr)
+        monitor = Progress(show, total_bytes, [])  # after the gate and the engines' timing: rates are encoding's
         all_stats: list[Stats] = []
-        chosen_engine = (encoder.engine.name if engine == "auto" else engine, rate)
-        parts = _encoded_parts(plan, encoder, resolved, work, executor, partitions, (batch_size, resume,
-                               checkpoint_every), chosen_engine, spec, monitor, all_stats)  # fmt: skip
+        chosen: list[tuple[str, str]] = []  # each partition's engine and why, in order
+        settings = (batch_size, resume, checkpoint_every)
+        parts = _encoded_parts(plan, encoder or loaded, resolved, work, executor, partitions, settings,
+                               (engine, rate), spec, monitor, (all_stats, chosen))  # fmt: skip
         outputs = _write_outputs(plan, writer_class, targets, parts, writer_options, replace=bool(resume or overwrite))
+        engine_name, engine_reason = chosen[0]  # the first partition's: the one that checked the first documents
         total = Stats.total(all_stats)
         monitor.update(total, final=True)
         _discard(work)
@@ -1188,8 +1213,8 @@ def tokenize(
             "seconds": round(time.perf_counter() - started, 3),
             "skipped": total.skipped,
             "errors": total.errors,
-            "engine": encoder.engine.name,
-            "engine_reason": encoder.reason,
+            "engine": engine_name,
+            "engine_reason": engine_reason,
             "outputs": outputs,
         }
 
@@ -1199,7 +1224,7 @@ def tokenize(
 
 def _encoded_parts(
     plan: Plan,
-    encoder: Encoder,
+    encoder: Any,
     resolved: list[Input],
     work: Path,
     executor: Executor | None,
@@ -1208,18 +1233,21 @@ def _encoded_parts(
     engine: tuple[str, float],
     chat: ChatSpec | None,
     monitor: Progress,
-    stats: list[Stats],
+    reported: tuple[list[Stats], list[tuple[str, str]]],
 ) -> Iterable[Path]:
-    """The partitions' folders, each once encoded (their counters appended to ``stats``): here, in one partition;
-    with an ``executor``, as the workers finish them in input order, so that each is joined into the outputs while
-    later ones are still encoding (the join is then not a serial step after the last partition)."""
+    """The partitions' folders, each once encoded (its counters and its engine with why appended to
+    ``reported``): here, in one partition with ``encoder``; with an ``executor`` (``encoder`` is then the
+    tokenizer: the workers gate the ``engine`` asked for), as the workers finish them in input order, so that each
+    is joined into the outputs while later ones are still encoding (the join is then not a serial step after the
+    last partition)."""
     if executor is not None:
-        return _encode_in_parallel(plan, encoder.reference.tokenizer, resolved, work, executor, partitions, settings,
-                                   engine, chat, stats)  # fmt: skip
+        return _encode_in_parallel(plan, encoder, resolved, work, executor, partitions, settings, engine, chat,
+                                   reported)  # fmt: skip
     batch_size, resume, checkpoint_every = settings
     part = work / "part-0000"
-    stats.append(_encode_partition(plan, encoder, resolved, 0, part, batch_size=batch_size, resume=resume,
-                                   progress=monitor, checkpoint_every=checkpoint_every, chat=chat))  # fmt: skip
+    reported[0].append(_encode_partition(plan, encoder, resolved, 0, part, batch_size=batch_size, resume=resume,
+                                         progress=monitor, checkpoint_every=checkpoint_every, chat=chat))  # fmt: skip
+    reported[1].append((encoder.engine.name, encoder.reason))
     return [part]
 
 
@@ -1391,39 +1419,70 @@ def _encode_in_parallel(
     settings: tuple[int, bool, float],
     engine: tuple[str, float],
     chat: ChatSpec | None,
-    stats: list[Stats],
+    reported: tuple[list[Stats], list[tuple[str, str]]],
 ) -> Iterator[Path]:
-    """Encode partitions of the inputs in ``executor``'s workers, each into its own spools, all submitted at once;
-    yields each partition's folder in input order as soon as it is encoded (after appending its counters to
-    ``stats``), so that the caller joins it while later ones are still encoding: the output equals a single-process
-    run. ``engine``: the one the gate chose here, gated again there."""
+    """Encode partitions of the inputs in ``executor``'s workers, each into its own spools; yields each partition's
+    folder in input order as soon as it is encoded (after appending what it reports to ``reported``), so that the
+    caller joins it while later ones are still encoding: the output equals a single-process run. Each partition is
+    submitted as soon as it is planned (the first before any line is counted, see
+    :func:`~.partitions.iter_partitions`); an executor without ``submit`` (``ray.util.multiprocessing.Pool``) gets
+    them all at once through ``map``. ``engine``: the engine asked for and the verify fraction, gated there."""
     if any(i.path is None for i in resolved):
         raise FormatError("executor= needs file inputs: an in-memory iterable cannot be shipped to workers.")
     if partitions is not None and partitions < 1:
         raise ConfigError(f"partitions must be at least 1, found {partitions}.")
     total = sum(i.size or 0 for i in resolved)
-    groups = partition_inputs(resolved, partitions or max(len(resolved), -(-total // PARTITION_BYTES)), plan.unit)
-    parts = [work / f"part-{n:04d}" for n in range(len(groups))]
+    groups = iter_partitions(resolved, partitions or max(len(resolved), -(-total // PARTITION_BYTES)), plan.unit)
     origin = submitter()
     # Workers read the tokenizer from the work folder (once per process), not from each job: a named vocabulary's
     # tokenizer.json is megabytes, and a run may have thousands of partitions.
     tokenizer_file = work / "tokenizer.json"
     work.mkdir(parents=True, exist_ok=True)
     _write_bytes_atomically(tokenizer_file, loaded.to_str().encode("utf-8"))
-    jobs = [
-        (asdict(plan), str(tokenizer_file), [(str(i.path), i.start, i.stop, i.first_record) for i in group], first,
-         ordinal, str(part), settings, engine, origin, chat)
-        for ordinal, ((first, group), part) in enumerate(zip(groups, parts))
-    ]  # fmt: skip
-    return _in_order(parts, executor.map(_partition_job, jobs), stats)
+    shipped = asdict(plan)
+    parts: list[Path] = []
+
+    def jobs() -> Iterator[tuple[Any, ...]]:
+        for ordinal, (first, group) in enumerate(groups):
+            parts.append(work / f"part-{ordinal:04d}")
+            pieces = [(str(i.path), i.start, i.stop, i.first_record) for i in group]
+            yield shipped, str(tokenizer_file), pieces, first, ordinal, str(parts[-1]), settings, engine, origin, chat
+
+    submit = getattr(executor, "submit", None)
+    if submit is None:
+        return _in_order(parts, iter(executor.map(_partition_job, list(jobs()))), reported)
+    futures: list[Future[dict[str, Any]]] = []
+    try:
+        for job in jobs():
+            futures.append(submit(_partition_job, job))
+    except BaseException:
+        for future in futures:
+            future.cancel()
+        raise
+    return _in_order(parts, _results(futures), reported)
 
 
-def _in_order(parts: list[Path], results: Iterator[dict[str, Any]], stats: list[Stats]) -> Iterator[Path]:
-    """Each partition's folder once its result has arrived (``executor.map`` gives them in order). Closed early
-    (the join failed), it closes ``results``: ``Executor.map``'s iterator then cancels the partitions not started."""
+def _results(futures: list[Future[dict[str, Any]]]) -> Iterator[dict[str, Any]]:
+    """The futures' results in order (a failed job's exception raised); closed early, the futures not started are
+    cancelled (as ``Executor.map``'s iterator does)."""
+    try:
+        for future in futures:
+            yield future.result()
+    finally:
+        for future in futures:
+            future.cancel()
+
+
+def _in_order(
+    parts: list[Path], results: Iterator[dict[str, Any]], reported: tuple[list[Stats], list[tuple[str, str]]]
+) -> Iterator[Path]:
+    """Each partition's folder once its result has arrived (in order), its counters and engine appended to
+    ``reported``. Closed early (the join failed), it closes ``results``, which cancels the partitions not
+    started."""
     try:
         for part, result in zip(parts, results):
-            stats.append(Stats(**result))
+            reported[0].append(Stats(**result["stats"]))
+            reported[1].append((result["engine"], result["engine_reason"]))
             yield part
     finally:
         close = getattr(results, "close", None)

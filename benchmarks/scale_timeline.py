@@ -1,0 +1,73 @@
+"""Where a parallel ``tokenize`` spends its time before the first byte is encoded: each phase of the parent and of
+every worker stamped with its wall offset and the process's CPU seconds (stderr), then wall and CPU of the process
+tree (``getrusage``).
+
+Run: ``python benchmarks/scale_timeline.py INPUT.jsonl OUTPUT WORKERS [PARTITIONS]`` (cl100k_base, megatron, a
+spawned process pool). The stamps wrap private functions of ``tokformats.tokenization.pipeline`` (those that exist
+in the checked-out version), so that two versions can be compared side by side; spawned workers import this script
+as their main module, so they are stamped too.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import resource
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import tokformats
+from tokformats.tokenization import pipeline
+
+T0 = float(os.environ.setdefault("TIMELINE_T0", repr(time.time())))  # the parent's start, inherited by workers
+
+
+def stamp(what: str) -> None:
+    print(f"[{os.getpid()} {time.time() - T0:7.2f}s cpu={time.process_time():6.2f}] {what}", file=sys.stderr,
+          flush=True)  # fmt: skip
+
+
+def stamped(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        stamp(f"> {name}")
+        try:
+            return function(*args, **kwargs)
+        finally:
+            stamp(f"< {name}")
+
+    return wrapper
+
+
+PHASES = ("load_tokenizer", "_make_plan", "_worker_engine", "_build_worker_engine", "_encode_in_parallel",
+          "_encode_partition", "_write_outputs", "copy_spool")  # fmt: skip
+for phase in PHASES:
+    if hasattr(pipeline, phase):
+        setattr(pipeline, phase, stamped(phase, getattr(pipeline, phase)))
+_encode = pipeline.Encoder.encode
+_first = [True]
+
+
+def first_encode(self: Any, *args: Any, **kwargs: Any) -> Any:
+    if _first[0]:
+        _first[0] = False
+        stamp("first encode")
+    return _encode(self, *args, **kwargs)
+
+
+pipeline.Encoder.encode = first_encode  # type: ignore[method-assign]
+
+if __name__ == "__main__":
+    source, output, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    partitions = int(sys.argv[4]) if len(sys.argv) > 4 else None
+    started = time.perf_counter()
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        summary = tokformats.tokenize(source, "cl100k_base", output, "megatron", progress=False, overwrite=True,
+                                      executor=pool, partitions=partitions)  # fmt: skip
+    wall = time.perf_counter() - started
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    parent, children = me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
+    print(f"wall={wall:.2f} parent_cpu={parent:.2f} workers_cpu={children:.2f} "
+          f"cores_busy={(parent + children) / wall:.2f} engine={summary['engine']}")  # fmt: skip
