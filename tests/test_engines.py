@@ -412,3 +412,23 @@ def test_verify_bytes_must_be_a_size(tmp_path: Path, tokenizer_path: Path) -> No
     for bad in (-1, 1.5, "1M", True):
         with pytest.raises(tokformats.ConfigError, match="verify_bytes must be a number of bytes"):
             tokformats.tokenize(["a"], tokenizer_path, tmp_path / "x", "raw", verify_bytes=bad, progress=False)
+
+
+def test_a_difference_in_a_later_partitions_first_batch_stops_a_parallel_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path
+) -> None:
+    # Workers gate `auto` themselves; only the run's first partition may fall back on its first batch. A later
+    # partition's first batch is mid-run: a difference there stops the run, as it does in one process. Each
+    # partition is one batch here, so the lie is in a later partition's first batch.
+    from concurrent.futures import ThreadPoolExecutor
+
+    corpus = _corpus(tmp_path, 3000)
+    texts = sample_texts(3000)
+    late = next(k for k in range(2500, 3000) if texts[k] and all(texts[k][:15] not in t for t in texts[:2500]))
+    _lying(monkeypatch, texts[late][:15])
+    pipeline._WORKER_ENGINES.clear()
+    with ThreadPoolExecutor(2) as pool, pytest.raises(EngineMismatchError, match=rf"record {late + 1} "):
+        tokformats.tokenize(corpus, tokenizer_path, tmp_path / "run", "megatron", progress=False, batch_size=1000,
+                            verify_fraction=1.0, verify_bytes=None, executor=pool, partitions=8)  # fmt: skip
+    pipeline._WORKER_ENGINES.clear()
+    assert not list(tmp_path.glob("run*.bin"))

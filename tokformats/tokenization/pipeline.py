@@ -574,7 +574,7 @@ class Encoder:
     (None: no limit). ``tokenize`` sets the probability from the input's size (:func:`verification_rate`), so that
     the draws spread over the whole input and the cost is the budget's, whatever the corpus size. Checking
     documents rather than whole batches keeps the cost at what is checked. In a partitioned run only the first
-    partition checks the first documents (the others run the engine the gate already chose, explicitly): the
+    partition checks the first documents (in the others a difference stops the run, as the gate had chosen): the
     sample's cost is paid once per run, not once per partition."""
 
     #: Text checked at the start of the run, before any random draw.
@@ -597,7 +597,9 @@ class Encoder:
         self.engine, self.reason = chosen or _gated_engine(tokenizer, engine, tokenizer_hash, chat)
         if isinstance(self.engine, TokenizersEngine):
             self.engine = self.reference  # the reference is not checked against itself
-        self.explicit = engine != "auto"
+        # Only the run's first partition may fall back on its first batch: a later partition's first batch is not
+        # the run's first, and a difference there stops the run, as it would in one process.
+        self.explicit = engine != "auto" or partition != 0
         self.verify_fraction = verify_fraction
         self._draws = np.random.default_rng([seed, partition])
         self.batches = 0
