@@ -380,3 +380,18 @@ def test_crafted_pickles_never_run_code(tmp_path: Path, name: str, monkeypatch: 
         tokformats.open(pt_with_pickle(tmp_path / "x.pt", CRAFTED[name]), format="pt")
     assert ran == []
     assert (torchfile._rebuild_v2.__defaults__, dict(torchfile._ALLOWED)) == before
+
+
+@pytest.mark.parametrize(("source", "target"), [(np.uint32, np.int32), (np.int32, np.uint32), (np.int16, np.uint16)])
+def test_ids_between_integers_of_one_width_keep_their_values_and_out_of_range_ones_are_refused(
+    source: type, target: type
+) -> None:
+    from tokformats.core.dtypes import check_tokens
+
+    top = min(np.iinfo(source).max, np.iinfo(target).max)
+    ids = np.array([0, 1, 7, top - 1, top], dtype=source)
+    cast = check_tokens(ids, np.dtype(target))
+    assert cast.dtype == np.dtype(target) and cast.tolist() == ids.tolist()
+    outside = np.array([np.iinfo(source).max if np.iinfo(source).max > top else np.iinfo(source).min], dtype=source)
+    with pytest.raises(TokenRangeError, match="document 0 holds the value"):
+        check_tokens(np.concatenate([ids, outside]), np.dtype(target), lengths=np.array([6]))

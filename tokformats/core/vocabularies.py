@@ -242,10 +242,12 @@ def tokenizer_from_ranks(ranks: dict[bytes, int], pattern: Pattern, special_toke
 
     from .byte_level import bytes_to_unicode
 
-    table = bytes_to_unicode()
+    # Each byte's printable stand-in, applied by str.translate to the token read as latin-1 (one char per byte): C
+    # speed for the ~100,000 tokens and their merges, where a join per token took half a second.
+    table = str.maketrans({chr(b): char for b, char in bytes_to_unicode().items()})
 
     def characters(token: bytes) -> str:
-        return "".join(table[b] for b in token)
+        return token.decode("latin-1").translate(table)
 
     vocab = {characters(token): rank for token, rank in ranks.items()}
     taken = set(vocab.values())
