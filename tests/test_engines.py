@@ -414,21 +414,26 @@ def test_verify_bytes_must_be_a_size(tmp_path: Path, tokenizer_path: Path) -> No
             tokformats.tokenize(["a"], tokenizer_path, tmp_path / "x", "raw", verify_bytes=bad, progress=False)
 
 
-def test_a_difference_in_a_later_partitions_first_batch_stops_a_parallel_run(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path
+@pytest.mark.parametrize("where", ["first", "later"])
+def test_a_difference_in_any_partitions_first_batch_stops_a_parallel_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path, where: str
 ) -> None:
-    # Workers gate `auto` themselves; only the run's first partition may fall back on its first batch. A later
-    # partition's first batch is mid-run: a difference there stops the run, as it does in one process. Each
-    # partition is one batch here, so the lie is in a later partition's first batch.
+    # Workers gate `auto` themselves. A difference in a partition's first batch must stop a parallel run: the first
+    # partition switching to tokenizers alone would leave the others encoding with the engine (wrong ids written),
+    # and a later partition's first batch is mid-run. Each partition is one batch here.
     from concurrent.futures import ThreadPoolExecutor
 
     corpus = _corpus(tmp_path, 3000)
     texts = sample_texts(3000)
-    late = next(k for k in range(2500, 3000) if texts[k] and all(texts[k][:15] not in t for t in texts[:2500]))
-    _lying(monkeypatch, texts[late][:15])
+    if where == "first":
+        lie = next(k for k in range(3000) if texts[k][:15] and sum(texts[k][:15] in t for t in texts) == 1)
+    else:
+        lie = next(k for k in range(2500, 3000) if texts[k] and all(texts[k][:15] not in t for t in texts[:2500]))
+    _lying(monkeypatch, texts[lie][:15])
     pipeline._WORKER_ENGINES.clear()
-    with ThreadPoolExecutor(2) as pool, pytest.raises(EngineMismatchError, match=rf"record {late + 1} "):
+    with ThreadPoolExecutor(2) as pool, pytest.raises(EngineMismatchError, match=rf"record {lie + 1} "):
         tokformats.tokenize(corpus, tokenizer_path, tmp_path / "run", "megatron", progress=False, batch_size=1000,
-                            verify_fraction=1.0, verify_bytes=None, executor=pool, partitions=8)  # fmt: skip
+                            verify_fraction=0.0 if where == "first" else 1.0, verify_bytes=None, executor=pool,
+                            partitions=8)  # fmt: skip
     pipeline._WORKER_ENGINES.clear()
     assert not list(tmp_path.glob("run*.bin"))

@@ -592,14 +592,16 @@ class Encoder:
         tokenizer_hash: str | None = None,
         chat: bool = True,
         verify_bytes: int | None = None,
+        fall_back: bool = True,
     ) -> None:
         self.reference = TokenizersEngine(tokenizer, tokenizer_hash)  # shares its chat copy across runs
         self.engine, self.reason = chosen or _gated_engine(tokenizer, engine, tokenizer_hash, chat)
         if isinstance(self.engine, TokenizersEngine):
             self.engine = self.reference  # the reference is not checked against itself
-        # Only the run's first partition may fall back on its first batch: a later partition's first batch is not
-        # the run's first, and a difference there stops the run, as it would in one process.
-        self.explicit = engine != "auto" or partition != 0
+        # Under auto, a difference in the run's first batch switches to tokenizers (nothing was written yet). Not in
+        # a parallel run (``fall_back=False``): its other partitions encode with the engine at the same time, so
+        # any difference stops the run, as it did when the parent gated and named the engine.
+        self.explicit = engine != "auto" or not fall_back or partition != 0
         self.verify_fraction = verify_fraction
         self._draws = np.random.default_rng([seed, partition])
         self.batches = 0
@@ -1063,7 +1065,7 @@ def _partition_job(args: tuple[Any, ...]) -> dict[str, Any]:
     with parent_watch(origin):  # an orphan of a killed run stops at once instead of writing on into its spools
         tokenizer, chosen = _worker_engine(tokenizer_path, plan.tokenizer_hash, name, chat is not None)
         encoder = Encoder(tokenizer, name, fraction, seed=plan.seed, partition=ordinal, chosen=chosen,
-                          tokenizer_hash=plan.tokenizer_hash)  # fmt: skip
+                          tokenizer_hash=plan.tokenizer_hash, fall_back=False)  # fmt: skip
         stats = _encode_partition(
             plan,
             encoder,
