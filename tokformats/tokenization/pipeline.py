@@ -3,8 +3,10 @@
 The run has two phases. *Encoding*: a reader thread parses and decompresses the inputs into batches while the
 main thread encodes them with ``Tokenizer.encode_batch_fast`` (which releases the GIL and uses every core) and
 appends ids and document lengths to append-only spool files, one pair per output stream (text key x split), in
-a work folder beside the output (``OUTPUT.tokenize/``). Every few seconds the spools are fsynced and a checkpoint
-records how far each input was consumed and how long each spool is. *Writing*: each stream's spool is fed to the
+a work folder beside the output (``OUTPUT.tokenize/``); a third thread re-encodes the documents sampled to check a
+faster engine with ``tokenizers`` while the engine goes on (both release the GIL), and every outstanding check is
+compared before a checkpoint commits. Every few seconds the spools are fsynced and a checkpoint records how far each
+input was consumed and how long each spool is. *Writing*: each stream's spool is fed to the
 format's writer, whose files appear atomically; then the work folder is removed.
 
 A run killed at any point resumes with ``resume=True``: spools are cut back to the checkpoint and reading
@@ -576,7 +578,10 @@ class Encoder:
     the draws spread over the whole input and the cost is the budget's, whatever the corpus size. Checking
     documents rather than whole batches keeps the cost at what is checked. In a partitioned run only the first
     partition checks the first documents (the others run the engine the gate already chose, explicitly): the
-    sample's cost is paid once per run, not once per partition."""
+    sample's cost is paid once per run, not once per partition. With a :attr:`verifier` (a run's), the sampled
+    texts are re-encoded there while the engine encodes, and compared later (:meth:`settle`, before every
+    checkpoint): the same documents are checked, and a difference raises before anything past the last checkpoint
+    is committed; only the first batch under ``auto``, whose check may switch the engine, is compared at once."""
 
     #: Text checked at the start of the run, before any random draw.
     FIRST_SAMPLE_BYTES = 1 << 20
