@@ -578,10 +578,7 @@ class Encoder:
     the draws spread over the whole input and the cost is the budget's, whatever the corpus size. Checking
     documents rather than whole batches keeps the cost at what is checked. In a partitioned run only the first
     partition checks the first documents (the others run the engine the gate already chose, explicitly): the
-    sample's cost is paid once per run, not once per partition. With a :attr:`verifier` (a run's), the sampled
-    texts are re-encoded there while the engine encodes, and compared later (:meth:`settle`, before every
-    checkpoint): the same documents are checked, and a difference raises before anything past the last checkpoint
-    is committed; only the first batch under ``auto``, whose check may switch the engine, is compared at once."""
+    sample's cost is paid once per run, not once per partition."""
 
     #: Text checked at the start of the run, before any random draw.
     FIRST_SAMPLE_BYTES = 1 << 20
@@ -622,9 +619,10 @@ class Encoder:
     ) -> tuple[np.ndarray, np.ndarray]:
         """``texts`` as ``(ids in dtype, lengths)``; ``where(k)`` names text k's record for an error. With
         ``split_special`` (chat message text), special tokens spelled in a text are encoded as text. With a
-        :attr:`verifier`, the reference encodes the sampled texts there while the engine encodes the batch here; the
-        comparison waits (:meth:`settle`) unless its outcome could change the engine (the first batch under
-        ``auto``)."""
+        :attr:`verifier` (a run's), the reference re-encodes the sampled texts there while the engine encodes the
+        batch here, and the comparison waits (:meth:`settle`, before every checkpoint): the same documents are
+        checked, and a difference raises before anything past the last checkpoint is committed. Only a comparison
+        whose outcome may switch the engine (the first batch under ``auto``) is made at once."""
         chosen, reference = np.zeros(0, np.intp), None
         if self.engine is not self.reference and texts:
             chosen = self._sample(texts)
