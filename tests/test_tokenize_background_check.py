@@ -163,3 +163,39 @@ def test_a_run_whose_checks_pass_is_identical_to_the_reference_and_leaves_no_ver
         ours, theirs = tmp_path / f"out_text_document{suffix}", tmp_path / f"ref_text_document{suffix}"
         assert ours.read_bytes() == theirs.read_bytes(), suffix
     assert not [t.name for t in threading.enumerate() if t.name.startswith("tokformats-verify")]
+
+
+def _explicit_encoder(tokenizer_path: Path, wrong: set[int]) -> pipeline.Encoder:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    return pipeline.Encoder(tokenizer, "fastokens", 1.0, seed=0, partition=0,
+                            chosen=(_Wrong(tokenizer, wrong), "a test engine"), verify_bytes=None)  # fmt: skip
+
+
+def test_outstanding_checks_are_bounded_by_their_text_and_all_compared_by_settle(
+    monkeypatch: pytest.MonkeyPatch, tokenizer_path: Path
+) -> None:
+    texts = _numbered(400)
+    batches = [texts[k : k + 100] for k in range(0, 400, 100)]
+    with ThreadPoolExecutor(1, thread_name_prefix="tokformats-verify") as verifier:
+        # No outstanding text allowed: the encoder waits for each batch's check, so the wrong batch raises at once.
+        monkeypatch.setattr(pipeline.Encoder, "PENDING_TEXT", 0)
+        encoder = _explicit_encoder(tokenizer_path, {250})
+        encoder.verifier = verifier
+        for batch in batches[:2]:
+            encoder.encode(batch, np.dtype(np.uint16), lambda k: f"doc {k}")
+        with pytest.raises(EngineMismatchError, match=r"for doc 50 \('doc 250: "):
+            encoder.encode(batches[2], np.dtype(np.uint16), lambda k: f"doc {k}")
+        # The default bound: the wrong batch's check may still be outstanding after later batches; settle() finds it.
+        monkeypatch.undo()
+        encoder = _explicit_encoder(tokenizer_path, {250})
+        encoder.verifier = verifier
+        try:
+            for batch in batches:
+                encoder.encode(batch, np.dtype(np.uint16), lambda k: f"doc {k}")
+        except EngineMismatchError as error:  # compared at a later batch, once its reference ids were in
+            assert "('doc 250: " in str(error)
+        else:
+            with pytest.raises(EngineMismatchError, match=r"for doc 50 \('doc 250: "):
+                encoder.settle()
