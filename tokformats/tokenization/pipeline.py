@@ -3,8 +3,10 @@
 The run has two phases. *Encoding*: a reader thread parses and decompresses the inputs into batches while the
 main thread encodes them with ``Tokenizer.encode_batch_fast`` (which releases the GIL and uses every core) and
 appends ids and document lengths to append-only spool files, one pair per output stream (text key x split), in
-a work folder beside the output (``OUTPUT.tokenize/``). Every few seconds the spools are fsynced and a checkpoint
-records how far each input was consumed and how long each spool is. *Writing*: each stream's spool is fed to the
+a work folder beside the output (``OUTPUT.tokenize/``); a third thread re-encodes the documents sampled to check a
+faster engine with ``tokenizers`` while the engine goes on (both release the GIL), and every outstanding check is
+compared before a checkpoint commits. Every few seconds the spools are fsynced and a checkpoint records how far each
+input was consumed and how long each spool is. *Writing*: each stream's spool is fed to the
 format's writer, whose files appear atomically; then the work folder is removed.
 
 A run killed at any point resumes with ``resume=True``: spools are cut back to the checkpoint and reading
@@ -23,6 +25,7 @@ without sequences and without an end-of-document id; llm.c, nanoGPT and the othe
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -33,7 +36,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, NoReturn
@@ -579,6 +582,8 @@ class Encoder:
 
     #: Text checked at the start of the run, before any random draw.
     FIRST_SAMPLE_BYTES = 1 << 20
+    #: Sampled text (characters) whose check may be outstanding before the encoder waits for the oldest.
+    PENDING_TEXT = 8 << 20
 
     def __init__(
         self,
@@ -608,17 +613,32 @@ class Encoder:
         self._sampled_bytes = 0 if partition == 0 else self.FIRST_SAMPLE_BYTES
         #: Text drawn at random so far, and how much may be (None: no limit).
         self.drawn_bytes, self.verify_bytes = 0, verify_bytes
+        #: Where the reference encodes the sampled texts while the engine encodes the batch (set for a run by
+        #: :meth:`_PartitionRun.run`); None: checked in line.
+        self.verifier: Executor | None = None
+        self._pending: collections.deque[_Check] = collections.deque()
 
     def encode(
         self, texts: list[str], dtype: np.dtype, where: Any, split_special: bool = False
     ) -> tuple[np.ndarray, np.ndarray]:
         """``texts`` as ``(ids in dtype, lengths)``; ``where(k)`` names text k's record for an error. With
-        ``split_special`` (chat message text), special tokens spelled in a text are encoded as text."""
-        flat, lengths = encoded(self.engine, texts, split_special)
+        ``split_special`` (chat message text), special tokens spelled in a text are encoded as text. With a
+        :attr:`verifier` (a run's), the reference re-encodes the sampled texts there while the engine encodes the
+        batch here, and the comparison waits (:meth:`settle`, before every checkpoint): the same documents are
+        checked, and a difference raises before anything past the last checkpoint is committed. Only a comparison
+        whose outcome may switch the engine (the first batch under ``auto``) is made at once."""
+        chosen, reference = np.zeros(0, np.intp), None
         if self.engine is not self.reference and texts:
             chosen = self._sample(texts)
             if len(chosen):
-                self._check(texts, flat, lengths, chosen, where, split_special)
+                reference = self._reference_ids(texts, chosen, split_special)
+        flat, lengths = encoded(self.engine, texts, split_special)
+        if reference is not None:
+            check = _Check.of(texts, chosen, where, reference, flat, lengths)
+            if self.verifier is not None and (self.batches or self.explicit):  # a difference raises: compare later
+                self._defer(check)
+            else:
+                self._compare(check)
                 if self.engine is self.reference:  # fell back on the first sample: the reference encodes it all
                     flat, lengths = self.reference.encode(texts, split_special)
         self.batches += 1
@@ -646,29 +666,83 @@ class Encoder:
             self.drawn_bytes += int(sizes[len(chosen) - 1]) if len(chosen) else 0
         return chosen
 
-    def _check(
-        self,
-        texts: list[str],
-        flat: np.ndarray,
-        lengths: np.ndarray,
-        chosen: np.ndarray,
-        where: Any,
-        split_special: bool = False,
-    ) -> None:
-        picked = chosen.tolist()
-        offsets = offsets_from_lengths(lengths)
-        got = np.concatenate([flat[offsets[k] : offsets[k + 1]] for k in picked])
-        n = differing_text(*self.reference.encode([texts[k] for k in picked], split_special), got, lengths[chosen])
+    def _reference_ids(
+        self, texts: list[str], chosen: np.ndarray, split_special: bool
+    ) -> Future[tuple[np.ndarray, np.ndarray]]:
+        """The reference's ids of the chosen texts: being encoded in the :attr:`verifier` (``tokenizers`` releases
+        the GIL), or here when there is none."""
+        picked = [texts[k] for k in chosen.tolist()]
+        if self.verifier is not None:
+            return self.verifier.submit(self.reference.encode, picked, split_special)
+        done: Future[tuple[np.ndarray, np.ndarray]] = Future()
+        done.set_result(self.reference.encode(picked, split_special))
+        return done
+
+    def _defer(self, check: _Check) -> None:
+        """Keep ``check`` until its reference ids are in; compare the finished ones in order, waiting for the oldest
+        while more than :attr:`PENDING_TEXT` of sampled text is outstanding (the default budget never is: the
+        encoder does not wait for the reference before a checkpoint)."""
+        self._pending.append(check)
+        while self._pending and (
+            self._pending[0].reference.done() or sum(c.text for c in self._pending) > self.PENDING_TEXT
+        ):
+            self._compare(self._pending.popleft())
+
+    def settle(self) -> None:
+        """Compare every check still outstanding, in order: a difference raises
+        :class:`~tokformats.engines.EngineMismatchError` here. Called before a checkpoint commits the spools and
+        before the outputs are written, so that nothing a check has not passed is ever committed."""
+        while self._pending:
+            self._compare(self._pending.popleft())
+
+    def discard(self) -> None:
+        """Drop the outstanding checks (the run is failing anyway; the spools past the checkpoint are cut on
+        resume)."""
+        for check in self._pending:
+            check.reference.cancel()
+        self._pending.clear()
+
+    def _compare(self, check: _Check) -> None:
+        n = differing_text(*check.reference.result(), check.ids, check.lengths)
         if n is None:
             return
-        k = picked[n]
-        message = f"{self.engine.name} gave other ids than tokenizers for {where(k)} ({texts[k][:60]!r})"
+        message = f"{self.engine.name} gave other ids than tokenizers for {check.names[n]} ({check.texts[n][:60]!r})"
         if self.batches or self.explicit:
             raise EngineMismatchError(
                 f"{message}; nothing wrong was written. Resume with {option('engine', repr('tokenizers'))}: "
                 "the output is the same whichever engine runs."
             )
         self.engine, self.reason = self.reference, f"{message} on the first batch: tokenizers runs instead"
+
+
+class _Check(NamedTuple):
+    """A batch's sampled documents waiting for comparison, and only them (the batch itself is not kept): their
+    texts and records' names (for the message), the reference's ids (a future) and the engine's ids."""
+
+    texts: list[str]
+    names: list[str]
+    reference: Future[tuple[np.ndarray, np.ndarray]]
+    ids: np.ndarray
+    lengths: np.ndarray
+    #: Characters of sampled text.
+    text: int
+
+    @classmethod
+    def of(
+        cls,
+        texts: list[str],
+        chosen: np.ndarray,
+        where: Any,
+        reference: Future[tuple[np.ndarray, np.ndarray]],
+        flat: np.ndarray,
+        lengths: np.ndarray,
+    ) -> _Check:
+        picked = chosen.tolist()
+        offsets = offsets_from_lengths(lengths)
+        ids = np.concatenate([flat[offsets[k] : offsets[k + 1]] for k in picked])
+        sampled = [texts[k] for k in picked]
+        names = [str(where(k)) for k in picked]
+        return cls(sampled, names, reference, ids, lengths[chosen], sum(map(len, sampled)))
 
 
 def _add_eos(
@@ -781,7 +855,9 @@ class _PartitionRun:
         self.fractions = list(plan.split.values()) if plan.split else [1.0]
 
     def save(self, done: bool = False) -> None:
-        """Checkpoint: every spool fsynced, then the counts and the position committed in one step."""
+        """Checkpoint: every outstanding check of the engine passed (a difference raises before anything is
+        committed), every spool fsynced, then the counts and the position committed in one step."""
+        self.encoder.settle()
         for spool in self.spools.values():
             spool.sync()
         for rows in self.sources.values():
@@ -946,6 +1022,10 @@ class _PartitionRun:
         reader = threading.Thread(target=_batches, args=(records, batch_size, batches, stop, counters), daemon=True)
         reader.start()
         last_save = time.perf_counter()
+        # The reference encodes the sampled documents in a thread of its own while the engine encodes the batch:
+        # both release the GIL, so on two cores the check overlaps the encoding instead of following it.
+        verifier = ThreadPoolExecutor(1, thread_name_prefix="tokformats-verify")
+        self.encoder.verifier = verifier
         try:
             while (item := batches.get()) is not None:
                 if isinstance(item, BaseException):
@@ -960,6 +1040,9 @@ class _PartitionRun:
                     last_save = time.perf_counter()
             self.save(done=True)
         finally:
+            self.encoder.verifier = None
+            self.encoder.discard()  # nothing is left after the last save; on an error, no one waits for them
+            verifier.shutdown(wait=True, cancel_futures=True)
             stop.set()
             while reader.is_alive():  # unblock a reader waiting on a full queue
                 try:

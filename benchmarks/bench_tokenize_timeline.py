@@ -1,0 +1,124 @@
+"""Where a single-process ``tokenize`` run's time goes, thread by thread: before against after, alternated.
+
+Run: ``python benchmarks/bench_tokenize_timeline.py --before /work/main --after . --corpus C.jsonl --tokenizer T.json
+[--rounds 5] [--engine auto|fastokens]`` (the corpus and tokenizer of ``bench_tokenize.py``). Each round runs each
+checkout in a fresh process (``PYTHONPATH`` set to it, from ``/``), sides alternated, and times
+``tokformats.tokenize(corpus, tokenizer, out, "megatron", engine=...)``: its wall seconds, the process's CPU seconds
+(``getrusage(RUSAGE_SELF)``: every thread), and ``time.perf_counter`` stamps around the pipeline's phases (the
+functions are wrapped in the child; they are private and may move):
+
+- main thread: the encode phase (``_encode_partition``), inside it the engine, the check against ``tokenizers`` (in
+  line before; the comparison, waiting included, after), end-of-document ids, spooling, and the time it waited for
+  the reader (``queue.get``); the set-up (tokenizer load, ``Encoder``: the gate) and the publish;
+- the reader thread: the time it was blocked on a full queue (``put``): the parse is the bottleneck only if this is
+  near zero;
+- the reference's encodes, in whichever thread.
+
+Prints each run, then min/median/max per side; the two sides' ``.bin``/``.idx`` must be byte-identical.
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CHILD = r"""
+import collections, json, os, queue, resource, sys, threading, time
+import tokformats
+from tokformats.tokenization import engines, pipeline
+spent = collections.defaultdict(float)
+
+def timed(name, function):
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            spent[name] += time.perf_counter() - start
+    return wrapper
+
+batches = pipeline._batches
+def reader(records, size, out, stop, counters):
+    out.put = timed("reader blocked on a full queue", out.put)
+    batches(records, size, out, stop, counters)
+pipeline._batches = reader
+get = queue.Queue.get
+def main_get(self, *args, **kwargs):
+    if threading.current_thread() is threading.main_thread():
+        return timed("main waiting for the reader", get)(self, *args, **kwargs)
+    return get(self, *args, **kwargs)
+queue.Queue.get = main_get
+for owner, name, label in [
+    (pipeline, "_encode_partition", "encode phase"), (pipeline, "_write_outputs", "publish"),
+    (pipeline, "load_tokenizer", "tokenizer load"), (pipeline.Encoder, "__init__", "gate (Encoder)"),
+    (engines.FastokensEngine, "encode", "fastokens"), (engines.TokenizersEngine, "encode", "reference encodes"),
+    (pipeline.Encoder, "_check", "check in line"), (pipeline.Encoder, "_compare", "check compared (waits included)"),
+    (pipeline, "_add_eos", "end-of-document ids"), (pipeline._PartitionRun, "_spool", "spooling"),
+]:
+    if hasattr(owner, name):
+        setattr(owner, name, timed(label, getattr(owner, name)))
+before = resource.getrusage(resource.RUSAGE_SELF)
+start = time.perf_counter()
+tokformats.tokenize(sys.argv[1], sys.argv[2], sys.argv[3], "megatron", progress=False, overwrite=True,
+                    engine=sys.argv[4])
+wall = time.perf_counter() - start
+after = resource.getrusage(resource.RUSAGE_SELF)
+cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+print(json.dumps({"wall": wall, "cpu": cpu, **spent, "file": tokformats.__file__}))
+"""
+
+SHOWN = ["wall", "cpu", "encode phase", "fastokens", "check in line", "check compared (waits included)",
+         "reference encodes", "main waiting for the reader", "reader blocked on a full queue", "publish"]  # fmt: skip
+
+
+def spread(values: list[float]) -> str:
+    ordered = sorted(values)
+    return f"{ordered[0]:.2f}/{ordered[len(ordered) // 2]:.2f}/{ordered[-1]:.2f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--before", type=Path, required=True, help="checkout of the code before")
+    parser.add_argument("--after", type=Path, required=True, help="checkout of the code after")
+    parser.add_argument("--corpus", type=Path, required=True)
+    parser.add_argument("--tokenizer", type=Path, required=True)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--engine", default="auto", choices=["auto", "fastokens"])
+    args = parser.parse_args()
+    sides = {"before": args.before.resolve(), "after": args.after.resolve()}
+    runs: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
+    loads: list[float] = []
+    with tempfile.TemporaryDirectory() as folder:
+        for round_ in range(args.rounds):
+            for side in list(sides) if round_ % 2 == 0 else list(sides)[::-1]:
+                loads.append(os.getloadavg()[0])
+                env = {**os.environ, "PYTHONPATH": str(sides[side])}
+                argv = [str(args.corpus.resolve()), str(args.tokenizer.resolve()), f"{folder}/{side}/c", args.engine]
+                out = subprocess.run([sys.executable, "-c", CHILD, *argv], env=env, capture_output=True, text=True,
+                                     check=False, cwd="/")  # fmt: skip
+                if out.returncode:
+                    raise SystemExit(out.stderr)
+                found = json.loads(out.stdout.splitlines()[-1])
+                if not Path(found.pop("file")).resolve().is_relative_to(sides[side]):
+                    raise SystemExit(f"{side} did not import the checkout {sides[side]}")
+                runs[side].append(found)
+                print(f"round {round_} {side}, load {loads[-1]:.1f}: "
+                      + ", ".join(f"{k} {found.get(k, 0.0):.2f}" for k in SHOWN), flush=True)  # fmt: skip
+        for suffix in (".bin", ".idx"):
+            a, b = (Path(f"{folder}/{side}/c_text_document{suffix}") for side in sides)
+            if not filecmp.cmp(a, b, shallow=False):
+                raise SystemExit(f"{a.name} differs between the checkouts")
+    print(f"\nengine={args.engine}, load {min(loads):.1f}-{max(loads):.1f}; seconds min/median/max")
+    print("| phase | " + " | ".join(sides) + " |\n|---|" + "---|" * len(sides))
+    for key in SHOWN:
+        print(f"| {key} | " + " | ".join(spread([run.get(key, 0.0) for run in runs[side]]) for side in sides) + " |")
+
+
+if __name__ == "__main__":
+    main()

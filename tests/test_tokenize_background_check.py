@@ -1,0 +1,201 @@
+"""The engine's check against ``tokenizers`` runs in a thread of its own while the engine encodes: the same documents
+are checked as when it ran in line, and a difference it finds still stops the run before anything is committed."""
+
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tokformats
+from tokformats.tokenization import pipeline
+from tokformats.tokenization.engines import Engine, EngineMismatchError, TokenizersEngine
+from tokformats.tokenization.sample_text import sample_texts
+
+
+def _numbered(count: int) -> list[str]:
+    """Documents numbered (``doc N:``) so that a text tells its place; about 1.4 kB each."""
+    base = sample_texts(600)
+    return [f"doc {k}: " + " ".join(base[(k + j) % 600] for j in range(6)) for k in range(count)]
+
+
+def _number(text: str) -> int:
+    return int(text.split(":", 1)[0][4:])
+
+
+class _Recording(TokenizersEngine):
+    """The reference, recording each text it encodes and the thread it encodes it in."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__(tokenizer)
+        self.seen: list[tuple[str, str]] = []
+
+    def encode(self, texts: list[str], split_special: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        self.seen.extend((t, threading.current_thread().name) for t in texts)
+        return super().encode(texts, split_special)
+
+
+class _Wrong(Engine):
+    """tokenizers' ids, except one id changed in each document whose number is in ``wrong``."""
+
+    name = "wrong-late"
+
+    def __init__(self, tokenizer: Any, wrong: set[int]) -> None:
+        self.reference = TokenizersEngine(tokenizer)
+        self.wrong = wrong
+
+    def encode(self, texts: list[str], split_special: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        flat, lengths = self.reference.encode(texts)
+        flat, ends = flat.copy(), np.cumsum(lengths)
+        for k, text in enumerate(texts):
+            if text.startswith("doc ") and _number(text) in self.wrong and lengths[k]:
+                flat[ends[k] - 1] += 1
+        return flat, lengths
+
+
+def _checked_numbers(tokenizer_path: Path, texts: list[str], verifier: ThreadPoolExecutor | None) -> list[int]:
+    """The documents an encoder (seed 7) re-encodes with the reference over ``texts`` in batches of 100, with the
+    reference in ``verifier`` or in line."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    encoder = pipeline.Encoder(tokenizer, "fastokens", 0.05, seed=7, partition=0,
+                               chosen=(_Wrong(tokenizer, set()), "a test engine"), verify_bytes=96 << 10)  # fmt: skip
+    recording = _Recording(tokenizer)
+    encoder.reference = recording
+    encoder.verifier = verifier
+    for start in range(0, len(texts), 100):
+        batch = texts[start : start + 100]
+        flat, lengths = encoder.encode(batch, np.dtype(np.uint16), lambda k: f"doc {k}")
+        assert int(lengths.sum()) == len(flat) and len(lengths) == len(batch)
+    encoder.settle()
+    threads = {thread for _, thread in recording.seen}
+    assert threads == ({threading.current_thread().name} if verifier is None else {"tokformats-verify_0"})
+    return [_number(t) for t, _ in recording.seen]
+
+
+def test_the_background_check_verifies_the_same_documents_as_the_check_in_line(tokenizer_path: Path) -> None:
+    texts = _numbered(2000)
+    in_line = _checked_numbers(tokenizer_path, texts, None)
+    with ThreadPoolExecutor(1, thread_name_prefix="tokformats-verify") as verifier:
+        background = _checked_numbers(tokenizer_path, texts, verifier)
+    assert background == in_line
+    first = [n for n in in_line if sum(map(len, texts[:n])) < pipeline.Encoder.FIRST_SAMPLE_BYTES]
+    assert first == list(range(len(first))) and len(first) > 500  # the first MiB, in order
+    drawn = in_line[len(first) :]
+    assert len(drawn) > 20 and max(drawn) > 1700  # then the draws, spread to the end of the input
+
+
+def _corpus(tmp_path: Path, texts: list[str]) -> Path:
+    corpus = tmp_path / "late.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return corpus
+
+
+def _choose_wrong(monkeypatch: pytest.MonkeyPatch, wrong: set[int]) -> None:
+    def choose(tokenizer: Any, engine: str = "auto", **gate: Any) -> tuple[Engine, str]:
+        if engine == "tokenizers":
+            return TokenizersEngine(tokenizer), "asked for"
+        return _Wrong(tokenizer, wrong), "a test engine"
+
+    monkeypatch.setattr(pipeline, "select_engine", choose)
+
+
+@pytest.mark.parametrize("checkpoint_every", [0.0, 3600.0])
+def test_a_difference_the_background_check_finds_raises_before_any_commit(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path, checkpoint_every: float
+) -> None:
+    texts = _numbered(2000)
+    corpus = _corpus(tmp_path, texts)
+    late = 1900  # past the first MiB: compared in the background, after later batches were encoded
+    _choose_wrong(monkeypatch, {late})
+    checked_in: list[str] = []
+    original = TokenizersEngine.encode
+
+    def encode(self: TokenizersEngine, batch: list[str], split_special: bool = False) -> Any:
+        if any(t.startswith(f"doc {late}:") for t in batch):
+            checked_in.append(threading.current_thread().name)
+        return original(self, batch, split_special)
+
+    monkeypatch.setattr(TokenizersEngine, "encode", encode)
+    # Every document drawn after the first MiB: the wrong one is checked, in the verifier's thread.
+    named = rf"wrong-late gave other ids than tokenizers for .*late\.jsonl, record {late + 1} \('doc {late}: "
+    with pytest.raises(EngineMismatchError, match=named + r".*nothing wrong was written.*engine='tokenizers'"):
+        tokformats.tokenize(corpus, tokenizer_path, tmp_path / "out", "megatron", progress=False, batch_size=100,
+                            verify_fraction=1.0, verify_bytes=None, checkpoint_every=checkpoint_every)  # fmt: skip
+    # (the test engine's own ids come from tokenizers too, in the main thread)
+    assert checked_in.count("tokformats-verify_0") == 1
+    assert not list(tmp_path.glob("out*.bin")) and not list(tmp_path.glob("out*.idx"))
+    checkpoint = tmp_path / "out.tokenize" / "part-0000" / "checkpoint.json"
+    if checkpoint_every:  # no checkpoint before the end: the final one was refused
+        assert not checkpoint.exists()
+    else:  # one after every batch: the last committed ends before the wrong document's batch
+        state = json.loads(checkpoint.read_text())
+        assert not state["done"] and state["spools"]["text"]["documents"] <= late - late % 100
+    # Resumed with the reference, the output is the reference's.
+    monkeypatch.setattr(TokenizersEngine, "encode", original)
+    summary = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "out", "megatron", progress=False,
+                                  batch_size=100, resume=True, engine="tokenizers")  # fmt: skip
+    reference = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "ref", "megatron", progress=False,
+                                    engine="tokenizers")  # fmt: skip
+    assert summary["documents"] == reference["documents"] == len(texts)
+    for suffix in (".bin", ".idx"):
+        ours, theirs = tmp_path / f"out_text_document{suffix}", tmp_path / f"ref_text_document{suffix}"
+        assert ours.read_bytes() == theirs.read_bytes(), suffix
+
+
+def test_a_run_whose_checks_pass_is_identical_to_the_reference_and_leaves_no_verifier(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path
+) -> None:
+    texts = _numbered(1500)
+    corpus = _corpus(tmp_path, texts)
+    _choose_wrong(monkeypatch, set())
+    summary = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "out", "megatron", progress=False,
+                                  batch_size=100, verify_fraction=1.0, verify_bytes=None)  # fmt: skip
+    tokformats.tokenize(corpus, tokenizer_path, tmp_path / "ref", "megatron", progress=False, engine="tokenizers")
+    assert summary["engine"] == "wrong-late" and summary["documents"] == len(texts)
+    for suffix in (".bin", ".idx"):
+        ours, theirs = tmp_path / f"out_text_document{suffix}", tmp_path / f"ref_text_document{suffix}"
+        assert ours.read_bytes() == theirs.read_bytes(), suffix
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("tokformats-verify")]
+
+
+def _explicit_encoder(tokenizer_path: Path, wrong: set[int]) -> pipeline.Encoder:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    return pipeline.Encoder(tokenizer, "fastokens", 1.0, seed=0, partition=0,
+                            chosen=(_Wrong(tokenizer, wrong), "a test engine"), verify_bytes=None)  # fmt: skip
+
+
+def test_outstanding_checks_are_bounded_by_their_text_and_all_compared_by_settle(
+    monkeypatch: pytest.MonkeyPatch, tokenizer_path: Path
+) -> None:
+    texts = _numbered(400)
+    batches = [texts[k : k + 100] for k in range(0, 400, 100)]
+    with ThreadPoolExecutor(1, thread_name_prefix="tokformats-verify") as verifier:
+        # No outstanding text allowed: the encoder waits for each batch's check, so the wrong batch raises at once.
+        monkeypatch.setattr(pipeline.Encoder, "PENDING_TEXT", 0)
+        encoder = _explicit_encoder(tokenizer_path, {250})
+        encoder.verifier = verifier
+        for batch in batches[:2]:
+            encoder.encode(batch, np.dtype(np.uint16), lambda k: f"doc {k}")
+        with pytest.raises(EngineMismatchError, match=r"for doc 50 \('doc 250: "):
+            encoder.encode(batches[2], np.dtype(np.uint16), lambda k: f"doc {k}")
+        # The default bound: the wrong batch's check may still be outstanding after later batches; settle() finds it.
+        monkeypatch.undo()
+        encoder = _explicit_encoder(tokenizer_path, {250})
+        encoder.verifier = verifier
+        try:
+            for batch in batches:
+                encoder.encode(batch, np.dtype(np.uint16), lambda k: f"doc {k}")
+        except EngineMismatchError as error:  # compared at a later batch, once its reference ids were in
+            assert "('doc 250: " in str(error)
+        else:
+            with pytest.raises(EngineMismatchError, match=r"for doc 50 \('doc 250: "):
+                encoder.settle()
