@@ -24,6 +24,7 @@ process, so the gate and the engines' loading are paid once per process, not onc
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 from abc import ABC, abstractmethod
 from typing import Any
@@ -318,14 +319,12 @@ def _built(tokenizer_json: str, name: str, reference: TokenizersEngine) -> tuple
 
 
 class ReferenceIds:
-    """``tokenizers``' ids of the gate's texts in each way of encoding, each computed once (however many engines
-    are gated) or given (read from the gate cache, :mod:`.gate_cache`)."""
+    """``tokenizers``' ids of the gate's texts in each way of encoding, each computed once however many engines
+    are gated."""
 
-    def __init__(
-        self, reference: Engine, texts: list[str], known: dict[bool, tuple[np.ndarray, np.ndarray]] | None = None
-    ) -> None:
+    def __init__(self, reference: Engine, texts: list[str]) -> None:
         self.reference, self.texts = reference, texts
-        self.known = dict(known or {})
+        self.known: dict[bool, tuple[np.ndarray, np.ndarray]] = {}
 
     def __call__(self, split_special: bool) -> tuple[np.ndarray, np.ndarray]:
         if split_special not in self.known:
@@ -393,18 +392,18 @@ def select_engine(
     modes = (False, True) if chat else (False,)
     from . import gate_cache
 
-    path = gate_cache.entry_path(tokenizer_hash, engine, modes) if tokenizer_hash else None
-    cached = gate_cache.load(path, tokenizer_hash or "", engine, modes) if path is not None else None
-    if cached is not None:
-        hit = _from_cache(tokenizer, reference, cached, modes, path)
-        if hit is not None:
-            return hit
     texts = adversarial_texts(tokenizer)
     want = ReferenceIds(reference, texts)
+    path = gate_cache.entry_path(tokenizer_hash, engine, modes) if tokenizer_hash else None
+    texts_hash = hashlib.sha256("\x00".join(texts).encode("utf-8", "surrogatepass")).hexdigest()
+    cached = gate_cache.load(path, tokenizer_hash or "", engine, modes, texts_hash) if path is not None else None
+    if cached is not None:
+        hit = _from_cache(tokenizer, reference, cached, want, modes, path)
+        if hit is not None:
+            return hit
     chosen, reason = _selected(tokenizer, engine, reference, want, modes)
     if path is not None and tokenizer_hash:
-        kept = {mode: want(mode) for mode in modes} if chosen is not reference else {}
-        gate_cache.save(path, tokenizer_hash, engine, modes, gate_cache.GateEntry(chosen.name, reason, texts, kept))
+        gate_cache.save(path, tokenizer_hash, engine, modes, texts_hash, gate_cache.GateEntry(chosen.name, reason))
     return chosen, reason
 
 
@@ -434,18 +433,16 @@ def _selected(
 
 
 def _from_cache(
-    tokenizer: Any, reference: TokenizersEngine, cached: Any, modes: tuple[bool, ...], path: Any
+    tokenizer: Any, reference: TokenizersEngine, cached: Any, want: ReferenceIds, modes: tuple[bool, ...], path: Any
 ) -> tuple[Engine, str] | None:
-    """The engine a cached selection found, gated against the cached ``tokenizers`` ids; None when it is no longer
-    built or fails (the caller then selects anew and rewrites the entry)."""
+    """The engine a cached selection chose, gated here against ``tokenizers``' ids of the adversarial texts
+    (``want``); None when it is no longer built or fails (the caller then selects anew and rewrites the entry)."""
     if cached.engine == "tokenizers":
         return reference, f"{cached.reason} (the gate's result cached in {path})"
     candidate, _ = _built(tokenizer.to_str(), cached.engine, reference)
-    if candidate is None:
+    if candidate is None or _gate(candidate, want, want.texts, modes) is not None:
         return None
-    if _gate(candidate, ReferenceIds(reference, cached.texts, cached.reference), cached.texts, modes) is not None:
-        return None
-    return candidate, f"{cached.reason} (the gate's reference ids cached in {path})"
+    return candidate, f"{cached.reason} (the engine chosen cached in {path}; gated again)"
 
 
 def _fastest_gated(
