@@ -15,6 +15,7 @@ Needs pytest (``pip install tokformats[test]``).
 
 from __future__ import annotations
 
+import itertools
 import pickle
 from pathlib import Path
 from typing import Any, ClassVar
@@ -169,6 +170,23 @@ class TokenFormatTests:
             np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
             if self.name_independent_bytes:
                 assert [f.read_bytes() for f in a.files] == [f.read_bytes() for f in b.files]
+
+    def test_batches_from_one_refilled_buffer(self, tmp_path: Path) -> None:
+        # A loader refills one array for every batch: a writer that keeps a view of it until a later flush would
+        # write the last batch's ids in place of the earlier ones.
+        flat, lengths = random_corpus(np.random.default_rng(6), 60, low=self.low_id, high=1000)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        target, cuts = self.target(tmp_path), [0, 20, 40, 60]
+        buffer, sizes = np.empty(len(flat), dtype=self.dtypes[0]), np.empty(len(lengths), dtype=np.int64)
+        with tokformats.create(target, self.format, dtype=self.dtypes[0], **self.write_options()) as writer:
+            for first, stop in itertools.pairwise(cuts):
+                count = int(offsets[stop] - offsets[first])
+                buffer[:count] = flat[offsets[first] : offsets[stop]]
+                sizes[: stop - first] = lengths[first:stop]
+                writer.write_batch(buffer[:count], sizes[: stop - first])
+                buffer[:], sizes[:] = self.free_id % 256, 0  # what the next refill overwrites
+        with self.open_written(target, self.dtypes[0]) as reader:
+            self.check_round_trip(reader, flat, lengths)
 
     def test_empty_corpus(self, tmp_path: Path) -> None:
         target = self.target(tmp_path)

@@ -177,7 +177,7 @@ def check_tokens(
             else f"in {target.name} ({low:,}..{info.max:,})"
         )
         _refuse(flat, bad, limit, lengths, first_document, where)
-    if flat.dtype.kind in "iu" and flat.dtype.itemsize == target.itemsize and flat.dtype.byteorder == target.byteorder:
+    if flat.dtype.kind in "iu" and flat.dtype.itemsize == target.itemsize and flat.dtype.isnative == target.isnative:
         # Every value is in the target's range (checked above), where signed and unsigned integers of one width
         # share their bits: a view, not a copy (uint32 ids into Megatron's int32 .bin: a pass over every id saved).
         return flat.view(target)

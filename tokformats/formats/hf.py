@@ -547,8 +547,9 @@ class Writer(TokenWriter):
     def _write_rows(self, flat: np.ndarray, lengths: np.ndarray, mask: np.ndarray | None) -> None:
         offsets = offsets_from_lengths(lengths) if mask is not None else None
         for first, stop, piece in self._shards.pieces(flat, lengths):
-            part = None if mask is None or offsets is None else mask[offsets.item(first) : offsets.item(stop)]
-            self._pending.append((piece, lengths[first:stop], part))
+            part = None if mask is None or offsets is None else mask[offsets.item(first) : offsets.item(stop)].copy()
+            # Copies: rows wait here for a later batch, and the caller may refill its arrays before then.
+            self._pending.append((piece.copy(), lengths[first:stop].copy(), part))
             self._pending_rows += stop - first
             if self._pending_rows >= BATCH_ROWS:
                 self._flush(everything=False)

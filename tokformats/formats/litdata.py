@@ -271,7 +271,8 @@ class Writer(TokenWriter):
 
     def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
         for first, stop, piece in self._shards.pieces(flat, lengths):
-            self._pieces.append((piece, lengths[first:stop]))
+            # Copies: a chunk's rows wait here for later batches, and the caller may refill its arrays before then.
+            self._pieces.append((piece.copy(), lengths[first:stop].copy()))
 
     def _finish(self) -> None:
         self._shards.finish()
