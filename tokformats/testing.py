@@ -179,6 +179,7 @@ class TokenFormatTests:
         target, cuts = self.target(tmp_path), [0, 20, 40, 60]
         buffer, sizes = np.empty(len(flat), dtype=self.dtypes[0]), np.empty(len(lengths), dtype=np.int64)
         with tokformats.create(target, self.format, dtype=self.dtypes[0], **self.write_options()) as writer:
+            assert isinstance(writer, tokformats.TokenWriter)
             for first, stop in itertools.pairwise(cuts):
                 count = int(offsets[stop] - offsets[first])
                 buffer[:count] = flat[offsets[first] : offsets[stop]]
