@@ -254,3 +254,29 @@ def test_the_copy_for_chat_message_text_is_made_once_per_tokenizer(tokenizer: An
     alone = TokenizersEngine(tokenizer)
     alone.encode(spelled, True)
     assert alone._splitting is not first._splitting
+
+
+def test_a_chatml_subclass_that_renders_or_lays_out_otherwise_is_used_as_written() -> None:
+    from tokformats.tokenization.templates import ChatML, ChatTemplate, Layout, Segment
+
+    conversations = [[Message("user", "q"), Message("assistant", "a")], [Message("user", "only")]]
+    turns = Turns.of(conversations)
+
+    class Prefixed(ChatML):  # its own segments: a preamble before every conversation
+        def segments(self, messages: Any, train_on: str, thought: str) -> list[Segment]:
+            return [Segment("PREAMBLE\n", False, False), *super().segments(messages, train_on, thought)]
+
+    prefixed = Prefixed().layout_turns(turns, "assistant", "train")
+    generic = ChatTemplate.layout(Prefixed(), conversations, "assistant", "train")
+    assert "PREAMBLE\n" in prefixed.templates and prefixed.texts == generic.texts
+    np.testing.assert_array_equal(prefixed.sources, generic.sources)
+    np.testing.assert_array_equal(prefixed.trained, generic.trained)
+    assert prefixed.ends_trained is not None and prefixed.ends_trained.tolist() == [True, False]
+
+    plain = ChatML().layout_turns(turns, "assistant", "train")
+
+    class OwnLayout(ChatML):  # its own batch layout: used, not bypassed
+        def layout(self, conversations: Any, train_on: str, thought: str) -> Layout:
+            return plain._replace(texts=[t.upper() for t in plain.texts])
+
+    assert OwnLayout().layout_turns(turns, "assistant", "train").texts == ["Q", "A", "ONLY"]

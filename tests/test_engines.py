@@ -129,6 +129,15 @@ def test_unknown_engine_is_refused(tokenizer_path: Path) -> None:
         select_engine(_tokenizer(tokenizer_path), "fast")
 
 
+def test_an_unknown_engine_is_refused_before_a_parallel_run_starts(tmp_path: Path, tokenizer_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool, pytest.raises(tokformats.ConfigError, match="found 'fatsokens'"):
+        tokformats.tokenize(_corpus(tmp_path), tokenizer_path, tmp_path / "o", "raw", engine="fatsokens",
+                            executor=pool, progress=False)  # fmt: skip
+    assert not (tmp_path / "o.tokenize").exists()
+
+
 def test_fastokens_missing(monkeypatch: pytest.MonkeyPatch, tokenizer_path: Path) -> None:
     import sys
 

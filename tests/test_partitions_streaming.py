@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import tokformats
+from tokformats.errors import FormatError
 from tokformats.tokenization import partitions as partitions_module
 from tokformats.tokenization import pipeline
 from tokformats.tokenization.partitions import count_lines, iter_partitions, partition_inputs
@@ -46,7 +47,8 @@ def test_count_lines_counts_newlines_in_a_byte_range(tmp_path: Path) -> None:
     path.write_bytes(b"one\r\ntwo\n\nthree" + b"x" * (3 << 20) + b"\nfour")
     assert count_lines(path, 0, path.stat().st_size) == 4
     assert count_lines(path, 0, 5) == 1 and count_lines(path, 5, 10) == 2 and count_lines(path, 10, 10) == 0
-    assert count_lines(path, 10, path.stat().st_size + 100) == 1  # a stop past the end reads to the end
+    with pytest.raises(FormatError, match="when the run was planned"):  # a stop past the end: the file shrank
+        count_lines(path, 10, path.stat().st_size + 100)
 
 
 def test_the_first_partition_comes_before_any_line_is_counted_and_each_byte_is_counted_once(
@@ -168,3 +170,13 @@ def test_an_executor_with_map_only_gets_every_partition_in_one_call(tmp_path: Pa
         mapping = _MapOnly(pool)
         summary = _run(source, tokenizer_path, tmp_path / "m", mapping, partitions=5)  # type: ignore[arg-type]
     assert mapping.calls == [5] and _outputs(summary) == _outputs(single)
+
+
+def test_a_file_that_shrank_since_planning_is_refused_naming_it(tmp_path: Path) -> None:
+    from tokformats.tokenization.partitions import count_lines
+
+    source = tmp_path / "a.jsonl"
+    source.write_bytes(b'{"text": "x"}\n' * 10)
+    assert count_lines(source, 0, 140) == 10
+    with pytest.raises(FormatError, match=r"a\.jsonl ends at byte 140; it had at least 200 bytes"):
+        count_lines(source, 0, 200)

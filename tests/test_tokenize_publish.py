@@ -164,6 +164,8 @@ def test_adopted_data_must_match_its_lengths(tmp_path: Path) -> None:
         writer.adopt_data_file(data, np.dtype("<u2"), np.array([5, 7]))
     assert not writer.adopt_data_file(data, np.dtype("<u4"), np.array([5]))  # another width: the caller copies
     assert writer.adopt_data_file(data, np.dtype("<u2"), np.array([4, 0, 6]))
+    with pytest.raises(FormatError, match=r"out: its \.bin is .*ids, taken whole"):  # never appended to the link
+        writer.write_batch(np.array([1, 2]), np.array([2]))
     writer.close()
     assert data.exists() and (tmp_path / "out.bin").read_bytes() == data.read_bytes()
     with tokformats.open(tmp_path / "out") as reader:

@@ -221,7 +221,7 @@ def _tokenize_run_args() -> list[Row]:
             type=int,
             default=1 << 20,
             metavar="N",
-            help="text of the documents drawn across the input for that check, beyond the first MiB (1048576)",
+            help="characters of text drawn across the input for that check, beyond the first MiB (1048576)",
         ),
         Arg(
             "--provenance",

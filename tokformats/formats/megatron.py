@@ -724,6 +724,7 @@ class Writer(TokenWriter):
         self._modes = GrowableArray(np.int8) if multimodal else None
         self._open_sequences = 0  # sequences added by add_item since the last end_document
         self._mask_bin: BinaryIO | None = None  # PREFIX_loss_mask.bin, once a write carries a mask
+        self._adopted: Path | None = None  # the file taken whole as the .bin (adopt_data_file): nothing follows it
 
     # -- Megatron's builder API ----------------------------------------------------------------
     def add_item(self, sequence: npt.ArrayLike, mode: int = 0) -> None:
@@ -789,6 +790,7 @@ class Writer(TokenWriter):
         except OSError:  # no hard links here, or another file system: the caller writes the bytes
             return False
         self._index_documents(None, sizes)
+        self._adopted = Path(path)
         self.loss_masked = False
         self.num_documents += len(sizes)
         self.num_tokens += tokens
@@ -819,6 +821,11 @@ class Writer(TokenWriter):
         self._mask_bin.write(np.ascontiguousarray(mask, dtype=np.uint8).data)
 
     def _add_sequences(self, flat: np.ndarray | None, lengths: np.ndarray, modes: Sequence[int] | None) -> None:
+        if self._adopted is not None and flat is not None:
+            raise FormatError(
+                f"{self.path}: its .bin is {self._adopted}, taken whole (adopt_data_file); nothing can be written "
+                "after it."
+            )
         if len(lengths) and lengths.max() > _MAX_SEQUENCE:
             raise FormatError(
                 f"{self.path}: a sequence of {int(lengths.max()):,} tokens does not fit Megatron's int32 "

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from itertools import accumulate
 from pathlib import Path
 
+from ..errors import FormatError
 from .sources import Input, _base_suffix
 
 __all__ = ["partition_inputs", "iter_partitions", "count_lines", "splittable", "describe", "PARTITION_BYTES"]
@@ -83,8 +84,11 @@ def count_lines(path: Path, start: int, stop: int) -> int:
         while position < stop:
             view = memoryview(buffer)[: min(_CHUNK, stop - position)]
             got = handle.readinto(view)
-            if not got:
-                break
+            if not got:  # shrunk since it was planned: the line numbers after this point would all be wrong
+                raise FormatError(
+                    f"{path} ends at byte {position:,}; it had at least {stop:,} bytes when the run was planned (the "
+                    "file changed during the run); rerun once it is complete."
+                )
             lines += buffer.count(b"\n", 0, got)
             position += got
     return lines

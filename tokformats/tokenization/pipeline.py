@@ -56,7 +56,15 @@ from ..fs.owner import LOCK_NAME, owned_folder
 from ..fs.untrusted import read_json_object
 from .chat import ChatError, Turns, schema_name, turns_of
 from .chat_encoding import ChatSpec
-from .engines import Engine, EngineMismatchError, TokenizersEngine, differing_text, encoded, select_engine
+from .engines import (
+    ENGINES,
+    Engine,
+    EngineMismatchError,
+    TokenizersEngine,
+    differing_text,
+    encoded,
+    select_engine,
+)
 from .partitions import PARTITION_BYTES, iter_partitions
 from .sources import Input, Record, SourceError, iter_records, resolve_inputs
 from .templates import THOUGHT, TRAIN_ON, load_template
@@ -1236,8 +1244,9 @@ def tokenize(
             text (the first documents), then each later document with this probability at most (drawn from the
             seed, spread over the whole input); a difference stops the run with
             :class:`~tokformats.engines.EngineMismatchError`. 0: the first MiB only.
-        verify_bytes: the text of the documents drawn after the first MiB: the probability is lowered so that
-            about this much (1 MiB by default) is drawn across the input (its size on disk: a compressed input's
+        verify_bytes: the text of the documents drawn after the first MiB, counted in characters (bytes for ASCII
+            text; the first MiB is counted so too): the probability is lowered so that about this much (1 MiB by
+            default) is drawn across the input (its size on disk: a compressed input's
             text, hence its sample, is larger by its compression ratio; an iterable's draws stop at it). None: every
             document with probability ``verify_fraction`` (the earlier behaviour).
         chat: read each record as a conversation: ``"messages"`` (OpenAI), ``"sharegpt"``, ``"alpaca"``, or a
@@ -1258,6 +1267,8 @@ def tokenize(
     format = format or default_corpus_format()
     writer_class = api.corpus_writer(format)
     eos = _eos_mode(eos, writer_class, on_error, verify_fraction)
+    if engine not in ENGINES:  # here, not first in a worker: a parallel run's parent gates nothing
+        raise ConfigError(f"engine must be one of {', '.join(ENGINES)}; found {engine!r}.")
     resolved = resolve_inputs(inputs)
     loaded = load_tokenizer(tokenizer)
     plan = _make_plan(resolved, loaded, format, text_key, eos, eos_id, split, seed, unit, on_error)

@@ -181,6 +181,12 @@ class ChatML(ChatTemplate):
         """:meth:`segments` for a whole batch, built with NumPy from the flat messages (no Python work per message
         or segment): each message is the segments header, [``<|thought|>``, thought, ``<|/thought|>\n``],
         content, ``<|im_end|>``, ``\n``."""
+        own = type(self)
+        if own.layout is not ChatML.layout:  # a subclass laying batches out itself: its layout, not this one
+            return ChatTemplate.layout_turns(self, turns, train_on, thought)
+        if own.segments is not ChatML.segments:  # a subclass rendering otherwise: laid out from its segments
+            layout = ChatTemplate.layout(self, turns.conversations(), train_on, thought)
+            return layout._replace(ends_trained=ends_trained(turns, train_on))
         n = len(turns.roles)
         roles = dict(self._ROLE_NUMBERS)
         try:
@@ -191,7 +197,7 @@ class ChatML(ChatTemplate):
         has_thought = np.zeros(n, dtype=bool)
         has_thought[turns.thought_at] = True
         counts = turns.counts
-        flags, ends_trained = _trained_flags(header == roles["assistant"], counts, train_on)
+        flags, last_trained = _trained_flags(header == roles["assistant"], counts, train_on)
         # Message texts in segment order: each message's thought (if any), then its content.
         if turns.thoughts:
             content_at = np.arange(n) + np.cumsum(has_thought)
@@ -215,7 +221,7 @@ class ChatML(ChatTemplate):
         others = sorted(roles.items(), key=lambda item: item[1])[len(self._ROLE_NUMBERS) :]
         extra = [f"{IM_START}{role}\n" for role, _ in others]
         templates = [*self._FIXED, *extra]
-        return Layout(texts, templates, sources[valid], trains[valid], bounds, ends_trained)
+        return Layout(texts, templates, sources[valid], trains[valid], bounds, last_trained)
 
 
 def _trained_flags(assistant: np.ndarray, counts: np.ndarray, train_on: str) -> tuple[np.ndarray, np.ndarray]:
