@@ -16,13 +16,15 @@ min/median/max per side; the two checkouts' ``.bin``/``.idx`` must be byte-ident
 
 from __future__ import annotations
 
-import argparse
 import filecmp
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import spread, two_checkouts_parser
 
 ALONE = r"""
 import sys, time, orjson, fastokens
@@ -53,18 +55,8 @@ def child(code: str, args: list[str], env: dict[str, str]) -> list[str]:
     return out.stdout.split()
 
 
-def spread(values: list[float]) -> str:
-    ordered = sorted(values)
-    return f"{ordered[0]:.2f}/{ordered[len(ordered) // 2]:.2f}/{ordered[-1]:.2f}"
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--before", type=Path, required=True, help="checkout of the code before")
-    parser.add_argument("--after", type=Path, required=True, help="checkout of the code after")
-    parser.add_argument("--corpus", type=Path, required=True)
-    parser.add_argument("--tokenizer", type=Path, required=True)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser = two_checkouts_parser(__doc__, rounds=3)
     args = parser.parse_args()
     sides = ["alone", "before", "after", "after, no gate cache"]
     results: dict[str, list[tuple[float, float, float]]] = {side: [] for side in sides}
@@ -98,8 +90,8 @@ def main() -> None:
         walls = [w for w, _, _ in runs]
         ratio = alone / sorted(walls)[len(walls) // 2]
         loads = [load for _, _, load in runs]
-        print(f"| {side} | {spread(walls)} | {spread([c for _, c, _ in runs])} | {min(loads):.1f}-{max(loads):.1f} "
-              f"| {ratio:.2f} |")
+        cpu = spread([c for _, c, _ in runs], "{:.2f}")
+        print(f"| {side} | {spread(walls, '{:.2f}')} | {cpu} | {min(loads):.1f}-{max(loads):.1f} | {ratio:.2f} |")
 
 
 if __name__ == "__main__":

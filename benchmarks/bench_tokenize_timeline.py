@@ -19,7 +19,6 @@ Prints each run, then min/median/max per side; the two sides' ``.bin``/``.idx`` 
 
 from __future__ import annotations
 
-import argparse
 import filecmp
 import json
 import os
@@ -27,6 +26,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import spread, two_checkouts_parser
 
 CHILD = r"""
 import collections, json, os, queue, resource, sys, threading, time
@@ -77,18 +79,8 @@ SHOWN = ["wall", "cpu", "encode phase", "fastokens", "check in line", "check com
          "reference encodes", "main waiting for the reader", "reader blocked on a full queue", "publish"]  # fmt: skip
 
 
-def spread(values: list[float]) -> str:
-    ordered = sorted(values)
-    return f"{ordered[0]:.2f}/{ordered[len(ordered) // 2]:.2f}/{ordered[-1]:.2f}"
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--before", type=Path, required=True, help="checkout of the code before")
-    parser.add_argument("--after", type=Path, required=True, help="checkout of the code after")
-    parser.add_argument("--corpus", type=Path, required=True)
-    parser.add_argument("--tokenizer", type=Path, required=True)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser = two_checkouts_parser(__doc__, rounds=5)
     parser.add_argument("--engine", default="auto", choices=["auto", "fastokens"])
     args = parser.parse_args()
     sides = {"before": args.before.resolve(), "after": args.after.resolve()}
@@ -117,7 +109,8 @@ def main() -> None:
     print(f"\nengine={args.engine}, load {min(loads):.1f}-{max(loads):.1f}; seconds min/median/max")
     print("| phase | " + " | ".join(sides) + " |\n|---|" + "---|" * len(sides))
     for key in SHOWN:
-        print(f"| {key} | " + " | ".join(spread([run.get(key, 0.0) for run in runs[side]]) for side in sides) + " |")
+        cells = [spread([run.get(key, 0.0) for run in runs[side]], "{:.2f}") for side in sides]
+        print(f"| {key} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

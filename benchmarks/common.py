@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import statistics
@@ -53,6 +54,17 @@ def spread(values: list[float], fmt: str = "{:.3f}") -> str:
     """``min/median/max`` of ``values``."""
     ordered = sorted(values)
     return "/".join(fmt.format(v) for v in (ordered[0], statistics.median(ordered), ordered[-1]))
+
+
+def two_checkouts_parser(description: str | None, rounds: int) -> argparse.ArgumentParser:
+    """The arguments of a before/after comparison of two checkouts on the tokenize corpus."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--before", type=Path, required=True, help="checkout of the code before")
+    parser.add_argument("--after", type=Path, required=True, help="checkout of the code after")
+    parser.add_argument("--corpus", type=Path, required=True)
+    parser.add_argument("--tokenizer", type=Path, required=True)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    return parser
 
 
 def peak_rss_mb() -> float:
