@@ -1266,9 +1266,7 @@ def tokenize(
     started = time.perf_counter()
     format = format or default_corpus_format()
     writer_class = api.corpus_writer(format)
-    eos = _eos_mode(eos, writer_class, on_error, verify_fraction)
-    if engine not in ENGINES:  # here, not first in a worker: a parallel run's parent gates nothing
-        raise ConfigError(f"engine must be one of {', '.join(ENGINES)}; found {engine!r}.")
+    eos = _eos_mode(eos, writer_class, on_error, verify_fraction, engine)
     resolved = resolve_inputs(inputs)
     loaded = load_tokenizer(tokenizer)
     plan = _make_plan(resolved, loaded, format, text_key, eos, eos_id, split, seed, unit, on_error)
@@ -1393,8 +1391,13 @@ def _chat_plan(
     return recorded, ChatSpec(chat, chosen, train_on, thought)
 
 
-def _eos_mode(eos: str | None, writer_class: type[TokenWriter], on_error: str, verify_fraction: float) -> str:
-    """The run's end-of-document mode (by default the format's convention), after checking the plain options."""
+def _eos_mode(
+    eos: str | None, writer_class: type[TokenWriter], on_error: str, verify_fraction: float, engine: str = "auto"
+) -> str:
+    """The run's end-of-document mode (by default the format's convention), after checking the plain options (the
+    engine's name too, before anything starts: a parallel run's parent gates nothing)."""
+    if engine not in ENGINES:
+        raise ConfigError(f"engine must be one of {', '.join(ENGINES)}; found {engine!r}.")
     if eos is None:
         eos = "prepend" if writer_class.boundaries == "bos" else "append"
     if eos not in EOS_MODES:
