@@ -237,6 +237,16 @@ def _random_walk(rng: np.random.Generator, documents: int) -> tuple[np.ndarray, 
     return None if epochs * tokens - extra < 1 else (sizes, sequence_length, extra, drop, epochs, tokens)
 
 
+def _helpers_sample_index(megatron: Any, sizes: np.ndarray, doc: np.ndarray, *walk: Any) -> np.ndarray | None:
+    """megatron-core's ``build_sample_idx`` (``walk``: sequence length, epochs, tokens, drop, extra), or None where
+    its own check fails: a kept partial sample ending in an empty last document (its offset is -1); we build the
+    same row and read it as zero tokens."""
+    try:
+        return megatron.helpers.build_sample_idx(sizes, doc, *walk)
+    except AssertionError:
+        return None
+
+
 def test_sample_index_equals_helpers_on_random_lengths(megatron: Any) -> None:
     rng = np.random.default_rng(0)
     compared = 0
@@ -252,11 +262,8 @@ def test_sample_index_equals_helpers_on_random_lengths(megatron: Any) -> None:
         ours_doc = indices.document_index(units, epochs, np.random.RandomState(trial), separate)
         np.testing.assert_array_equal(ours_doc, theirs_doc)
         assert ours_doc.dtype == theirs_doc.dtype
-        try:
-            theirs = megatron.helpers.build_sample_idx(sizes, theirs_doc, sequence_length, epochs, tokens, drop, extra)
-        except AssertionError:
-            # megatron-core's own check fails when a kept partial sample ends in an empty last document (its
-            # offset is -1); we build the same row and read it as zero tokens.
+        theirs = _helpers_sample_index(megatron, sizes, theirs_doc, sequence_length, epochs, tokens, drop, extra)
+        if theirs is None:
             continue
         ours = indices.sample_index(sizes, ours_doc, sequence_length, epochs, tokens, drop, extra)
         assert ours.dtype == theirs.dtype
@@ -274,9 +281,8 @@ def test_sample_index_in_small_chunks_equals_helpers(megatron: Any) -> None:
             continue
         sizes, sequence_length, extra, drop, epochs, tokens = case
         doc = indices.document_index(np.arange(len(sizes), dtype=np.int32), epochs, np.random.RandomState(trial), False)
-        try:
-            theirs = megatron.helpers.build_sample_idx(sizes, doc, sequence_length, epochs, tokens, drop, extra)
-        except AssertionError:  # megatron-core's own check (see test_sample_index_equals_helpers_on_random_lengths)
+        theirs = _helpers_sample_index(megatron, sizes, doc, sequence_length, epochs, tokens, drop, extra)
+        if theirs is None:
             continue
         chunk = int(rng.integers(1, 12))
         ours = indices.sample_index(sizes, doc, sequence_length, epochs, tokens, drop, extra, chunk=chunk)
@@ -300,9 +306,8 @@ def test_sample_index_of_lengths_in_any_dtype_and_of_a_split_equals_helpers(mega
         if epochs * tokens - extra < 1:
             continue
         doc = indices.document_index(units, epochs, np.random.RandomState(trial), False)
-        try:
-            theirs = megatron.helpers.build_sample_idx(sizes, doc, sequence_length, epochs, tokens, drop, extra)
-        except AssertionError:  # megatron-core's own check (see test_sample_index_equals_helpers_on_random_lengths)
+        theirs = _helpers_sample_index(megatron, sizes, doc, sequence_length, epochs, tokens, drop, extra)
+        if theirs is None:
             continue
         for dtype in (np.uint16, np.int32, np.int64):
             ours = indices.sample_index(sizes.astype(dtype), doc, sequence_length, epochs, tokens, drop, extra)
