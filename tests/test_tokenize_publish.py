@@ -34,6 +34,21 @@ def _files(summary: dict[str, Any]) -> list[Path]:
     return [Path(f) for output in summary["outputs"].values() for f in output["files"]]
 
 
+def _resumed_equals(corpus: Path, tokenizer_path: Path, target: Path, copied: dict[str, Any]) -> None:
+    """Resuming the interrupted run at ``target`` gives the files of the uninterrupted, copied run."""
+    resumed = tokformats.tokenize(corpus, tokenizer_path, target, "megatron", progress=False, resume=True)
+    for a, b in zip(_files(resumed), _files(copied)):
+        assert a.read_bytes() == b.read_bytes(), a.name
+
+
+def _killed(script: str, corpus: Path, tokenizer_path: Path, target: Path) -> None:
+    """Run ``script`` (which tokenizes ``corpus`` into ``target`` and kills itself) in a child process."""
+    env = {**os.environ, "PYTHONPATH": str(Path(tokformats.__file__).parents[1])}
+    killed = subprocess.run([sys.executable, "-c", script, str(corpus), str(tokenizer_path), str(target)], env=env,
+                            capture_output=True, timeout=120)  # fmt: skip
+    assert killed.returncode == -9, killed.stderr.decode()
+
+
 def _copied(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, corpus: Path, tokenizer_path: Path,
             **options: Any) -> dict[str, Any]:  # fmt: skip
     """The run with every spool copied into the writers (the path formats without a flat data file take)."""
@@ -117,9 +132,7 @@ def test_a_crash_while_publishing_leaves_no_output_and_resume_is_identical(
     assert left == ["c.tokenize"], left  # no output, whole or half, and no temporary
     spool = Path(f"{target}.tokenize") / "part-0000" / "text.tokens"
     assert spool.stat().st_nlink == 1  # the link the aborted commit made is gone; the spool is whole
-    resumed = tokformats.tokenize(corpus, tokenizer_path, target, "megatron", progress=False, resume=True)
-    for a, b in zip(_files(resumed), _files(copied)):
-        assert a.read_bytes() == b.read_bytes(), a.name
+    _resumed_equals(corpus, tokenizer_path, target, copied)
 
 
 KILLED_AT_COMMIT = r"""
@@ -145,14 +158,9 @@ def test_a_kill_at_the_commit_leaves_no_output_and_resume_is_identical(
     corpus = _corpus(tmp_path)
     copied = _copied(monkeypatch, tmp_path, corpus, tokenizer_path)
     target = tmp_path / "run" / "c"
-    env = {**os.environ, "PYTHONPATH": str(Path(tokformats.__file__).parents[1])}
-    killed = subprocess.run([sys.executable, "-c", KILLED_AT_COMMIT, str(corpus), str(tokenizer_path), str(target)],
-                            env=env, capture_output=True, timeout=120)  # fmt: skip
-    assert killed.returncode == -9, killed.stderr.decode()
+    _killed(KILLED_AT_COMMIT, corpus, tokenizer_path, target)
     assert not list(target.parent.glob("c_text_document*")), "nothing published under a final name"
-    resumed = tokformats.tokenize(corpus, tokenizer_path, target, "megatron", progress=False, resume=True)
-    for a, b in zip(_files(resumed), _files(copied)):
-        assert a.read_bytes() == b.read_bytes(), a.name
+    _resumed_equals(corpus, tokenizer_path, target, copied)
     assert not [p for p in target.parent.iterdir() if p.name.startswith(".c_")], "the killed run's temporaries went"
 
 
@@ -219,10 +227,7 @@ def test_a_resume_after_the_commit_republishes_the_same_bytes_and_leaves_no_link
 ) -> None:
     corpus = _corpus(tmp_path, 300)
     target = tmp_path / "run" / "c"
-    env = {**os.environ, "PYTHONPATH": str(Path(tokformats.__file__).parents[1])}
-    killed = subprocess.run([sys.executable, "-c", KILLED_AFTER_COMMIT, str(corpus), str(tokenizer_path),
-                             str(target)], env=env, capture_output=True, timeout=120)  # fmt: skip
-    assert killed.returncode == -9, killed.stderr.decode()
+    _killed(KILLED_AFTER_COMMIT, corpus, tokenizer_path, target)
     published = {p.name: p.read_bytes() for p in target.parent.glob("c_text_document.*")}
     assert sorted(published) == ["c_text_document.bin", "c_text_document.idx", "c_text_document.provenance.npz"]
     spool = Path(f"{target}.tokenize") / "part-0000" / "text.tokens"
