@@ -171,7 +171,7 @@ def test_auto_times_first_and_gates_the_fastest_only(monkeypatch: pytest.MonkeyP
     gated: list[tuple[str, tuple[bool, ...]]] = []
     failing = {"splintr"}
 
-    def gate(candidate: Engine, reference: Engine, texts: list[str], modes: tuple[bool, ...]) -> str | None:
+    def gate(candidate: Engine, want: Any, modes: tuple[bool, ...]) -> str | None:
         gated.append((candidate.name, modes))
         return f"{candidate.name} differs (a test)" if candidate.name in failing else None
 

@@ -332,12 +332,11 @@ class ReferenceIds:
         return self.known[split_special]
 
 
-def _gate(
-    candidate: Engine, reference: Engine | ReferenceIds, texts: list[str], modes: tuple[bool, ...]
-) -> str | None:
-    """Why ``candidate`` fails the identity gate on the adversarial ``texts`` in each way of encoding of ``modes``
-    (``False``: text; ``True``: chat message text, specials spelled out staying text), or None when it passes."""
-    want = reference if isinstance(reference, ReferenceIds) else ReferenceIds(reference, texts)
+def _gate(candidate: Engine, want: ReferenceIds, modes: tuple[bool, ...]) -> str | None:
+    """Why ``candidate`` fails the identity gate on the adversarial texts (``want``: tokenizers' ids of them) in each
+    way of encoding of ``modes`` (``False``: text; ``True``: chat message text, specials spelled out staying text),
+    or None when it passes."""
+    texts = want.texts
     for split_special in modes:
         difference = differing_text(*want(split_special), *encoded(candidate, texts, split_special))
         if difference is not None:
@@ -348,23 +347,18 @@ def _gate(
 
 
 def _gated(
-    tokenizer: Any,
-    name: str,
-    reference: TokenizersEngine,
-    texts: list[str],
-    modes: tuple[bool, ...] = (False, True),
-    want: ReferenceIds | None = None,
+    tokenizer: Any, name: str, reference: TokenizersEngine, want: ReferenceIds, modes: tuple[bool, ...]
 ) -> tuple[Engine | None, str]:
     """Engine ``name`` on ``tokenizer`` when it is installed, accepts the tokenizer and gives the reference's ids on
-    the adversarial ``texts`` (``want``: those ids, when known), and why; else None and the error an explicit
-    request raises (its message says why)."""
+    the adversarial texts (``want``), and why; else None and the error an explicit request raises (its message
+    says why)."""
     candidate, refusal = _built(tokenizer.to_str(), name, reference)
     if candidate is None:
         return None, refusal
-    failure = _gate(candidate, want or reference, texts, modes)
+    failure = _gate(candidate, want, modes)
     if failure is not None:
         return None, failure
-    return candidate, f"{name} passed the identity gate ({len(texts)} adversarial texts)"
+    return candidate, f"{name} passed the identity gate ({len(want.texts)} adversarial texts)"
 
 
 def select_engine(
@@ -382,7 +376,8 @@ def select_engine(
 
     With ``tokenizer_hash`` (the SHA-256 of ``tokenizer.to_str()``), what the selection found is kept on disk and
     read back by later processes (:mod:`.gate_cache`; ``TOKFORMATS_GATE_CACHE=off`` turns it off): they load the
-    engine found and gate it against the stored ``tokenizers`` ids, without timing or loading the others.
+    engine found and gate it again against ``tokenizers``' ids of the adversarial texts, without timing or loading
+    the others.
     """
     if engine not in ENGINES:
         raise ConfigError(f"engine must be one of {', '.join(ENGINES)}; found {engine!r}.")
@@ -412,9 +407,8 @@ def _selected(
 ) -> tuple[Engine, str]:
     """The full selection of :func:`select_engine` (no cache): the gate on a named engine, or ``auto``'s timing
     and gating, against ``want`` (the reference's ids of the adversarial texts)."""
-    texts = want.texts
     if engine != "auto":
-        chosen, reason = _gated(tokenizer, engine, reference, texts, modes, want)
+        chosen, reason = _gated(tokenizer, engine, reference, want, modes)
         if chosen is not None:
             return chosen, reason
         if " gives other ids " in reason:
@@ -429,7 +423,7 @@ def _selected(
             refused.append(refusal)
         else:
             built.append(candidate)
-    return _fastest_gated(built, refused, want, texts, modes)
+    return _fastest_gated(built, refused, want, modes)
 
 
 def _from_cache(
@@ -440,13 +434,13 @@ def _from_cache(
     if cached.engine == "tokenizers":
         return reference, f"{cached.reason} (the gate's result cached in {path})"
     candidate, _ = _built(tokenizer.to_str(), cached.engine, reference)
-    if candidate is None or _gate(candidate, want, want.texts, modes) is not None:
+    if candidate is None or _gate(candidate, want, modes) is not None:
         return None
     return candidate, f"{cached.reason} (the engine chosen cached in {path}; gated again)"
 
 
 def _fastest_gated(
-    built: list[Engine], refused: list[str], reference: ReferenceIds, texts: list[str], modes: tuple[bool, ...]
+    built: list[Engine], refused: list[str], want: ReferenceIds, modes: tuple[bool, ...]
 ) -> tuple[Engine, str]:
     """Of the ``built`` engines, the fastest on the calibration text that passes the gate (the rest are not gated),
     with the reason; tokenizers when none passes. When chat message text is among the ``modes``, the engines that
@@ -457,15 +451,15 @@ def _fastest_gated(
     rates = _rates(first, calibration_texts()) if len(first) > 1 else {}
     ranked = sorted(first, key=lambda c: -rates.get(id(c), 0.0)) + [c for c in built if c not in first]
     for candidate in ranked:
-        failure = _gate(candidate, reference, texts, modes)
+        failure = _gate(candidate, want, modes)
         if failure is not None:
             refused.append(failure)
             continue
-        reason = f"{candidate.name} passed the identity gate ({len(texts)} adversarial texts)"
+        reason = f"{candidate.name} passed the identity gate ({len(want.texts)} adversarial texts)"
         if rates:
             measured = ", ".join(f"{c.name} {rates[id(c)]:.0f} MB/s" for c in first)
             reason += f"; the fastest that passed (measured on the calibration text: {measured})"
         if refused:
             reason += f"; {'; '.join(refused)}"
         return candidate, reason
-    return reference.reference, "; ".join(refused)
+    return want.reference, "; ".join(refused)
