@@ -367,9 +367,11 @@ def _no_read_dataset(length: int) -> Any:
 def bench_loader_litdata(documents: int, repeat: int, batches: int = 1000) -> list[dict[str, Any]]:
     """DataLoader, 2 workers, batches of 8 x 2049 token ids, each batch widened to int64 by the consumer (what an
     embedding needs): litdata's ``StreamingDataLoader`` over ``TokensLoader`` blocks (uint16, in order) vs
-    ``tft.Dataset(GPTSamples)`` as int64 (the default) and with ``dtype="stored"`` (uint16, widened after), and a
-    dataset that reads nothing (the DataLoader's own cost). Samples/s (wall, worker start-up included) and the CPU
-    of the main process plus both workers per batch, which a loaded machine disturbs less than the wall clock."""
+    ``tft.Dataset(GPTSamples)`` as int64 (the default), with ``dtype="stored"`` (uint16, widened after), the same
+    with ``collate_fn=tft.collate_by_value`` (batches sent through the workers' pipes; skipped for a checkout
+    without it, to compare against an older one), and a dataset that reads nothing (the DataLoader's own cost).
+    Samples/s (wall, worker start-up included) and the CPU of the main process plus both workers per batch, which a
+    loaded machine disturbs less than the wall clock."""
     import torch
     from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
 
@@ -393,10 +395,19 @@ def bench_loader_litdata(documents: int, repeat: int, batches: int = 1000) -> li
         "stored": lambda clock: torch.utils.data.DataLoader(
             tft.Dataset(samples, dtype="stored"), batch_size=8, num_workers=2, worker_init_fn=clock
         ),
+        "by value": lambda clock: torch.utils.data.DataLoader(
+            tft.Dataset(samples, dtype="stored"),
+            batch_size=8,
+            num_workers=2,
+            worker_init_fn=clock,
+            collate_fn=tft.collate_by_value,
+        ),
         "no read": lambda clock: torch.utils.data.DataLoader(
             _no_read_dataset(len(samples)), batch_size=8, num_workers=2, worker_init_fn=clock
         ),
     }
+    if not hasattr(tft, "collate_by_value"):
+        del sides["by value"]
     dtypes: dict[str, Any] = {}
     rates: dict[str, list[float]] = {name: [] for name in sides}
     cpu: dict[str, list[float]] = {name: [] for name in sides}  # microseconds per batch, main + workers
@@ -406,6 +417,7 @@ def bench_loader_litdata(documents: int, repeat: int, batches: int = 1000) -> li
             started, main = time.perf_counter(), time.process_time()  # worker start-up included, as training pays it
             loader = make(clock)
             for k, batch in enumerate(loader):
+                assert type(batch) is torch.Tensor, type(batch)
                 dtypes[name] = batch.dtype
                 wide = batch.long()
                 assert wide.shape == (8, SEQUENCE + 1)
@@ -416,8 +428,13 @@ def bench_loader_litdata(documents: int, repeat: int, batches: int = 1000) -> li
             del loader  # the workers exit and record their CPU
             cpu[name].append((main + clock.total()) / batches * 1e6)
     rows = []
-    label = {"int64": "tokformats default", "stored": "tokformats dtype=stored", "no read": "a dataset reading nothing"}
-    for name in ("int64", "stored", "no read"):
+    label = {
+        "int64": "tokformats default",
+        "stored": "tokformats dtype=stored",
+        "by value": "tokformats dtype=stored, collate_fn=tft.collate_by_value",
+        "no read": "a dataset reading nothing",
+    }
+    for name in [name for name in label if name in sides]:
         rows.append(
             {
                 "measure": f"DataLoader, 2 workers, 8 x {SEQUENCE + 1}, widened to int64 by the loop, {label[name]} "
