@@ -67,7 +67,7 @@ def collate(samples: Sequence[Any]) -> Any:
 #: The largest batch (in bytes, all its tensors) :func:`collate_by_value` sends by value. A tensor leaving a worker
 #: otherwise goes through a shared-memory file made for it (created and mapped, its descriptor passed to the main
 #: process over a socket, mapped there): measured with 2 workers, that costs 3x the CPU of sending 32 KiB through
-#: the pipe, 1.4x at 512 KiB, and less than the pipe's copies from about 1 MiB on (benchmarks/README.md).
+#: the pipe, 1.4x at 512 KiB, and less than the pipe's copies at 2 MiB and above (benchmarks/README.md).
 BY_VALUE_BYTES = 512 * 1024
 
 
