@@ -367,9 +367,11 @@ def _no_read_dataset(length: int) -> Any:
 def bench_loader_litdata(documents: int, repeat: int, batches: int = 1000) -> list[dict[str, Any]]:
     """DataLoader, 2 workers, batches of 8 x 2049 token ids, each batch widened to int64 by the consumer (what an
     embedding needs): litdata's ``StreamingDataLoader`` over ``TokensLoader`` blocks (uint16, in order) vs
-    ``tft.Dataset(GPTSamples)`` as int64 (the default) and with ``dtype="stored"`` (uint16, widened after), and a
-    dataset that reads nothing (the DataLoader's own cost). Samples/s (wall, worker start-up included) and the CPU
-    of the main process plus both workers per batch, which a loaded machine disturbs less than the wall clock."""
+    ``tft.Dataset(GPTSamples)`` as int64 (the default), with ``dtype="stored"`` (uint16, widened after), the same
+    with ``collate_fn=tft.collate_by_value`` (batches sent through the workers' pipes; skipped for a checkout
+    without it, to compare against an older one), and a dataset that reads nothing (the DataLoader's own cost).
+    Samples/s (wall, worker start-up included) and the CPU of the main process plus both workers per batch, which a
+    loaded machine disturbs less than the wall clock."""
     import torch
     from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
 
@@ -393,10 +395,26 @@ def bench_loader_litdata(documents: int, repeat: int, batches: int = 1000) -> li
         "stored": lambda clock: torch.utils.data.DataLoader(
             tft.Dataset(samples, dtype="stored"), batch_size=8, num_workers=2, worker_init_fn=clock
         ),
+        "by value": lambda clock: torch.utils.data.DataLoader(
+            tft.Dataset(samples, dtype="stored"),
+            batch_size=8,
+            num_workers=2,
+            worker_init_fn=clock,
+            collate_fn=tft.collate_by_value,
+        ),
+        "litdata by value": lambda clock: StreamingDataLoader(
+            StreamingDataset(str(folder), item_loader=TokensLoader(block_size=SEQUENCE + 1), shuffle=False),
+            batch_size=8,
+            num_workers=2,
+            worker_init_fn=clock,
+            collate_fn=tft.collate_by_value,
+        ),
         "no read": lambda clock: torch.utils.data.DataLoader(
             _no_read_dataset(len(samples)), batch_size=8, num_workers=2, worker_init_fn=clock
         ),
     }
+    if not hasattr(tft, "collate_by_value"):
+        del sides["by value"], sides["litdata by value"]
     dtypes: dict[str, Any] = {}
     rates: dict[str, list[float]] = {name: [] for name in sides}
     cpu: dict[str, list[float]] = {name: [] for name in sides}  # microseconds per batch, main + workers
@@ -406,6 +424,7 @@ def bench_loader_litdata(documents: int, repeat: int, batches: int = 1000) -> li
             started, main = time.perf_counter(), time.process_time()  # worker start-up included, as training pays it
             loader = make(clock)
             for k, batch in enumerate(loader):
+                assert type(batch) is torch.Tensor, type(batch)
                 dtypes[name] = batch.dtype
                 wide = batch.long()
                 assert wide.shape == (8, SEQUENCE + 1)
@@ -415,20 +434,27 @@ def bench_loader_litdata(documents: int, repeat: int, batches: int = 1000) -> li
             main = time.process_time() - main
             del loader  # the workers exit and record their CPU
             cpu[name].append((main + clock.total()) / batches * 1e6)
-    rows = []
-    label = {"int64": "tokformats default", "stored": "tokformats dtype=stored", "no read": "a dataset reading nothing"}
-    for name in ("int64", "stored", "no read"):
-        rows.append(
-            {
-                "measure": f"DataLoader, 2 workers, 8 x {SEQUENCE + 1}, widened to int64 by the loop, {label[name]} "
-                f"({dtypes[name]}) vs litdata ({dtypes['litdata']}) (samples/s; CPU us per batch)",
-                "litdata": f"{spread(rates['litdata'], '{:,.0f}')}; CPU {spread(cpu['litdata'], '{:,.0f}')}",
-                "tokformats": f"{spread(rates[name], '{:,.0f}')}; CPU {spread(cpu[name], '{:,.0f}')}",
-                "tokformats advantage (x)": spread([o / t for o, t in zip(rates[name], rates["litdata"])]),
-                "CPU advantage (x)": spread([t / o for o, t in zip(cpu[name], cpu["litdata"])]),
-            }
-        )
-    return rows
+    label = {
+        "int64": "tokformats default",
+        "stored": "tokformats dtype=stored",
+        "by value": "tokformats dtype=stored, collate_fn=tft.collate_by_value",
+        "no read": "a dataset reading nothing",
+    }
+    pairs = [(name, "litdata") for name in label if name in sides]
+    if "by value" in sides:  # the same transport on both sides: what is left is the reading
+        pairs.append(("by value", "litdata by value"))
+        label["litdata by value"] = "litdata with collate_fn=tft.collate_by_value"
+    return [
+        {
+            "measure": f"DataLoader, 2 workers, 8 x {SEQUENCE + 1}, widened to int64 by the loop, {label[name]} "
+            f"({dtypes[name]}) vs {label.get(peer, peer)} ({dtypes[peer]}) (samples/s; CPU us per batch)",
+            "litdata": f"{spread(rates[peer], '{:,.0f}')}; CPU {spread(cpu[peer], '{:,.0f}')}",
+            "tokformats": f"{spread(rates[name], '{:,.0f}')}; CPU {spread(cpu[name], '{:,.0f}')}",
+            "tokformats advantage (x)": spread([o / t for o, t in zip(rates[name], rates[peer])]),
+            "CPU advantage (x)": spread([t / o for o, t in zip(cpu[name], cpu[peer])]),
+        }
+        for name, peer in pairs
+    ]
 
 
 def make_eod_dataset(documents: int) -> Path:

@@ -103,6 +103,26 @@ def test_samples_over_every_format_follow_megatrons_walk(tmp_path: Path, fmt: st
         np.testing.assert_array_equal(stored, wanted)
 
 
+@pytest.mark.parametrize("fmt", ["megatron", "llmc", "pt"])
+def test_joined_spans_equal_the_spans_concatenated(tmp_path: Path, fmt: str) -> None:
+    """joined_spans (one memoryview join over a one-file stream, concatenate over shards) equals concatenating
+    span() of each: empty spans, spans across shard ends, and slices past the end clipped as ndarray slices clip;
+    the result is a new writable array, and the reader closes after it (no buffer left exported)."""
+    rng = np.random.default_rng(21)
+    flat, lengths = random_corpus(rng, 120, low=1, high=999, mean_length=30)
+    reader = write(tmp_path, fmt, flat, lengths)
+    total = reader.num_tokens
+    for _ in range(30):
+        starts = rng.integers(0, total, size=int(rng.integers(1, 12))).tolist()
+        stops = [min(total, start + int(length)) for start, length in zip(starts, rng.integers(0, 90, len(starts)))]
+        joined = reader.joined_spans(starts, stops)
+        wanted = np.concatenate([reader.span(a, b) for a, b in zip(starts, stops)])
+        assert joined.dtype == reader.dtype and joined.flags.writeable
+        np.testing.assert_array_equal(joined, wanted)
+    np.testing.assert_array_equal(reader.joined_spans([total - 3, 5], [total + 40, 5]), reader.span(total - 3, total))
+    reader.close()
+
+
 def test_batches_read_in_order_come_from_span_blocks_and_equal_the_samples(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -185,3 +185,63 @@ def test_stored_dtype_is_refused_where_it_cannot_hold(samples: training.GPTSampl
     # a padded sample in a batch: the per-sample path pads it
     np.testing.assert_array_equal(kept.batch([last, 0], np.uint16), np.stack([kept[last], kept[0]]))
     assert kept[last][-1] == 0
+
+
+def same_batches(ours: list[Any], theirs: list[Any]) -> None:
+    """Batches equal in type, dtype, shape and value: tensors, or dicts of them."""
+    assert len(ours) == len(theirs) > 0
+    for mine, other in zip(ours, theirs):
+        assert type(mine) is type(other)
+        pairs = [(mine[key], other[key]) for key in other] if isinstance(other, dict) else [(mine, other)]
+        assert not isinstance(other, dict) or list(mine) == list(other)
+        for a, b in pairs:
+            assert type(a) is torch.Tensor and a.dtype == b.dtype and a.shape == b.shape
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_collate_by_value_gives_default_collates_batches(
+    samples: training.GPTSamples, tmp_path: Path, workers: int
+) -> None:
+    """collate_fn=tft.collate_by_value: the batches default_collate gives (bare ids as int64 or stored, dict samples,
+    a stream's whole batches with batch_size=None), in the main process and from workers."""
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(0, 40, size=120)
+    with tokformats.create(tmp_path / "d", format="megatron", vocab_size=1000) as writer:
+        writer.write_batch(rng.integers(0, 999, size=int(lengths.sum())), lengths)
+    reader = tokformats.open(tmp_path / "d")
+    dicts = training.GPTSamples(reader, 16, seed=2, fields="megatron", eod_id=0, inter_document_masking=True)
+    for dataset in (tft.Dataset(samples), tft.Dataset(samples, dtype="stored"), tft.Dataset(dicts)):
+        ours = torch.utils.data.DataLoader(dataset, 8, num_workers=workers, collate_fn=tft.collate_by_value)
+        theirs = torch.utils.data.DataLoader(dataset, 8, num_workers=workers)
+        same_batches(list(ours), list(theirs))
+    for data in (samples, dicts):
+        stream = tft.IterableDataset(data, 8, 4)
+        ours = torch.utils.data.DataLoader(stream, None, num_workers=workers, collate_fn=tft.collate_by_value)
+        same_batches(list(ours), list(torch.utils.data.DataLoader(stream, None, num_workers=workers)))
+
+
+def test_collate_by_value_pickles_small_batches_by_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a worker, a batch up to BY_VALUE_BYTES pickles (as the worker's result queue pickles it) into its bytes
+    and loads as tensors of their own memory; a larger batch, or one NumPy cannot hold (bfloat16), stays a tensor
+    for torch's shared memory; outside a worker the tensors come back as they are; no samples is refused."""
+    from multiprocessing.reduction import ForkingPickler
+
+    rows = [torch.arange(k, k + 2049, dtype=torch.int32).to(torch.uint16) for k in range(8)]
+    assert type(tft.collate_by_value(rows)) is torch.Tensor  # the main process
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())
+    sent = tft.collate_by_value(rows)
+    assert type(sent) is not torch.Tensor
+    pickled = bytes(ForkingPickler.dumps(sent))
+    assert len(pickled) > 8 * 2049 * 2
+    arrived = ForkingPickler.loads(pickled)
+    assert type(arrived) is torch.Tensor and arrived.dtype == torch.uint16 and torch.equal(arrived, torch.stack(rows))
+    sample = {"tokens": torch.arange(5), "max_seqlen": torch.tensor(3, dtype=torch.int32)}
+    arrived = ForkingPickler.loads(bytes(ForkingPickler.dumps(tft.collate_by_value([sample, sample]))))
+    assert arrived["tokens"].shape == (2, 5) and arrived["max_seqlen"].tolist() == [3, 3]
+    assert arrived["max_seqlen"].dtype == torch.int32
+    large = [torch.zeros(tft.BY_VALUE_BYTES // 8 + 1, dtype=torch.int64)]
+    assert type(tft.collate_by_value(large)) is torch.Tensor
+    assert type(tft.collate_by_value([torch.zeros(4, dtype=torch.bfloat16)])) is torch.Tensor
+    with pytest.raises(tokformats.ConfigError, match="at least one sample"):
+        tft.collate_by_value([])

@@ -8,6 +8,13 @@
 Samples that are arrays become int64/float tensors (``dtype="stored"``: bare ids in their on-disk dtype, uint16 or
 a 4-byte one, widened by the consumer); samples that are dicts of arrays (``GPTSamples(fields=...)``,
 ``PackedSamples`` rows, Time-MoE windows) become dicts of tensors, which ``default_collate`` stacks key by key.
+
+``collate_fn=tft.collate_by_value`` stacks the same batches and sends each one from its worker by value, through the
+worker's result pipe, instead of through a shared-memory file of its own (torch's way for every tensor): for batches
+of up to :data:`BY_VALUE_BYTES` that more than halves the DataLoader's CPU per batch.
+
+>>> loader = torch.utils.data.DataLoader(tft.Dataset(samples, dtype="stored"), batch_size=8, num_workers=2,
+...                                      collate_fn=tft.collate_by_value)               # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from .errors import ConfigError
 from .training.sampler import BatchSampler
 from .training.samples import GPTSamples
 
-__all__ = ["Dataset", "IterableDataset", "to_tensor", "collate"]
+__all__ = ["BY_VALUE_BYTES", "Dataset", "IterableDataset", "collate", "collate_by_value", "to_tensor"]
 
 
 def _tensor(value: Any) -> Any:
@@ -55,6 +62,82 @@ def collate(samples: Sequence[Any]) -> Any:
     if samples and isinstance(samples[0], dict):
         return {key: torch.from_numpy(np.stack([s[key] for s in samples])) for key in samples[0]}
     return torch.from_numpy(np.stack(samples))
+
+
+#: The largest batch (in bytes, all its tensors) :func:`collate_by_value` sends by value. A tensor leaving a worker
+#: otherwise goes through a shared-memory file made for it (created and mapped, its descriptor passed to the main
+#: process over a socket, mapped there): measured with 2 workers, that costs 3x the CPU of sending 32 KiB through
+#: the pipe, 1.4x at 512 KiB, and less than the pipe's copies at 2 MiB and above (benchmarks/README.md).
+BY_VALUE_BYTES = 512 * 1024
+
+
+def _tensors(arrays: Any) -> Any:
+    """The tensors of a batch sent by value (:class:`_ByValue`), over the arrays unpickling made."""
+    if isinstance(arrays, dict):
+        return {key: torch.from_numpy(value) for key, value in arrays.items()}
+    return torch.from_numpy(arrays)
+
+
+class _ByValue:
+    """A worker's batch on its way to the main process: pickled as NumPy arrays (their bytes in the pickle), so that
+    it arrives as tensors of its own memory rather than through a shared-memory file per tensor."""
+
+    __slots__ = ("arrays",)
+
+    def __init__(self, arrays: Any) -> None:
+        self.arrays = arrays
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_tensors, (self.arrays,))
+
+
+def _stacked(batch: Any) -> Any:
+    """A list of samples (arrays or tensors, or dicts of them) stacked as ``default_collate`` stacks them; a whole
+    batch (a DataLoader with ``batch_size=None``) as tensors."""
+    if isinstance(batch, (list, tuple)):
+        if not batch:
+            raise ConfigError("collate_by_value() needs at least one sample.")
+        if isinstance(batch[0], dict):
+            return {key: torch.stack([torch.as_tensor(sample[key]) for sample in batch]) for key in batch[0]}
+        return torch.stack([torch.as_tensor(sample) for sample in batch])
+    if isinstance(batch, dict):
+        return {key: torch.as_tensor(value) for key, value in batch.items()}
+    return torch.as_tensor(batch)
+
+
+def _arrays(batch: Any) -> Any:
+    """The NumPy arrays sharing a batch's tensors' memory, or None when it cannot go by value: over
+    :data:`BY_VALUE_BYTES`, or a tensor ``Tensor.numpy()`` refuses (on a device, needing grad, bfloat16, ...)."""
+    tensors = list(batch.values()) if isinstance(batch, dict) else [batch]
+    if sum(tensor.nbytes for tensor in tensors) > BY_VALUE_BYTES:
+        return None
+    try:
+        if isinstance(batch, dict):
+            return {key: value.numpy() for key, value in batch.items()}
+        return batch.numpy()
+    except (TypeError, RuntimeError):  # what numpy() raises for those: torch's shared memory carries them
+        return None
+
+
+def collate_by_value(batch: Any) -> Any:
+    """A DataLoader ``collate_fn``: samples stacked as ``default_collate`` stacks tensors (a ``(B, ...)`` tensor,
+    or a dict of them, the same values and dtypes), sent from a worker to the main process by value.
+
+    ``default_collate`` stacks a worker's batch into a shared-memory file of its own, which torch then hands to
+    the main process as a file descriptor over a socket: for the small batches of token ids a loader ships (8 x
+    2,049 uint16 is 32 KiB) that costs more CPU than everything else the DataLoader does per batch. Here a batch of
+    up to :data:`BY_VALUE_BYTES` is pickled into the worker's result pipe instead and arrives as tensors of their
+    own memory; larger batches (and tensors NumPy cannot hold) go through shared memory as before. In the main
+    process (``num_workers=0``) the tensors are returned as they are.
+
+    Takes what :class:`Dataset` and :class:`IterableDataset` serve: a list of samples (tensors or arrays, or dicts
+    of them), or, with ``batch_size=None``, one whole batch.
+    """
+    stacked = _stacked(batch)
+    if torch.utils.data.get_worker_info() is None:
+        return stacked
+    arrays = _arrays(stacked)
+    return stacked if arrays is None else _ByValue(arrays)
 
 
 def _stored_dtype(samples: Sequence[Any], dtype: str | None) -> np.dtype | None:

@@ -94,9 +94,11 @@ def sample_spans(samples: GPTSamples, unshuffled: np.ndarray) -> tuple[np.ndarra
 
 
 def _joined(samples: GPTSamples, starts: list[int], stops: list[int], count: int, dtype: np.dtype) -> np.ndarray:
-    """The tokens of parts ``starts[j]:stops[j]`` joined by one ``concatenate``, as ``count`` samples' rows."""
-    parts = list(map(samples.reader.span, starts, stops))
-    gathered = np.concatenate(parts, dtype=dtype, casting="unsafe")  # as the per-sample path's assignment casts
+    """The tokens of parts ``starts[j]:stops[j]`` joined (:meth:`~tokformats.TokenReader.joined_spans`), as
+    ``count`` samples' rows of ``dtype``."""
+    gathered = samples.reader.joined_spans(starts, stops)
+    if gathered.dtype != dtype:
+        gathered = gathered.astype(dtype)  # casts as the per-sample path's assignment does ("unsafe")
     return gathered.reshape(count, samples.sequence_length + samples.add_extra_token)
 
 
