@@ -34,7 +34,7 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from ..errors import ConfigError, FormatError
-from .chat import Message, Turns
+from .chat import ROLES, Message, Turns
 
 __all__ = [
     "Segment",
@@ -190,7 +190,10 @@ class ChatML(ChatTemplate):
         n = len(turns.roles)
         roles = dict(self._ROLE_NUMBERS)
         try:
-            header = np.fromiter(map(roles.__getitem__, turns.roles), np.int64, n)
+            if turns.codes is not None:  # read with the batch: each role's index in ROLES
+                header = _HEADER_OF_CODE[turns.codes]
+            else:
+                header = np.fromiter(map(roles.__getitem__, turns.roles), np.int64, n)
         except KeyError:  # another role: its header is text, numbered after the fixed ones
             known = len(self._FIXED) - len(self._ROLE_NUMBERS)
             header = np.fromiter((roles.setdefault(r, known + len(roles)) for r in turns.roles), np.int64, n)
@@ -222,6 +225,10 @@ class ChatML(ChatTemplate):
         extra = [f"{IM_START}{role}\n" for role, _ in others]
         templates = [*self._FIXED, *extra]
         return Layout(texts, templates, sources[valid], trains[valid], bounds, last_trained)
+
+
+#: :attr:`ChatML._ROLE_NUMBERS` by the role's index in ``ROLES`` (:attr:`Turns.codes`).
+_HEADER_OF_CODE = np.array([ChatML._ROLE_NUMBERS[role] for role in ROLES], dtype=np.int64)
 
 
 def _trained_flags(assistant: np.ndarray, counts: np.ndarray, train_on: str) -> tuple[np.ndarray, np.ndarray]:
