@@ -202,14 +202,8 @@ class ChatML(ChatTemplate):
         counts = turns.counts
         flags, last_trained = _trained_flags(header == roles["assistant"], counts, train_on)
         # Message texts in segment order: each message's thought (if any), then its content.
-        if turns.thoughts:
-            content_at = np.arange(n) + np.cumsum(has_thought)
-            slots = np.empty(n + len(turns.thoughts), dtype=object)
-            slots[content_at] = np.fromiter(turns.contents, object, n)
-            slots[content_at[has_thought] - 1] = np.fromiter(turns.thoughts, object, len(turns.thoughts))
-            texts = slots.tolist()
-        else:
-            content_at, texts = np.arange(n), list(turns.contents)
+        content_at = np.arange(n) + np.cumsum(has_thought)
+        texts = _thoughts_before_contents(turns)
         start = content_at - has_thought
         everything = np.full(n, train_on == "all")
         thinks = flags & (thought == "train")
@@ -225,6 +219,18 @@ class ChatML(ChatTemplate):
         extra = [f"{IM_START}{role}\n" for role, _ in others]
         templates = [*self._FIXED, *extra]
         return Layout(texts, templates, sources[valid], trains[valid], bounds, last_trained)
+
+
+def _thoughts_before_contents(turns: Turns) -> list[str]:
+    """The message texts of a batch in segment order: each message's thought (if any), then its content (list
+    slices between the thoughts: no Python work per message)."""
+    contents, texts, first = turns.contents, [], 0
+    for k, thought in zip(turns.thought_at.tolist(), turns.thoughts):
+        texts += contents[first:k]
+        texts.append(thought)
+        first = k
+    texts += contents[first:]
+    return texts
 
 
 #: :attr:`ChatML._ROLE_NUMBERS` by the role's index in ``ROLES`` (:attr:`Turns.codes`).
