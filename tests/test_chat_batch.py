@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import tokformats
-from tokformats.tokenization.chat import ChatError, Message, Turns, messages_of, turns_of
-from tokformats.tokenization.chat_encoding import ChatEncoder
+from tokformats.tokenization.chat import ROLES, ChatError, Message, Turns, messages_of, role_codes, turns_of
+from tokformats.tokenization.chat_encoding import ChatEncoder, EndOfDocument
 from tokformats.tokenization.engines import TokenizersEngine
 from tokformats.tokenization.sample_text import sample_texts
 from tokformats.tokenization.templates import ChatML, ChatTemplate
@@ -185,6 +185,56 @@ def test_a_batch_has_the_ids_and_masks_of_each_conversation_encoded_alone(
         assert mask[offsets[k] : offsets[k + 1]].tolist() == want_mask
         last_trained = bool(conversation) and (train_on == "all" or conversation[-1].role == "assistant")
         assert bool(ends[k]) == last_trained
+
+
+@pytest.mark.parametrize("before", [False, True])
+@pytest.mark.parametrize("empty", [True, False])
+@pytest.mark.parametrize("train_on", ["assistant", "last"])
+def test_the_end_of_document_id_placed_with_the_batch_is_the_one_inserted_after_it(
+    tokenizer: Any, before: bool, empty: bool, train_on: str
+) -> None:
+    """``encode_turns(eos=...)`` places the end id in its one pass: the same ids, lengths and mask as inserting it
+    into the encoded batch, trained after a conversation whose last message is, never before one; an empty
+    conversation gets it only with ``empty`` (Megatron adds none)."""
+    records = [{"messages": []}, *_mixed_records(), {"messages": []}, {"messages": [_user("q")]}, {"messages": []}]
+    _, turns = turns_of(records, "messages", str)
+    engine = TokenizersEngine(tokenizer)
+    encoder = ChatEncoder(tokenizer, ChatML(), train_on, "train")
+    encode = lambda t: engine.encode(t, True)  # noqa: E731
+    ids, lengths, mask, ends = encoder.encode_turns(turns, encode, np.dtype("<u4"))
+    got_ids, got_lengths, got_mask, got_ends = encoder.encode_turns(
+        turns, encode, np.dtype("<u4"), EndOfDocument(0, before=before, empty=empty)
+    )
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    want_ids: list[int] = []
+    want_mask: list[int] = []
+    for k in range(len(records)):
+        body, trained = ids[offsets[k] : offsets[k + 1]].tolist(), mask[offsets[k] : offsets[k + 1]].tolist()
+        if not empty and not body:
+            continue
+        end = [0 if before else int(ends[k])]
+        want_ids += [0, *body] if before else [*body, 0]
+        want_mask += [0, *trained] if before else [*trained, *end]
+    assert got_ids.tolist() == want_ids and got_mask.tolist() == want_mask
+    assert got_lengths.tolist() == [n + int(empty or n > 0) for n in lengths.tolist()]
+    assert got_ends.tolist() == ends.tolist() and got_mask.dtype == np.uint8 and got_ids.dtype == np.dtype("<u4")
+    assert 0 in lengths.tolist() and got_mask.sum() > mask.sum() - (1 if before else 0)
+
+
+def test_roles_read_with_the_batch_carry_their_codes_through_cuts_and_joins() -> None:
+    records = [r for r in _mixed_records()[:10] if type(r) is dict]  # common ones and ones read one by one (str roles)
+    _, turns = turns_of(records, "messages", str)
+    assert turns.codes is not None and [ROLES[c] for c in turns.codes.tolist()] == turns.roles
+    _, mixed = turns_of(_mixed_records(), "messages", str)  # a role that claims to be a str: no codes
+    assert mixed.codes is None and mixed.conversations() == [messages_of(r, "messages", "w") for r in _mixed_records()]
+    cut = Turns.joined([turns.part(0, 3), turns.part(3, len(records))])
+    assert cut.codes is not None and cut.codes.tolist() == turns.codes.tolist()
+    assert role_codes(["user", "narrator"]) is None and role_codes([_Text("user")]) is None
+    other = Turns.of([[Message("narrator", "once")], [Message("user", "q")]])
+    assert other.codes is None and Turns.joined([other, turns]).codes is None
+    fast = ChatML().layout_turns(turns, "assistant", "train")
+    slow = ChatML().layout_turns(turns._replace(codes=None), "assistant", "train")
+    assert fast.sources.tolist() == slow.sources.tolist() and fast.templates == slow.templates
 
 
 @pytest.mark.parametrize("train_on", ["assistant", "all", "last"])

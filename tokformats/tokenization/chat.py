@@ -34,7 +34,7 @@ import numpy as np
 
 from .sources import SourceError
 
-__all__ = ["Message", "Turns", "ChatError", "SCHEMAS", "ROLES", "messages_of", "turns_of", "schema_name"]
+__all__ = ["Message", "Turns", "ChatError", "SCHEMAS", "ROLES", "messages_of", "turns_of", "role_codes", "schema_name"]
 
 #: The roles a message may have.
 ROLES = ("system", "user", "assistant", "tool")
@@ -222,13 +222,15 @@ def _alpaca_messages(record: dict[str, Any], where: Any) -> list[Message]:
 class Turns(NamedTuple):
     """A batch of conversations, flat: every message's ``roles`` and ``contents``, conversation after conversation;
     the ``counts`` of messages in each conversation; and the messages that have a thought (``thought_at``: their
-    indices into the flat lists, ascending) with their ``thoughts``."""
+    indices into the flat lists, ascending) with their ``thoughts``. ``codes``: each role's index in :data:`ROLES`
+    (int8), or None when a role is not one of them."""
 
     roles: list[str]
     contents: list[str]
     counts: np.ndarray
     thought_at: np.ndarray
     thoughts: list[str]
+    codes: np.ndarray | None = None
 
     @classmethod
     def of(cls, conversations: Sequence[Sequence[Message]]) -> Turns:
@@ -236,21 +238,24 @@ class Turns(NamedTuple):
         counts = np.fromiter(map(len, conversations), np.int64, len(conversations))
         messages = list(chain.from_iterable(conversations))
         if not messages:
-            return cls([], [], counts, np.zeros(0, np.int64), [])
+            return cls([], [], counts, np.zeros(0, np.int64), [], np.zeros(0, np.int8))
         roles, contents, thoughts = zip(*messages)
         has = np.fromiter((t is not None for t in thoughts), bool, len(thoughts))
-        return cls(list(roles), list(contents), counts, np.flatnonzero(has), [t for t in thoughts if t is not None])
+        thought_at, kept = np.flatnonzero(has), [t for t in thoughts if t is not None]
+        return cls(list(roles), list(contents), counts, thought_at, kept, role_codes(roles))
 
     @classmethod
     def joined(cls, parts: Sequence[Turns]) -> Turns:
         """The conversations of ``parts``, one after another."""
         starts = np.cumsum([0, *(len(part.roles) for part in parts)])
+        codes = [part.codes for part in parts]
         return cls(
             list(chain.from_iterable(part.roles for part in parts)),
             list(chain.from_iterable(part.contents for part in parts)),
             np.concatenate([np.zeros(0, np.int64), *(part.counts for part in parts)]),
             np.concatenate([np.zeros(0, np.int64), *(part.thought_at + s for part, s in zip(parts, starts))]),
             list(chain.from_iterable(part.thoughts for part in parts)),
+            None if any(c is None for c in codes) else np.concatenate([np.zeros(0, np.int8), *codes]),
         )
 
     def part(self, first: int, stop: int) -> Turns:
@@ -264,6 +269,7 @@ class Turns(NamedTuple):
             self.counts[first:stop],
             self.thought_at[a:b] - start,
             self.thoughts[a:b],
+            None if self.codes is None else self.codes[start:end],
         )
 
     def conversations(self) -> list[list[Message]]:
@@ -274,6 +280,18 @@ class Turns(NamedTuple):
         messages = list(map(Message, self.roles, self.contents, thoughts))
         ends = np.cumsum(self.counts).tolist()
         return [messages[end - count : end] for end, count in zip(ends, self.counts.tolist())]
+
+
+#: Each role's index in :data:`ROLES`.
+_ROLE_CODES = {role: code for code, role in enumerate(ROLES)}
+
+
+def role_codes(roles: Sequence[Any]) -> np.ndarray | None:
+    """Each role's index in :data:`ROLES` (int8), or None when one is not a ``str`` of :data:`ROLES`."""
+    if set(map(type, roles)) - {str}:
+        return None
+    codes = np.fromiter(map(_ROLE_CODES.get, roles, repeat(-1)), np.int8, len(roles))
+    return None if len(codes) and codes.min() < 0 else codes
 
 
 def turns_of(
@@ -335,8 +353,9 @@ def _common_messages(values: Sequence[Any]) -> tuple[np.ndarray, Turns]:
     ``str`` ``reasoning_content`` too (its thought)."""
     # type(), not __class__: only true dicts, lists and strs are read here (what claims to be one goes one by one).
     lists: list[Any] = [v.get("messages") if type(v) is dict else None for v in values]
-    slow = np.fromiter((type(m) is not list for m in lists), bool, len(lists))
-    if slow.any():
+    slow = np.zeros(len(lists), dtype=bool)
+    if set(map(type, lists)) - {list}:
+        slow = np.fromiter((type(m) is not list for m in lists), bool, len(lists))
         lists = [[] if s else m for m, s in zip(lists, slow.tolist())]
     counts = np.fromiter(map(len, lists), np.int64, len(lists))
     items = list(chain.from_iterable(lists))
@@ -346,16 +365,29 @@ def _common_messages(values: Sequence[Any]) -> tuple[np.ndarray, Turns]:
     roles: list[Any] = list(map(dict.get, items, repeat("role")))
     contents: list[Any] = list(map(dict.get, items, repeat("content")))
     sizes = np.fromiter(map(len, items), np.int64, n)
-    # An assistant's thought: a third field, reasoning_content, a string.
-    thought = [(k, items[k].get("reasoning_content")) for k in np.flatnonzero(sizes == 3).tolist()]
-    thought = [(k, t) for k, t in thought if type(t) is str and type(roles[k]) is str and roles[k] == _ASSISTANT]
-    thought_at = np.fromiter((k for k, _ in thought), np.int64, len(thought))
     bad = sizes != 2
+    thought_at, thoughts = _thoughts(items, roles, np.flatnonzero(sizes == 3))
     bad[thought_at] = False
-    if set(map(type, roles)) - {str} or not _ROLE_SET.issuperset(roles):
-        bad |= np.fromiter((type(r) is not str or r not in _ROLE_SET for r in roles), bool, n)
+    codes = role_codes(roles)
+    if codes is None:
+        codes = np.fromiter((_ROLE_CODES.get(r, -1) if type(r) is str else -1 for r in roles), np.int8, n)
+        bad |= codes < 0
+        codes[codes < 0] = 0  # a slow record's: meaningless
     if set(map(type, contents)) - {str}:
         bad |= np.fromiter((type(c) is not str for c in contents), bool, n)
     if bad.any():
         slow[np.repeat(np.arange(len(lists)), counts)[bad]] = True
-    return slow, Turns(roles, contents, counts, thought_at, [t for _, t in thought])
+    return slow, Turns(roles, contents, counts, thought_at, thoughts, codes)
+
+
+def _thoughts(items: list[dict[str, Any]], roles: list[Any], three: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """Of the messages ``three`` (three fields), the assistant's with a ``str`` ``reasoning_content``: where they
+    are, and their thoughts."""
+    at = three.tolist()
+    thoughts: list[Any] = list(map(dict.get, map(items.__getitem__, at), repeat("reasoning_content")))
+    spoken = list(map(roles.__getitem__, at))
+    if set(map(type, thoughts)) - {str} or set(map(type, spoken)) - {str} or set(spoken) - {_ASSISTANT}:
+        keep = [type(t) is str and type(roles[k]) is str and roles[k] == _ASSISTANT for k, t in zip(at, thoughts)]
+        thoughts = [t for t, kept in zip(thoughts, keep) if kept]
+        three = three[np.array(keep, dtype=bool)] if keep else three
+    return three.astype(np.int64, copy=False), thoughts

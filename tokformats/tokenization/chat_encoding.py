@@ -17,14 +17,15 @@ text that starts with a letter, digit or punctuation) the ids are equal.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..core.documents import offsets_from_lengths
 from .chat import Message, Turns
 from .templates import ChatTemplate, Segment, ends_trained
 
-__all__ = ["ChatEncoder", "render"]
+__all__ = ["ChatEncoder", "EndOfDocument", "render"]
 
 
 def render(segments: Sequence[Segment]) -> str:
@@ -75,39 +76,83 @@ class ChatEncoder:
         return self.encode_turns(Turns.of(conversations), encode_content, dtype)
 
     def encode_turns(
-        self, turns: Turns, encode_content: Callable[[list[str]], tuple[np.ndarray, np.ndarray]], dtype: np.dtype
+        self,
+        turns: Turns,
+        encode_content: Callable[[list[str]], tuple[np.ndarray, np.ndarray]],
+        dtype: np.dtype,
+        eos: EndOfDocument | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """:meth:`encode` of a batch read flat (:func:`~tokformats.tokenization.chat.turns_of`)."""
+        """:meth:`encode` of a batch read flat (:func:`~tokformats.tokenization.chat.turns_of`); with ``eos``, each
+        conversation's end-of-document id is placed in the same pass (see :class:`EndOfDocument`)."""
         layout = self.template.layout_turns(turns, self.train_on, self.thought)
         texts, sources = layout.texts, layout.sources
-        content_flat, content_lengths = encode_content(texts) if texts else (np.zeros(0, np.uint32), np.zeros(0))
-        pieces = [self.template_ids(text) for text in layout.templates]
-        template_lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
+        content_flat, content_lengths = encode_content(texts) if texts else (np.zeros(0, dtype), np.zeros(0, np.int64))
         is_content = sources >= 0
         if not np.array_equal(sources[is_content], np.arange(len(texts))):
             raise ValueError(f"{self.template.name}: its layout must use each message text once, in order")
-        # Message ids are already in output order: they fill the token slots of message segments with one masked
-        # assignment; the few template ids are gathered into the others. No Python work per token or per segment.
-        template_of = -1 - sources[~is_content]
-        sizes = np.empty(len(sources), dtype=np.int64)
-        sizes[is_content] = content_lengths
-        sizes[~is_content] = template_sizes = template_lengths[template_of]
-        content_tokens = np.repeat(is_content, sizes)
-        flat = np.empty(len(content_tokens), dtype=dtype)
-        flat[content_tokens] = content_flat
-        template_ends = np.cumsum(template_sizes)
-        piece_starts = np.cumsum(template_lengths) - template_lengths
-        gather = np.arange(int(template_ends[-1]) if len(template_ends) else 0, dtype=np.int64)
-        gather += np.repeat(piece_starts[template_of] - template_ends + template_sizes, template_sizes)
-        pool = np.concatenate(pieces) if pieces else np.zeros(0, np.uint32)
-        flat[~content_tokens] = pool[gather]
-        mask = np.repeat(layout.trained.astype(np.uint8), sizes)
-        cumulative = np.concatenate([[0], np.cumsum(sizes)])
-        lengths = (cumulative[layout.bounds[1:]] - cumulative[layout.bounds[:-1]]).astype(np.int64)
         end_trained = layout.ends_trained
         if end_trained is None:  # a template's own layout_turns that does not say
             end_trained = ends_trained(turns, self.train_on)
-        return flat, lengths, mask, end_trained
+        pieces = [self.template_ids(text) for text in layout.templates]
+        if eos is not None:  # the end id: one more template text
+            pieces.append(np.array([eos.id], dtype=np.uint32))
+        template_lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
+        sizes = np.empty(len(sources), dtype=np.int64)
+        sizes[is_content] = content_lengths
+        sizes[~is_content] = template_lengths[-1 - sources[~is_content]]
+        cumulative = offsets_from_lengths(sizes)
+        lengths = cumulative[layout.bounds[1:]] - cumulative[layout.bounds[:-1]]
+        trained = layout.trained
+        if eos is not None:  # the end id as one more segment of each conversation that gets one
+            gets = np.ones(len(lengths), dtype=bool) if eos.empty else lengths > 0
+            at = layout.bounds[:-1][gets] if eos.before else layout.bounds[1:][gets]
+            sources = np.insert(sources, at, -len(pieces))
+            sizes = np.insert(sizes, at, 1)
+            trained = np.insert(trained, at, False if eos.before else end_trained[gets])
+            lengths = lengths + gets
+            cumulative = offsets_from_lengths(sizes)
+        flat = _assemble(sources, sizes, cumulative, content_flat, pieces, template_lengths, dtype)
+        return flat, lengths, np.repeat(trained.astype(np.uint8), sizes), end_trained
+
+
+def _assemble(
+    sources: np.ndarray,
+    sizes: np.ndarray,
+    cumulative: np.ndarray,
+    content_flat: np.ndarray,
+    pieces: list[np.ndarray],
+    template_lengths: np.ndarray,
+    dtype: np.dtype,
+) -> np.ndarray:
+    """The ids of segments ``sources`` (message text k >= 0, template text ``-1 - t``) of ``sizes`` tokens, which
+    start at ``cumulative``: the message ids (already in output order) fill every slot not a template's with one
+    masked assignment; the template ids (a few tokens per message) are gathered into theirs."""
+    template = np.flatnonzero(sources < 0)
+    template_sizes = sizes[template]
+    template_ends = np.cumsum(template_sizes)
+    # Each template token's slot in the output, and its place in the template texts' ids laid end to end.
+    slots = np.arange(int(template_ends[-1]) if len(template) else 0, dtype=np.int64)
+    slots += np.repeat(cumulative[template] - template_ends + template_sizes, template_sizes)
+    piece_starts = offsets_from_lengths(template_lengths)[-1 - sources[template]]
+    taken = slots + np.repeat(piece_starts - cumulative[template], template_sizes)
+    pool = np.concatenate([np.zeros(0, np.uint32), *pieces])
+    flat = np.empty(int(cumulative[-1]), dtype=dtype)
+    content = np.ones(len(flat), dtype=bool)
+    content[slots] = False
+    flat[content] = content_flat
+    flat[slots] = pool[taken]
+    return flat
+
+
+class EndOfDocument(NamedTuple):
+    """The end-of-document id :meth:`ChatEncoder.encode_turns` places: ``id``, before each conversation
+    (``before``) or after it, and whether an empty conversation gets one too (``empty``; Megatron adds none). After
+    a conversation, it is trained on where the conversation's last message is (so the model learns to stop);
+    before, never."""
+
+    id: int
+    before: bool = False
+    empty: bool = True
 
 
 class ChatSpec:

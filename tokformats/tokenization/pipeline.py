@@ -55,7 +55,7 @@ from ..fs.atomic import AtomicFiles, naming_output
 from ..fs.owner import LOCK_NAME, owned_folder
 from ..fs.untrusted import read_json_object
 from .chat import ChatError, Turns, schema_name, turns_of
-from .chat_encoding import ChatSpec
+from .chat_encoding import ChatSpec, EndOfDocument
 from .engines import (
     ENGINES,
     Engine,
@@ -775,20 +775,13 @@ class _Place(NamedTuple):
         return f"{self.source.name}, line {self.line}"
 
 
-def _add_chat_eos(
-    plan: Plan, flat: np.ndarray, lengths: np.ndarray, mask: np.ndarray, ends: np.ndarray, delimit_empty: bool
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The end-of-document id after (or before) each conversation, trained on where the conversation's last message
-    is (so the model learns to stop) and never before the first; not added to an empty one where the format's
-    owner adds none (Megatron)."""
+def _chat_eos(plan: Plan, delimit_empty: bool) -> EndOfDocument | None:
+    """Where a chat run's end-of-document id goes: after (or before) each conversation, trained on where the
+    conversation's last message is (so the model learns to stop) and never before the first; not added to an empty
+    one where the format's owner adds none (Megatron)."""
     if plan.eos == "none" or plan.eos_id is None:
-        return flat, lengths, mask
-    before = plan.eos == "prepend"
-    gets = np.ones(len(lengths), dtype=bool) if delimit_empty else lengths > 0
-    starts = offsets_from_lengths(lengths)[:-1]
-    places = (starts if before else starts + lengths)[gets]
-    trained = np.zeros(len(places), np.uint8) if before else ends[gets].astype(np.uint8)
-    return np.insert(flat, places, plan.eos_id), lengths + gets, np.insert(mask, places, trained)
+        return None
+    return EndOfDocument(plan.eos_id, before=plan.eos == "prepend", empty=delimit_empty)
 
 
 def _load_checkpoint(folder: Path, plan: Plan, resume: bool) -> dict[str, Any]:
@@ -972,12 +965,12 @@ class _PartitionRun:
         good, turns = self._conversations(good)
         if not good:
             return
-        flat, lengths, mask, ends = encoder.encode_turns(
+        flat, lengths, mask, _ = encoder.encode_turns(
             turns,
             lambda texts: self.encoder.encode(texts, self.dtype, lambda n: "a chat message", split_special=True),
             self.dtype,
+            _chat_eos(self.plan, self.delimit_empty),
         )
-        flat, lengths, mask = _add_chat_eos(self.plan, flat, lengths, mask, ends, self.delimit_empty)
         split_of = split_of_records(good)
         self._spool(self.plan.keys[0], flat, lengths, split_of, mask)
         self._spool_sources(self.plan.keys[0], good, split_of)

@@ -34,7 +34,7 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from ..errors import ConfigError, FormatError
-from .chat import Message, Turns
+from .chat import ROLES, Message, Turns
 
 __all__ = [
     "Segment",
@@ -190,7 +190,10 @@ class ChatML(ChatTemplate):
         n = len(turns.roles)
         roles = dict(self._ROLE_NUMBERS)
         try:
-            header = np.fromiter(map(roles.__getitem__, turns.roles), np.int64, n)
+            if turns.codes is not None:  # read with the batch: each role's index in ROLES
+                header = _HEADER_OF_CODE[turns.codes]
+            else:
+                header = np.fromiter(map(roles.__getitem__, turns.roles), np.int64, n)
         except KeyError:  # another role: its header is text, numbered after the fixed ones
             known = len(self._FIXED) - len(self._ROLE_NUMBERS)
             header = np.fromiter((roles.setdefault(r, known + len(roles)) for r in turns.roles), np.int64, n)
@@ -199,14 +202,8 @@ class ChatML(ChatTemplate):
         counts = turns.counts
         flags, last_trained = _trained_flags(header == roles["assistant"], counts, train_on)
         # Message texts in segment order: each message's thought (if any), then its content.
-        if turns.thoughts:
-            content_at = np.arange(n) + np.cumsum(has_thought)
-            slots = np.empty(n + len(turns.thoughts), dtype=object)
-            slots[content_at] = np.fromiter(turns.contents, object, n)
-            slots[content_at[has_thought] - 1] = np.fromiter(turns.thoughts, object, len(turns.thoughts))
-            texts = slots.tolist()
-        else:
-            content_at, texts = np.arange(n), list(turns.contents)
+        content_at = np.arange(n) + np.cumsum(has_thought)
+        texts = _thoughts_before_contents(turns)
         start = content_at - has_thought
         everything = np.full(n, train_on == "all")
         thinks = flags & (thought == "train")
@@ -222,6 +219,22 @@ class ChatML(ChatTemplate):
         extra = [f"{IM_START}{role}\n" for role, _ in others]
         templates = [*self._FIXED, *extra]
         return Layout(texts, templates, sources[valid], trains[valid], bounds, last_trained)
+
+
+def _thoughts_before_contents(turns: Turns) -> list[str]:
+    """The message texts of a batch in segment order: each message's thought (if any), then its content (list
+    slices between the thoughts: no Python work per message)."""
+    contents, texts, first = turns.contents, [], 0
+    for k, thought in zip(turns.thought_at.tolist(), turns.thoughts):
+        texts += contents[first:k]
+        texts.append(thought)
+        first = k
+    texts += contents[first:]
+    return texts
+
+
+#: :attr:`ChatML._ROLE_NUMBERS` by the role's index in ``ROLES`` (:attr:`Turns.codes`).
+_HEADER_OF_CODE = np.array([ChatML._ROLE_NUMBERS[role] for role in ROLES], dtype=np.int64)
 
 
 def _trained_flags(assistant: np.ndarray, counts: np.ndarray, train_on: str) -> tuple[np.ndarray, np.ndarray]:
