@@ -53,6 +53,7 @@ from ..core.vocab import END_OF_TEXT, vocabulary_size
 from ..errors import ConfigError, FormatError, OutputExistsError, option
 from ..fs.atomic import AtomicFiles, naming_output
 from ..fs.owner import LOCK_NAME, owned_folder
+from ..fs.pins import pin_file, pinned
 from ..fs.untrusted import read_json_object
 from .chat import ChatError, Turns, schema_name, turns_of
 from .chat_encoding import ChatSpec
@@ -202,17 +203,24 @@ _HASH_PIECE = 1 << 22  # bytes read at a time when a spool is hashed
 def _spool_hash(path: Path, size: int) -> Any:
     """A running SHA-256 of the first ``size`` bytes of ``path`` (to be continued as the spool grows), or None when
     the file holds fewer bytes."""
+    with open(path, "rb") as handle:
+        return _hashed(handle, size)
+
+
+def _hashed(handle: Any, size: int) -> Any:
+    """A SHA-256 of the first ``size`` bytes of the open file ``handle`` (read from its start), or None when it
+    holds fewer bytes."""
     import hashlib
 
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        left = size
-        while left:
-            piece = handle.read(min(left, _HASH_PIECE))
-            if not piece:
-                return None
-            digest.update(piece)
-            left -= len(piece)
+    handle.seek(0)
+    left = size
+    while left:
+        piece = handle.read(min(left, _HASH_PIECE))
+        if not piece:
+            return None
+        digest.update(piece)
+        left -= len(piece)
     return digest
 
 
@@ -233,11 +241,13 @@ class Spool:
         *,
         masked: bool = False,
         vocab_size: int | None = None,
+        pin: Any = None,
         **older: Any,
     ) -> None:
         #: Every id appended must be below it (checked as it is spooled: a spool published as it is, Megatron's
         #: ``.bin``, passes no writer's check).
         self.vocab_size = vocab_size
+        del pin  # a done checkpoint's pin of the ids (see :meth:`pin`): taken again when this spool is done
         self.tokens_path = folder / f"{name}.tokens"
         self.lengths_path = folder / f"{name}.lengths"
         self.mask_path = folder / f"{name}.mask" if masked else None
@@ -318,6 +328,13 @@ class Spool:
         """SHA-256 of each file up to the counts (recorded in checkpoints, checked on resume and on publishing)."""
         return {suffix: digest.hexdigest() for suffix, digest in self._hashes.items()}
 
+    def pin(self) -> list[int] | None:
+        """Pin the ids file, written and fsynced in full (:func:`~tokformats.fs.pins.pin_file`): recorded in the
+        done checkpoint beside its hash, it lets the join copy the file by the kernel without reading it back to
+        hash it, as long as nothing has written to it since (else the join reads and hashes it)."""
+        self._tokens.flush()
+        return pin_file(self.tokens_path)
+
     def close(self) -> None:
         for handle in self._handles():
             handle.close()
@@ -339,7 +356,8 @@ def copy_spool(writer: TokenWriter, folder: Path, name: str, dtype: np.dtype) ->
     """
     import hashlib
 
-    recorded, lengths = _spooled_lengths(folder, name)
+    entry, lengths = _spooled_lengths(folder, name)
+    recorded = entry["hashes"]
     offsets = offsets_from_lengths(lengths)
     tokens_path, mask_path = folder / f"{name}.tokens", folder / f"{name}.mask"
     tokens_hash, mask_hash = hashlib.sha256(), hashlib.sha256()
@@ -361,9 +379,9 @@ def copy_spool(writer: TokenWriter, folder: Path, name: str, dtype: np.dtype) ->
         _refuse_spool(mask_path)
 
 
-def _spooled_lengths(folder: Path, name: str) -> tuple[dict[str, str], np.ndarray]:
-    """A finished spool's recorded hashes and its document lengths, checked against its checkpoint (their hash,
-    count and total); a spool that differs raises."""
+def _spooled_lengths(folder: Path, name: str) -> tuple[dict[str, Any], np.ndarray]:
+    """A finished spool's checkpoint entry (its counts, ``hashes`` and ``pin``) and its document lengths, checked
+    against it (their hash, count and total); a spool that differs raises."""
     import hashlib
 
     sizes = read_json_object(folder / CHECKPOINT)["spools"][name]
@@ -377,28 +395,62 @@ def _spooled_lengths(folder: Path, name: str) -> tuple[dict[str, str], np.ndarra
         or int(lengths.sum()) != sizes["tokens"]
     ):
         _refuse_spool(folder / f"{name}.lengths")
-    return recorded, lengths
+    return {**sizes, "hashes": recorded}, lengths
 
 
 def adopt_spool(writer: TokenWriter, folder: Path, name: str, dtype: np.dtype) -> bool:
     """Publish a finished spool's ids as ``writer``'s data file, without writing them again
     (:meth:`~tokformats.core.protocol.TokenWriter.adopt_data_file`: Megatron's ``.bin`` is the spool's bytes,
     hard-linked into the commit; its ``.idx`` is built from the spooled lengths), after checking the spool against
-    its checkpoint: read once and hashed (a write after the last checkpoint, even in place, is found; the file is
-    not written again). False when the writer cannot (another format, a chat spool's masks, no hard links):
-    nothing was written, and :func:`copy_spool` feeds it instead."""
+    its checkpoint (:func:`_checked_ids`). False when the writer cannot (another format, a chat spool's masks, no
+    hard links): nothing was written, and :func:`copy_spool` feeds it instead."""
     if type(writer).adopt_data_file is TokenWriter.adopt_data_file:  # the format has no flat data file
         return False
-    recorded, lengths = _spooled_lengths(folder, name)
-    tokens_path = folder / f"{name}.tokens"
-    if ".mask" in recorded:
+    entry, lengths = _spooled_lengths(folder, name)
+    if ".mask" in entry["hashes"]:
         return False
-    digest = _spool_hash(tokens_path, int(lengths.sum()) * dtype.itemsize)
-    if digest is None or digest.hexdigest() != recorded.get(".tokens") or (
-        tokens_path.stat().st_size != int(lengths.sum()) * dtype.itemsize
-    ):
-        _refuse_spool(tokens_path)
+    tokens_path = folder / f"{name}.tokens"
+    with open(tokens_path, "rb") as handle:
+        _checked_ids(handle, entry, int(lengths.sum()) * dtype.itemsize)
     return writer.adopt_data_file(tokens_path, dtype, lengths)
+
+
+def join_spool(writer: TokenWriter, folder: Path, name: str, dtype: np.dtype) -> None:
+    """Append a finished partition's spool to ``writer``: its ids by a kernel copy where the format's data file is
+    the bare id stream (:meth:`~tokformats.core.protocol.TokenWriter.append_data_file`) and the spool's pin shows
+    that nothing has written to it since its worker hashed it (checked before and after the copy, see
+    :mod:`tokformats.fs.pins`); else (another format, a chat spool's masks, no pin or a moved one) fed by
+    :func:`copy_spool`, which reads and hashes every byte it feeds."""
+    if type(writer).append_data_file is not TokenWriter.append_data_file:  # the format has a flat data file
+        entry, lengths = _spooled_lengths(folder, name)
+        tokens_path = folder / f"{name}.tokens"
+        size = int(lengths.sum()) * dtype.itemsize
+        with open(tokens_path, "rb") as handle:
+            if ".mask" not in entry["hashes"] and _pinned(handle, entry, size) and (
+                writer.append_data_file(handle, dtype, lengths)
+            ):
+                if not pinned(handle.fileno(), entry.get("pin")):  # written to while the kernel copied
+                    _refuse_spool(tokens_path)
+                return
+    copy_spool(writer, folder, name, dtype)
+
+
+def _pinned(handle: Any, entry: dict[str, Any], size: int) -> bool:
+    """Whether a finished spool's open ids file is as its worker pinned it (checkpoint ``entry``) and ``size``
+    bytes long."""
+    return pinned(handle.fileno(), entry.get("pin")) and os.fstat(handle.fileno()).st_size == size
+
+
+def _checked_ids(handle: Any, entry: dict[str, Any], size: int) -> None:
+    """Check a finished spool's open ids file against its checkpoint ``entry``: its pin, or, without a pin or where
+    it moved, every byte read and hashed again. Raises when the file differs."""
+    if _pinned(handle, entry, size):
+        return
+    digest = _hashed(handle, size)
+    if digest is None or digest.hexdigest() != entry["hashes"].get(".tokens") or (
+        os.fstat(handle.fileno()).st_size != size
+    ):
+        _refuse_spool(Path(handle.name))
 
 
 def _refuse_spool(path: Path) -> NoReturn:
@@ -876,10 +928,7 @@ class _PartitionRun:
             {
                 "plan": asdict(self.plan),
                 "position": list(self.position),
-                "spools": {
-                    _stream_name(*s): {"tokens": sp.num_tokens, "documents": sp.num_documents, "hashes": sp.hashes()}
-                    for s, sp in self.spools.items()
-                },
+                "spools": {_stream_name(*s): self._spooled(sp, pin=done) for s, sp in self.spools.items()},
                 "stats": {
                     "records": stats.records,
                     "documents": stats.documents,
@@ -890,6 +939,14 @@ class _PartitionRun:
                 "done": done,
             },
         )
+
+    @staticmethod
+    def _spooled(spool: Spool, *, pin: bool) -> dict[str, Any]:
+        """A spool's checkpoint entry: its counts and hashes, and in the last checkpoint its pin."""
+        entry: dict[str, Any] = {"tokens": spool.num_tokens, "documents": spool.num_documents, "hashes": spool.hashes()}
+        if pin:
+            entry["pin"] = spool.pin()
+        return entry
 
     def close(self) -> None:
         """Close every spool."""
@@ -1081,6 +1138,8 @@ def _encode_partition(
         try:
             if not run.done:
                 run.run(batch_size=batch_size, progress=progress, checkpoint_every=checkpoint_every)
+            else:  # a done partition resumed: its spools were just read back and checked against the checkpoint;
+                run.save(done=True)  # pinned anew, so that the join need not read them again
         finally:
             run.close()
     return run.stats
@@ -1661,7 +1720,7 @@ def _write_outputs(
         for part in parts:
             for name, writer in writers.items():
                 if not (single and adopt_spool(writer, part, name, dtype)):
-                    copy_spool(writer, part, name, dtype)
+                    join_spool(writer, part, name, dtype)
             done.append(part)
         for writer in writers.values():
             writer.close()
