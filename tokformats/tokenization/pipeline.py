@@ -1328,7 +1328,7 @@ def tokenize(
     eos = _eos_mode(eos, writer_class, on_error, verify_fraction, engine)
     resolved = resolve_inputs(inputs)
     loaded = load_tokenizer(tokenizer)
-    plan = _make_plan(resolved, loaded, format, text_key, eos, eos_id, split, seed, unit, on_error)
+    plan, serialised = _make_plan(resolved, loaded, format, text_key, eos, eos_id, split, seed, unit, on_error)
     spec = None
     if chat is not None:
         plan, spec = _chat_plan(plan, writer_class, chat, template, train_on, thought, tokenizer, loaded)
@@ -1353,7 +1353,7 @@ def tokenize(
         all_stats: list[Stats] = []
         chosen: list[tuple[str, str]] = []  # each partition's engine and why, in order
         settings = (batch_size, resume, checkpoint_every)
-        parts = _encoded_parts(plan, encoder or loaded, resolved, work, executor, partitions, settings,
+        parts = _encoded_parts(plan, encoder or serialised, resolved, work, executor, partitions, settings,
                                (engine, rate), spec, monitor, (all_stats, chosen))  # fmt: skip
         outputs = _write_outputs(plan, writer_class, targets, parts, writer_options, replace=bool(resume or overwrite))
         engine_name, engine_reason = chosen[0]  # the first partition's: the one that checked the first documents
@@ -1392,9 +1392,9 @@ def _encoded_parts(
 ) -> Iterable[Path]:
     """The partitions' folders, each once encoded (its counters and its engine with why appended to
     ``reported``): here, in one partition with ``encoder``; with an ``executor`` (``encoder`` is then the
-    tokenizer: the workers gate the ``engine`` asked for), as the workers finish them in input order, so that each
-    is joined into the outputs while later ones are still encoding (the join is then not a serial step after the
-    last partition)."""
+    tokenizer's ``tokenizer.json`` text: the workers build it and gate the ``engine`` asked for), as the workers
+    finish them in input order, so that each is joined into the outputs while later ones are still encoding (the
+    join is then not a serial step after the last partition)."""
     if executor is not None:
         return _encode_in_parallel(plan, encoder, resolved, work, executor, partitions, settings, engine, chat,
                                    reported)  # fmt: skip
@@ -1479,8 +1479,10 @@ def _make_plan(
     seed: int,
     unit: str,
     on_error: str,
-) -> Plan:
-    """Everything that decides the output (what a checkpoint must match to be resumed)."""
+) -> tuple[Plan, str]:
+    """Everything that decides the output (what a checkpoint must match to be resumed), and the tokenizer's
+    ``tokenizer.json`` text that its hash is of (a parallel run's workers read it; serialised once, 0.1 s for
+    cl100k)."""
     import hashlib
 
     if eos != "none" and eos_id is None:
@@ -1492,6 +1494,7 @@ def _make_plan(
             )
         eos_id = int(found)
     stored_eos = eos_id if eos != "none" else None
+    serialised = loaded.to_str()
     if stored_eos is not None and stored_eos < 0:
         raise ConfigError(f"the end-of-text id must not be negative, found {option('eos_id', str(stored_eos))}.")
     return Plan(
@@ -1506,9 +1509,9 @@ def _make_plan(
         # Every id stored: the tokenizer's, and an end-of-text id given beyond them (cl100k's 100257 with a
         # smaller tokenizer), so that the spools and the writer's dtype hold it from the start.
         vocab_size=max(vocabulary_size(loaded), 0 if stored_eos is None else stored_eos + 1),
-        tokenizer_hash=hashlib.sha256(loaded.to_str().encode("utf-8")).hexdigest(),
+        tokenizer_hash=hashlib.sha256(serialised.encode("utf-8")).hexdigest(),
         on_error=on_error,
-    )
+    ), serialised
 
 
 @contextlib.contextmanager
@@ -1571,7 +1574,7 @@ def _check_outputs(
 
 def _encode_in_parallel(
     plan: Plan,
-    loaded: Any,
+    serialised: str,
     resolved: list[Input],
     work: Path,
     executor: Executor,
@@ -1586,7 +1589,8 @@ def _encode_in_parallel(
     caller joins it while later ones are still encoding: the output equals a single-process run. Each partition is
     submitted as soon as it is planned (the first before any line is counted, see
     :func:`~.partitions.iter_partitions`); an executor without ``submit`` (``ray.util.multiprocessing.Pool``) gets
-    them all at once through ``map``. ``engine``: the engine asked for and the verify fraction, gated there."""
+    them all at once through ``map``. ``serialised``: the tokenizer's ``tokenizer.json`` text (the workers read
+    it); ``engine``: the engine asked for and the verify fraction, gated there."""
     if any(i.path is None for i in resolved):
         raise FormatError("executor= needs file inputs: an in-memory iterable cannot be shipped to workers.")
     if partitions is not None and partitions < 1:
@@ -1598,7 +1602,7 @@ def _encode_in_parallel(
     # tokenizer.json is megabytes, and a run may have thousands of partitions.
     tokenizer_file = work / "tokenizer.json"
     work.mkdir(parents=True, exist_ok=True)
-    _write_bytes_atomically(tokenizer_file, loaded.to_str().encode("utf-8"))
+    _write_bytes_atomically(tokenizer_file, serialised.encode("utf-8"))
     shipped = asdict(plan)
     parts: list[Path] = []
 
