@@ -17,7 +17,9 @@ and a killed run's pool workers stop with it (:mod:`tokformats.tokenization.work
 Documents are assigned to splits by a hash of (seed, input, record position), so the assignment depends on
 nothing else: not on batching, resuming or partitioning. With ``executor=`` the inputs are cut into
 partitions (large files at line starts or row groups, :mod:`.partitions`) encoded in parallel (each into its own
-spools) and joined in input order: the output equals a single-process run.
+spools) and joined in input order: the output equals a single-process run. Where the format's data file is the
+bare id stream (Megatron's ``.bin``), a finished spool is joined by a kernel copy, checked by the pin its worker
+took (:mod:`tokformats.fs.pins`) instead of being read back and hashed again in the parent.
 
 Empty documents follow each format's owner: Megatron's ``preprocess_data.py`` keeps them as documents
 without sequences and without an end-of-document id; llm.c, nanoGPT and the others still write the delimiter.
