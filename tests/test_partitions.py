@@ -215,7 +215,7 @@ def test_a_join_that_fails_cancels_the_partitions_not_started(
         raise OSError("the disk is full (a test)")
 
     monkeypatch.setattr(pipeline, "_partition_job", counted)
-    monkeypatch.setattr(pipeline, "copy_spool", failing)
+    monkeypatch.setattr(pipeline, "join_spool", failing)
     with ThreadPoolExecutor(1) as pool, pytest.raises(OSError, match="the disk is full"):
         _run(_big_jsonl(tmp_path / "big.jsonl"), tokenizer_path, tmp_path / "o", pool, partitions=16)
     assert started[0] == 0 and len(started) <= 3  # the first, and at most the ones running when it failed

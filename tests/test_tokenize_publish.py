@@ -59,15 +59,16 @@ def _copied(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, corpus: Path, token
 
 
 def _copies(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Record the streams ``copy_spool`` feeds from now on."""
+    """Record the streams whose spools are copied into the writers from now on (``join_spool``: by the kernel, or
+    fed through ``copy_spool``)."""
     fed: list[str] = []
-    original = pipeline.copy_spool
+    original = pipeline.join_spool
 
     def counting(writer: Any, folder: Path, name: str, dtype: np.dtype) -> None:
         fed.append(name)
         original(writer, folder, name, dtype)
 
-    monkeypatch.setattr(pipeline, "copy_spool", counting)
+    monkeypatch.setattr(pipeline, "join_spool", counting)
     return fed
 
 

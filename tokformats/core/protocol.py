@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Generic, TypeVar, overload
 
 import numpy as np
 
@@ -734,6 +734,15 @@ class TokenWriter(Writer[Any]):
         formats whose data file is not the bare id stream, from a writer already written to or that would store
         another dtype, and where the file system cannot link; the caller then writes the documents with
         :meth:`write_batch`. ``tokenize`` publishes a single-partition run's spool this way."""
+        return False
+
+    def append_data_file(self, source: BinaryIO, dtype: np.dtype, lengths: np.ndarray) -> bool:
+        """Append the ids of the open file ``source`` to this dataset's data file by a kernel copy, without
+        reading them into Python: ``source`` holds the ids of documents of ``lengths`` back to back in ``dtype``,
+        every id already checked below :attr:`vocab_size`, and nothing else (its size must be theirs). Returns
+        whether the writer did: False (nothing written) from formats whose data file is not the bare id stream,
+        from a writer that stores masks, modes or another dtype, or whose data file was adopted; the caller then
+        writes the documents with :meth:`write_batch`. ``tokenize`` joins a parallel run's partitions this way."""
         return False
 
     def _write_masked(self, flat: np.ndarray, lengths: np.ndarray, mask: np.ndarray) -> None:

@@ -45,7 +45,7 @@ from ..core.protocol import PathLike, TokenReader, TokenWriter, checked_position
 from ..core.registry import FormatDescriptor, Probe
 from ..errors import DTypeError, FormatError, HeaderError, NoFilesError, SizeMismatchError
 from ..fs.atomic import AtomicFiles, naming_output
-from ..fs.filecopy import append_file
+from ..fs.filecopy import append_file, append_open_file
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -791,6 +791,42 @@ class Writer(TokenWriter):
             return False
         self._index_documents(None, sizes)
         self._adopted = Path(path)
+        self.loss_masked = False
+        self.num_documents += len(sizes)
+        self.num_tokens += tokens
+        self.num_trained_tokens += tokens
+        return True
+
+    def append_data_file(self, source: BinaryIO, dtype: np.dtype, lengths: np.ndarray) -> bool:
+        """Append the open file ``source`` (the ids of single-sequence documents of ``lengths``, in ``dtype``) to
+        the ``.bin`` by a kernel copy, and its documents to the index (as ``write_batch`` would); see
+        :meth:`TokenWriter.append_data_file`. Not for a multimodal dataset, one with loss masks, or one whose
+        ``.bin`` was adopted."""
+        self._check_open()
+        given = np.dtype(dtype)
+        if (
+            self._adopted is not None
+            or self._modes is not None
+            or self.loss_masked
+            or given.kind not in "iu"
+            or given.itemsize != self.dtype.itemsize
+            or given.byteorder not in ("=", "<", "|")
+        ):
+            return False
+        sizes = check_lengths(lengths, int(np.sum(lengths)), where=f"{self.path}: ")
+        tokens = int(sizes.sum())
+        name = getattr(source, "name", "the data file")
+        found = os.fstat(source.fileno()).st_size
+        if found != tokens * self.dtype.itemsize:
+            raise FormatError(
+                f"{name} has {found:,} bytes; {len(sizes):,} documents of {tokens:,} {self.dtype.name} ids take "
+                f"{tokens * self.dtype.itemsize:,}."
+            )
+        self._index_documents(None, sizes)  # first: a sequence too long for Megatron raises before any byte
+        try:
+            append_open_file(source, self._bin, found, name=str(name))
+        except OSError as error:  # a full disk names the output, not the hidden temporary
+            raise naming_output(error, self.path) from None
         self.loss_masked = False
         self.num_documents += len(sizes)
         self.num_tokens += tokens

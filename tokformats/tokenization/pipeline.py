@@ -17,7 +17,9 @@ and a killed run's pool workers stop with it (:mod:`tokformats.tokenization.work
 Documents are assigned to splits by a hash of (seed, input, record position), so the assignment depends on
 nothing else: not on batching, resuming or partitioning. With ``executor=`` the inputs are cut into
 partitions (large files at line starts or row groups, :mod:`.partitions`) encoded in parallel (each into its own
-spools) and joined in input order: the output equals a single-process run.
+spools) and joined in input order: the output equals a single-process run. Where the format's data file is the
+bare id stream (Megatron's ``.bin``), a finished spool is joined by a kernel copy, checked by the pin its worker
+took (:mod:`tokformats.fs.pins`) instead of being read back and hashed again in the parent.
 
 Empty documents follow each format's owner: Megatron's ``preprocess_data.py`` keeps them as documents
 without sequences and without an end-of-document id; llm.c, nanoGPT and the others still write the delimiter.
@@ -53,6 +55,7 @@ from ..core.vocab import END_OF_TEXT, vocabulary_size
 from ..errors import ConfigError, FormatError, OutputExistsError, option
 from ..fs.atomic import AtomicFiles, naming_output
 from ..fs.owner import LOCK_NAME, owned_folder
+from ..fs.pins import pin_file, pinned
 from ..fs.untrusted import read_json_object
 from .chat import ChatError, Turns, schema_name, turns_of
 from .chat_encoding import ChatSpec, EndOfDocument
@@ -202,17 +205,24 @@ _HASH_PIECE = 1 << 22  # bytes read at a time when a spool is hashed
 def _spool_hash(path: Path, size: int) -> Any:
     """A running SHA-256 of the first ``size`` bytes of ``path`` (to be continued as the spool grows), or None when
     the file holds fewer bytes."""
+    with open(path, "rb") as handle:
+        return _hashed(handle, size)
+
+
+def _hashed(handle: Any, size: int) -> Any:
+    """A SHA-256 of the first ``size`` bytes of the open file ``handle`` (read from its start), or None when it
+    holds fewer bytes."""
     import hashlib
 
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        left = size
-        while left:
-            piece = handle.read(min(left, _HASH_PIECE))
-            if not piece:
-                return None
-            digest.update(piece)
-            left -= len(piece)
+    handle.seek(0)
+    left = size
+    while left:
+        piece = handle.read(min(left, _HASH_PIECE))
+        if not piece:
+            return None
+        digest.update(piece)
+        left -= len(piece)
     return digest
 
 
@@ -233,11 +243,13 @@ class Spool:
         *,
         masked: bool = False,
         vocab_size: int | None = None,
+        pin: Any = None,
         **older: Any,
     ) -> None:
         #: Every id appended must be below it (checked as it is spooled: a spool published as it is, Megatron's
         #: ``.bin``, passes no writer's check).
         self.vocab_size = vocab_size
+        del pin  # a done checkpoint's pin of the ids (see :meth:`pin`): taken again when this spool is done
         self.tokens_path = folder / f"{name}.tokens"
         self.lengths_path = folder / f"{name}.lengths"
         self.mask_path = folder / f"{name}.mask" if masked else None
@@ -318,6 +330,13 @@ class Spool:
         """SHA-256 of each file up to the counts (recorded in checkpoints, checked on resume and on publishing)."""
         return {suffix: digest.hexdigest() for suffix, digest in self._hashes.items()}
 
+    def pin(self) -> list[int] | None:
+        """Pin the ids file, written and fsynced in full (:func:`~tokformats.fs.pins.pin_file`): recorded in the
+        done checkpoint beside its hash, it lets the join copy the file by the kernel without reading it back to
+        hash it, as long as nothing has written to it since (else the join reads and hashes it)."""
+        self._tokens.flush()
+        return pin_file(self.tokens_path)
+
     def close(self) -> None:
         for handle in self._handles():
             handle.close()
@@ -339,7 +358,8 @@ def copy_spool(writer: TokenWriter, folder: Path, name: str, dtype: np.dtype) ->
     """
     import hashlib
 
-    recorded, lengths = _spooled_lengths(folder, name)
+    entry, lengths = _spooled_lengths(folder, name)
+    recorded = entry["hashes"]
     offsets = offsets_from_lengths(lengths)
     tokens_path, mask_path = folder / f"{name}.tokens", folder / f"{name}.mask"
     tokens_hash, mask_hash = hashlib.sha256(), hashlib.sha256()
@@ -361,9 +381,9 @@ def copy_spool(writer: TokenWriter, folder: Path, name: str, dtype: np.dtype) ->
         _refuse_spool(mask_path)
 
 
-def _spooled_lengths(folder: Path, name: str) -> tuple[dict[str, str], np.ndarray]:
-    """A finished spool's recorded hashes and its document lengths, checked against its checkpoint (their hash,
-    count and total); a spool that differs raises."""
+def _spooled_lengths(folder: Path, name: str) -> tuple[dict[str, Any], np.ndarray]:
+    """A finished spool's checkpoint entry (its counts, ``hashes`` and ``pin``) and its document lengths, checked
+    against it (their hash, count and total); a spool that differs raises."""
     import hashlib
 
     sizes = read_json_object(folder / CHECKPOINT)["spools"][name]
@@ -377,28 +397,62 @@ def _spooled_lengths(folder: Path, name: str) -> tuple[dict[str, str], np.ndarra
         or int(lengths.sum()) != sizes["tokens"]
     ):
         _refuse_spool(folder / f"{name}.lengths")
-    return recorded, lengths
+    return {**sizes, "hashes": recorded}, lengths
 
 
 def adopt_spool(writer: TokenWriter, folder: Path, name: str, dtype: np.dtype) -> bool:
     """Publish a finished spool's ids as ``writer``'s data file, without writing them again
     (:meth:`~tokformats.core.protocol.TokenWriter.adopt_data_file`: Megatron's ``.bin`` is the spool's bytes,
     hard-linked into the commit; its ``.idx`` is built from the spooled lengths), after checking the spool against
-    its checkpoint: read once and hashed (a write after the last checkpoint, even in place, is found; the file is
-    not written again). False when the writer cannot (another format, a chat spool's masks, no hard links):
-    nothing was written, and :func:`copy_spool` feeds it instead."""
+    its checkpoint (:func:`_checked_ids`). False when the writer cannot (another format, a chat spool's masks, no
+    hard links): nothing was written, and :func:`copy_spool` feeds it instead."""
     if type(writer).adopt_data_file is TokenWriter.adopt_data_file:  # the format has no flat data file
         return False
-    recorded, lengths = _spooled_lengths(folder, name)
-    tokens_path = folder / f"{name}.tokens"
-    if ".mask" in recorded:
+    entry, lengths = _spooled_lengths(folder, name)
+    if ".mask" in entry["hashes"]:
         return False
-    digest = _spool_hash(tokens_path, int(lengths.sum()) * dtype.itemsize)
-    if digest is None or digest.hexdigest() != recorded.get(".tokens") or (
-        tokens_path.stat().st_size != int(lengths.sum()) * dtype.itemsize
-    ):
-        _refuse_spool(tokens_path)
+    tokens_path = folder / f"{name}.tokens"
+    with open(tokens_path, "rb") as handle:
+        _checked_ids(handle, entry, int(lengths.sum()) * dtype.itemsize)
     return writer.adopt_data_file(tokens_path, dtype, lengths)
+
+
+def join_spool(writer: TokenWriter, folder: Path, name: str, dtype: np.dtype) -> None:
+    """Append a finished partition's spool to ``writer``: its ids by a kernel copy where the format's data file is
+    the bare id stream (:meth:`~tokformats.core.protocol.TokenWriter.append_data_file`) and the spool's pin shows
+    that nothing has written to it since its worker hashed it (checked before and after the copy, see
+    :mod:`tokformats.fs.pins`); else (another format, a chat spool's masks, no pin or a moved one) fed by
+    :func:`copy_spool`, which reads and hashes every byte it feeds."""
+    if type(writer).append_data_file is not TokenWriter.append_data_file:  # the format has a flat data file
+        entry, lengths = _spooled_lengths(folder, name)
+        tokens_path = folder / f"{name}.tokens"
+        size = int(lengths.sum()) * dtype.itemsize
+        with open(tokens_path, "rb") as handle:
+            if ".mask" not in entry["hashes"] and _pinned(handle, entry, size) and (
+                writer.append_data_file(handle, dtype, lengths)
+            ):
+                if not pinned(handle.fileno(), entry.get("pin")):  # written to while the kernel copied
+                    _refuse_spool(tokens_path)
+                return
+    copy_spool(writer, folder, name, dtype)
+
+
+def _pinned(handle: Any, entry: dict[str, Any], size: int) -> bool:
+    """Whether a finished spool's open ids file is as its worker pinned it (checkpoint ``entry``) and ``size``
+    bytes long."""
+    return pinned(handle.fileno(), entry.get("pin")) and os.fstat(handle.fileno()).st_size == size
+
+
+def _checked_ids(handle: Any, entry: dict[str, Any], size: int) -> None:
+    """Check a finished spool's open ids file against its checkpoint ``entry``: its pin, or, without a pin or where
+    it moved, every byte read and hashed again. Raises when the file differs."""
+    if _pinned(handle, entry, size):
+        return
+    digest = _hashed(handle, size)
+    if digest is None or digest.hexdigest() != entry["hashes"].get(".tokens") or (
+        os.fstat(handle.fileno()).st_size != size
+    ):
+        _refuse_spool(Path(handle.name))
 
 
 def _refuse_spool(path: Path) -> NoReturn:
@@ -869,10 +923,7 @@ class _PartitionRun:
             {
                 "plan": asdict(self.plan),
                 "position": list(self.position),
-                "spools": {
-                    _stream_name(*s): {"tokens": sp.num_tokens, "documents": sp.num_documents, "hashes": sp.hashes()}
-                    for s, sp in self.spools.items()
-                },
+                "spools": {_stream_name(*s): self._spooled(sp, pin=done) for s, sp in self.spools.items()},
                 "stats": {
                     "records": stats.records,
                     "documents": stats.documents,
@@ -883,6 +934,14 @@ class _PartitionRun:
                 "done": done,
             },
         )
+
+    @staticmethod
+    def _spooled(spool: Spool, *, pin: bool) -> dict[str, Any]:
+        """A spool's checkpoint entry: its counts and hashes, and in the last checkpoint its pin."""
+        entry: dict[str, Any] = {"tokens": spool.num_tokens, "documents": spool.num_documents, "hashes": spool.hashes()}
+        if pin:
+            entry["pin"] = spool.pin()
+        return entry
 
     def close(self) -> None:
         """Close every spool."""
@@ -1074,6 +1133,8 @@ def _encode_partition(
         try:
             if not run.done:
                 run.run(batch_size=batch_size, progress=progress, checkpoint_every=checkpoint_every)
+            else:  # a done partition resumed: its spools were just read back and checked against the checkpoint;
+                run.save(done=True)  # pinned anew, so that the join need not read them again
         finally:
             run.close()
     return run.stats
@@ -1262,7 +1323,7 @@ def tokenize(
     eos = _eos_mode(eos, writer_class, on_error, verify_fraction, engine)
     resolved = resolve_inputs(inputs)
     loaded = load_tokenizer(tokenizer)
-    plan = _make_plan(resolved, loaded, format, text_key, eos, eos_id, split, seed, unit, on_error)
+    plan, serialised = _make_plan(resolved, loaded, format, text_key, eos, eos_id, split, seed, unit, on_error)
     spec = None
     if chat is not None:
         plan, spec = _chat_plan(plan, writer_class, chat, template, train_on, thought, tokenizer, loaded)
@@ -1287,7 +1348,7 @@ def tokenize(
         all_stats: list[Stats] = []
         chosen: list[tuple[str, str]] = []  # each partition's engine and why, in order
         settings = (batch_size, resume, checkpoint_every)
-        parts = _encoded_parts(plan, encoder or loaded, resolved, work, executor, partitions, settings,
+        parts = _encoded_parts(plan, encoder or serialised, resolved, work, executor, partitions, settings,
                                (engine, rate), spec, monitor, (all_stats, chosen))  # fmt: skip
         outputs = _write_outputs(plan, writer_class, targets, parts, writer_options, replace=bool(resume or overwrite))
         engine_name, engine_reason = chosen[0]  # the first partition's: the one that checked the first documents
@@ -1326,9 +1387,9 @@ def _encoded_parts(
 ) -> Iterable[Path]:
     """The partitions' folders, each once encoded (its counters and its engine with why appended to
     ``reported``): here, in one partition with ``encoder``; with an ``executor`` (``encoder`` is then the
-    tokenizer: the workers gate the ``engine`` asked for), as the workers finish them in input order, so that each
-    is joined into the outputs while later ones are still encoding (the join is then not a serial step after the
-    last partition)."""
+    tokenizer's ``tokenizer.json`` text: the workers build it and gate the ``engine`` asked for), as the workers
+    finish them in input order, so that each is joined into the outputs while later ones are still encoding (the
+    join is then not a serial step after the last partition)."""
     if executor is not None:
         return _encode_in_parallel(plan, encoder, resolved, work, executor, partitions, settings, engine, chat,
                                    reported)  # fmt: skip
@@ -1413,8 +1474,10 @@ def _make_plan(
     seed: int,
     unit: str,
     on_error: str,
-) -> Plan:
-    """Everything that decides the output (what a checkpoint must match to be resumed)."""
+) -> tuple[Plan, str]:
+    """Everything that decides the output (what a checkpoint must match to be resumed), and the tokenizer's
+    ``tokenizer.json`` text that its hash is of (a parallel run's workers read it; serialised once, 0.1 s for
+    cl100k)."""
     import hashlib
 
     if eos != "none" and eos_id is None:
@@ -1426,6 +1489,7 @@ def _make_plan(
             )
         eos_id = int(found)
     stored_eos = eos_id if eos != "none" else None
+    serialised = loaded.to_str()
     if stored_eos is not None and stored_eos < 0:
         raise ConfigError(f"the end-of-text id must not be negative, found {option('eos_id', str(stored_eos))}.")
     return Plan(
@@ -1440,9 +1504,9 @@ def _make_plan(
         # Every id stored: the tokenizer's, and an end-of-text id given beyond them (cl100k's 100257 with a
         # smaller tokenizer), so that the spools and the writer's dtype hold it from the start.
         vocab_size=max(vocabulary_size(loaded), 0 if stored_eos is None else stored_eos + 1),
-        tokenizer_hash=hashlib.sha256(loaded.to_str().encode("utf-8")).hexdigest(),
+        tokenizer_hash=hashlib.sha256(serialised.encode("utf-8")).hexdigest(),
         on_error=on_error,
-    )
+    ), serialised
 
 
 @contextlib.contextmanager
@@ -1505,7 +1569,7 @@ def _check_outputs(
 
 def _encode_in_parallel(
     plan: Plan,
-    loaded: Any,
+    serialised: str,
     resolved: list[Input],
     work: Path,
     executor: Executor,
@@ -1520,7 +1584,8 @@ def _encode_in_parallel(
     caller joins it while later ones are still encoding: the output equals a single-process run. Each partition is
     submitted as soon as it is planned (the first before any line is counted, see
     :func:`~.partitions.iter_partitions`); an executor without ``submit`` (``ray.util.multiprocessing.Pool``) gets
-    them all at once through ``map``. ``engine``: the engine asked for and the verify fraction, gated there."""
+    them all at once through ``map``. ``serialised``: the tokenizer's ``tokenizer.json`` text (the workers read
+    it); ``engine``: the engine asked for and the verify fraction, gated there."""
     if any(i.path is None for i in resolved):
         raise FormatError("executor= needs file inputs: an in-memory iterable cannot be shipped to workers.")
     if partitions is not None and partitions < 1:
@@ -1532,7 +1597,7 @@ def _encode_in_parallel(
     # tokenizer.json is megabytes, and a run may have thousands of partitions.
     tokenizer_file = work / "tokenizer.json"
     work.mkdir(parents=True, exist_ok=True)
-    _write_bytes_atomically(tokenizer_file, loaded.to_str().encode("utf-8"))
+    _write_bytes_atomically(tokenizer_file, serialised.encode("utf-8"))
     shipped = asdict(plan)
     parts: list[Path] = []
 
@@ -1654,7 +1719,7 @@ def _write_outputs(
         for part in parts:
             for name, writer in writers.items():
                 if not (single and adopt_spool(writer, part, name, dtype)):
-                    copy_spool(writer, part, name, dtype)
+                    join_spool(writer, part, name, dtype)
             done.append(part)
         for writer in writers.values():
             writer.close()

@@ -1,0 +1,55 @@
+"""A finished file's pin: what lets a later reader of that file know, from one ``fstat``, that nothing has written
+to it since its writer hashed every byte it wrote.
+
+``tokenize``'s spools are hashed as they are written (a running SHA-256 of every byte appended, recorded in the
+checkpoint). Reading a finished spool back only to hash it again costs a second pass over every token (about
+1 CPU-second per GB), paid where the outputs are joined, serially, while the workers compete for the same cores.
+A pin replaces that second pass when nothing touched the file:
+
+- :func:`pin_file`, by the writer right after its last write and ``fsync``: the file's modification time is set
+  one nanosecond back from the one the kernel gave its last write, and the pin is ``[inode, size, mtime, ctime]``
+  as ``stat`` then reports them;
+- :func:`pinned`, by the reader, on the descriptor it copies from, before and after the copy: equal, or not.
+
+Why a write after the pin is seen: ``write``, ``truncate`` and ``mmap`` stores (at their first fault on a page
+cleaned by ``fsync``) set the modification time to the current clock, which is never the pinned value: that is one
+nanosecond *before* the time the kernel stamped the writer's own last write, and the clock has moved on since (a
+clock with coarse ticks gives a write in the same tick that tick's time, not the pinned one; only a wall clock set
+back to that very nanosecond could). Replacing the file changes the inode, appending the size, setting the time
+(``utime``) the change time. What a pin cannot see: corruption on the medium, a write to the raw block device, and
+a process that deliberately writes and then sets the time back within one clock tick; the pins guard against
+accidents (a killed run's orphaned worker, a tool writing in place), not against such a process. A reader that
+finds the pin changed, or none, reads the file and compares the writer's hash as before: a pin is never needed for
+correctness, only for speed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["pin_file", "pinned"]
+
+
+def _pin_of(info: os.stat_result) -> list[int]:
+    return [info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
+
+
+def pin_file(path: Path) -> list[int] | None:
+    """Pin the finished file ``path`` (its writer has written and fsynced every byte): its modification time is set
+    one nanosecond back, and ``[inode, size, mtime, ctime]`` returned, to be recorded with the file's hash. None
+    where the time cannot be set (the reader then hashes the file)."""
+    try:
+        info = os.stat(path)
+        os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns - 1))
+        return _pin_of(os.stat(path))
+    except OSError:
+        return None
+
+
+def pinned(fd: int, pin: object) -> bool:
+    """Whether the open file ``fd`` is still the file that ``pin`` (from :func:`pin_file`, read back from a
+    checkpoint: anything) was taken of, untouched since."""
+    if not isinstance(pin, list) or len(pin) != 4 or not all(type(v) is int for v in pin):
+        return False
+    return _pin_of(os.fstat(fd)) == pin
