@@ -216,12 +216,20 @@ class RowStream:
         self._columns: tuple[np.ndarray, np.ndarray] | None = None
         self._error: FormatError | None = None  # what stopped the parse: raised again by every later use
         self._total: int | None = scan.rows if scan is not None else None
+        self._scan = scan if scan is not None and scan.rows is not None else None  # a whole pass, not tail_scan's
+
+    def scan(self) -> RowScan:
+        """The streamed pass over the rows (decompressed and counted, no field parsed), made once: the last row's
+        end and the number of rows, of the file as it was first read."""
+        if self._scan is None:
+            self._scan = scan_rows(self.path, self._identity)
+        return self._scan
 
     def total(self) -> int:
         """How many rows there are: all decompressed and counted (a row is a line that is not blank, as the
         parser takes them); their fields are parsed, and checked, where they are used."""
         if self._total is None:
-            counted = None if self.complete else scan_rows(self.path, self._identity).rows
+            counted = None if self.complete else self.scan().rows
             if counted is None:  # parsed already, or quoted fields (a row may span lines): the parse counts
                 self.columns()
                 counted = self.count
