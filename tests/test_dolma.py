@@ -631,3 +631,22 @@ def test_one_member_rows_damaged_at_the_end_raise_where_reached(tmp_path: Path, 
             use(reader)
     found = tokformats.open(folder, dtype="uint16").problems()
     assert len(found) == 1 and "part-0-00002.csv.gz" in found[0].message
+
+
+def test_the_streamed_count_skips_blank_lines_as_the_parser_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blank lines (``\\n``, ``\\r\\n``) between rows, at the start and across the counter's steps: the streamed count
+    (what ``len()`` serves) equals the rows the parser reads."""
+    from tokformats.formats import _dolma_rows
+
+    monkeypatch.setattr(_dolma_rows, "_LINES_STEP", 5)  # steps end inside lines and between \r and \n
+    npy = tmp_path / "a.npy"
+    np.arange(9, dtype=np.uint16).tofile(npy)
+    text = b"\r\n0,2,a,,0\r\n\r\n\n2,5,b,,1\n\n5,5,c,,2\r\n5,9,d,,3\r\n\n"
+    dolma.metadata_path(npy).write_bytes(gzip.compress(text))
+    scan = _dolma_rows.scan_rows(dolma.metadata_path(npy))
+    assert (scan.last_end, scan.rows) == (9, 4)
+    with tokformats.open(npy, dtype="uint16") as reader:
+        assert len(reader) == 4
+        assert [d.tolist() for d in reader] == [[0, 1], [2, 3, 4], [], [5, 6, 7, 8]]

@@ -40,6 +40,8 @@ __all__ = [
 
 _DIGITS = 19  # an int64 holds every number of up to 18 digits; longer ones go to the csv parser
 _ROWS_PER_STEP = 1 << 18
+#: Bytes of decompressed rows counted per NumPy step (:func:`_filled_lines`).
+_LINES_STEP = 1 << 22
 _POWERS_OF_TEN = 10 ** np.arange(_DIGITS, dtype=np.int64)
 #: Compressed bytes read for a file's first rows (~400 rows of dolma's writer); each later read doubles, to 16 MiB.
 _FIRST_READ = 1 << 12
@@ -345,15 +347,19 @@ class RowStream:
 
 def _filled_lines(text: bytes, stop: int) -> int:
     """The lines of ``text[:stop]`` (which ends with a newline, or is empty) that are not blank (nothing, or
-    ``\\r``); searched in place, without copying the slice."""
-    blank_lines = text.find(b"\n\n", 0, stop) >= 0 or text.find(b"\n\r\n", 0, stop) >= 0
-    if not blank_lines and not text.startswith((b"\n", b"\r\n"), 0, stop):
-        return text.count(b"\n", 0, stop)
+    ``\\r``), found with NumPy a few megabytes at a time (the temporaries stay in cache; ``bytes.find`` of a
+    two-byte pattern such as ``\\n\\n`` is several times slower than this over text full of newlines)."""
     data = np.frombuffer(text, dtype=np.uint8, count=stop)
-    ends = np.flatnonzero(data == ord("\n"))
-    starts = np.concatenate([[0], ends[:-1] + 1])
-    blank = (ends == starts) | ((ends == starts + 1) & (data[ends - 1] == ord("\r")))
-    return int(len(ends) - blank.sum())
+    filled, previous = 0, -1  # previous: the newline before the step's first line
+    for first in range(0, stop, _LINES_STEP):
+        ends = np.flatnonzero(data[first : first + _LINES_STEP] == ord("\n")) + first
+        if not len(ends):
+            continue
+        starts = np.concatenate([[previous + 1], ends[:-1] + 1])
+        blank = (ends == starts) | ((ends == starts + 1) & (data[ends - 1] == ord("\r")))
+        filled += len(ends) - int(np.count_nonzero(blank))
+        previous = int(ends[-1])
+    return filled
 
 
 class RowScan(NamedTuple):
