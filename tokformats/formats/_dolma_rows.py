@@ -1,12 +1,14 @@
 """dolma's ``.csv.gz`` rows (``start,end,id,src,loc``): the two columns a reader needs, parsed with NumPy, and
 read only as far as they are used; and the rows a writer writes, formatted with NumPy and compressed as they come.
 
-Opening a dolma file reads none of its rows when the dtype is known (and only the last row, streamed, when it has
-to be inferred); the first document decompresses the first few kilobytes; ``len()`` and the offsets decompress the
-rest. Every row is checked as it is parsed, before any document is read with it: the rows tile the file (each
-starts where the previous one ends, the first at 0), an end never precedes its start nor passes the file's tokens,
-and the last one ends at its last token. A file changed since it was opened, a truncated gzip stream, a zip bomb
-and rows that are not rows are :class:`~tokformats.errors.FormatError` naming the file (and the row and field).
+Opening a dolma file reads only its last row (which the dtype is checked against): from the marked gzip member
+the writer puts it in (:func:`tail_scan`), else by one streamed pass that also counts the rows (:func:`scan_rows`;
+for a dataset of several files told the dtype, when the file is first used); the first document decompresses the
+first few kilobytes; the offsets decompress the rest. Every row is checked as it is parsed, before any document is
+read with it: the rows tile the file (each starts where the previous one ends, the first at 0), an end never
+precedes its start nor passes the file's tokens, and the last one ends at its last token. A file changed since it
+was opened, a truncated gzip stream, a zip bomb and rows that are not rows are
+:class:`~tokformats.errors.FormatError` naming the file (and the row and field).
 """
 
 from __future__ import annotations

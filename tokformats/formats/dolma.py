@@ -283,7 +283,7 @@ class Reader(PartsReader):
         if index not in self._unchecked:
             return
         part, rows = self._parts[index], self._rows[index]
-        last = rows.scan().last_end
+        last = None if rows.complete else rows.scan().last_end  # rows parsed to the end already: their last end
         if last is None:
             ends = rows.columns()[1]
             last = int(ends[-1]) if len(ends) else 0
