@@ -12,6 +12,13 @@ the last row), OLMo-core (``NumpyFSLDataset`` + ``prepare()``, which reads no ro
 instances; its documents counted with its own ``get_document_indices``, since its ``len()`` counts instances), and
 the row parser of tokformats 0.1 (``csv.reader`` over every row, kept below as ``csv_rows``). Times are
 min/median/max over the alternated runs.
+
+Files other tools wrote: the same rows recompressed as one gzip member at gzip's default level 9, as dolma's
+``MemmapWriter`` and OLMo-core's ``write_document_indices`` write them (tokformats' writer puts the last row in a
+marked member of its own, which the open reads instead of decompressing every row): the one file, and the same
+documents in ``--files`` files (``max_tokens``), each read by tokformats told the dtype and by OLMo-core
+(``NumpyFSLDataset`` over every file). ``--before CHECKOUT`` adds the one-member sides run with that checkout's
+tokformats (``PYTHONPATH``), alternated with the others.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import gzip
 import io
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -50,12 +58,33 @@ def csv_rows(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 SIDES = ("tokformats", "tokformats, dtype inferred", "olmo-core", "csv rows (0.1)")
+#: The sides reading files another tool wrote (one gzip member of rows): (side, folder under the scratch folder).
+ONE_MEMBER = (
+    ("tokformats, one member", "one-member"),
+    ("olmo-core, files", "one-member-files"),
+    ("tokformats, one member, files", "one-member-files"),
+)
+#: Ratios reported: (peer side, tokformats side).
+PAIRS = (
+    ("olmo-core", "tokformats"),
+    ("tokformats, dtype inferred", "tokformats"),
+    ("csv rows (0.1)", "tokformats"),
+    ("olmo-core", "tokformats, one member"),
+    ("olmo-core, files", "tokformats, one member, files"),
+    ("before: tokformats, one member", "tokformats, one member"),
+    ("before: tokformats, one member, files", "tokformats, one member, files"),
+)
 
 
 def child(side: str, folder: Path) -> None:
     """One side in a fresh process: the open, the first document and the count, each timed on its own."""
     warnings.filterwarnings("ignore")
-    if side == "olmo-core":
+    side = side.removeprefix("before: ")  # the same side, another checkout's tokformats (PYTHONPATH)
+    data = folder / "dolma"
+    for name, under in ONE_MEMBER:
+        if side == name:
+            data = folder / under
+    if side.startswith("olmo-core"):
         from olmo_core.data.numpy_dataset import NumpyFSLDataset
         from olmo_core.data.utils import get_document_indices
     else:
@@ -64,12 +93,10 @@ def child(side: str, folder: Path) -> None:
         import tokformats
 
         importlib.import_module("tokformats.formats.dolma")
-    path = folder / "dolma" / "part-0-00000.npy"
+    path = data / "part-0-00000.npy"
     clock = [time.perf_counter()]
     if side.startswith("tokformats"):  # told the dtype, as OLMo-core is; or inferring it (the last row read)
-        reader = tokformats.open(
-            folder / "dolma", format="dolma", **({} if "inferred" in side else {"dtype": "uint16"})
-        )
+        reader = tokformats.open(data, format="dolma", **({} if "inferred" in side else {"dtype": "uint16"}))
         clock.append(time.perf_counter())
         first = np.asarray(reader[0][:4]).tolist()
         clock.append(time.perf_counter())
@@ -81,14 +108,16 @@ def child(side: str, folder: Path) -> None:
         clock.append(time.perf_counter())
         count = len(ends)
     else:
+        paths = [str(p) for p in sorted(data.glob("*.npy"))]
         dataset = NumpyFSLDataset(
-            str(path), sequence_length=2048, pad_token_id=0, eos_token_id=0, vocab_size=50257, dtype=np.uint16
+            *paths, sequence_length=2048, pad_token_id=0, eos_token_id=0, vocab_size=50257, dtype=np.uint16
         )
         dataset.prepare()
         clock.append(time.perf_counter())
         first = np.asarray(dataset[0]["input_ids"][:4]).tolist()
         clock.append(time.perf_counter())
-        count = len(get_document_indices(str(path)))  # documents, as OLMo-core counts them (its len() is instances)
+        # documents, as OLMo-core counts them (its len() is instances)
+        count = sum(len(get_document_indices(p)) for p in paths)
     clock.append(time.perf_counter())
     steps = dict(zip(("open", "first", "count"), np.diff(clock).tolist()))
     print(json.dumps({**steps, "first_ids": first, "documents": count}))
@@ -98,10 +127,12 @@ def metadata_path(path: Path) -> Path:
     return path.with_name(path.name[: -len(".npy")] + ".csv.gz")
 
 
-def run(side: str, folder: Path) -> dict[str, object]:
+def run(side: str, folder: Path, before: Path | None = None) -> dict[str, object]:
     command = [sys.executable, str(HERE), "--child", side, "--folder", str(folder)]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env["PYTHONPYCACHEPREFIX"] = str(folder / "pycache")
+    env["PYTHONPYCACHEPREFIX"] = str(folder / ("pycache-before" if side.startswith("before") else "pycache"))
+    if side.startswith("before: ") and before is not None:
+        env["PYTHONPATH"] = str(before)
     out = subprocess.run(command, check=True, capture_output=True, text=True, env=env).stdout
     return dict(json.loads(out.strip().splitlines()[-1]))
 
@@ -115,6 +146,8 @@ def main() -> None:
     parser.add_argument("--documents", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--read-repeat", type=int, default=None)
+    parser.add_argument("--files", type=int, default=10, help="files of the one-member folder read as several")
+    parser.add_argument("--before", type=Path, help="a checkout whose tokformats reads the one-member sides too")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -141,35 +174,56 @@ def main() -> None:
         started = time.perf_counter()
         tokformats.convert(folder / "source", folder / "dolma", "dolma", overwrite=True)
         converts.append(time.perf_counter() - started)
-    runs: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
+    one_member_folders(folder, args.files)
+    sides = [*SIDES, *(name for name, _ in ONE_MEMBER)]
+    if args.before is not None:
+        sides += [f"before: {name}" for name, _ in ONE_MEMBER if name.startswith("tokformats")]
+    runs: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
     for k in range(args.read_repeat or args.repeat):
-        for side in SIDES if k % 2 == 0 else SIDES[::-1]:
-            result = run(side, folder)
+        for side in sides if k % 2 == 0 else sides[::-1]:
+            result = run(side, folder, args.before)
             if result["first_ids"] != run_first(folder) or result["documents"] != args.documents:
                 raise SystemExit(f"{side} read {result['first_ids']} and {result['documents']} documents")
             runs[side].append({step: float(result[step]) for step in ("open", "first", "count")})  # type: ignore[arg-type]
     ratio = statistics.median(converts) / statistics.median(copies)
     rows = [
-        {"measure": f"convert {args.documents:,} documents to dolma (s)", "tokformats": spread(converts),
-         "peer": f"token copy (tofile + fsync) {spread(copies)}", "ratio": f"{ratio:.2f}x the copy (goal <= 1.5x)"},
+        {"measure": f"convert {args.documents:,} documents to dolma (s)", "side": "tokformats",
+         "time": spread(converts), "peer": f"token copy (tofile + fsync) {spread(copies)}",
+         "ratio": f"{ratio:.2f}x the copy (goal <= 1.5x)"},
     ]  # fmt: skip
-    for step, label in (("open", "open"), ("first", "first document"), ("count", "count the documents")):
-        mine = [r[step] for r in runs["tokformats"]]
-        for side in SIDES[1:]:
-            theirs = [r[step] for r in runs[side]]
-            ratio_text = f"{statistics.median(theirs) / max(statistics.median(mine), 1e-9):.2f}"
-            rows.append({"measure": f"{label}, {args.documents:,} documents (ms)", "tokformats": spread(mine, 1e3),
-                         "peer": f"{side} {spread(theirs, 1e3)}", "ratio": ratio_text})  # fmt: skip
-    mine = [r["open"] + r["first"] for r in runs["tokformats"]]
-    for side in SIDES[1:]:
-        theirs = [r["open"] + r["first"] for r in runs[side]]
-        ratio_text = f"{statistics.median(theirs) / max(statistics.median(mine), 1e-9):.2f}"
-        rows.append({"measure": f"open + first document, {args.documents:,} documents (ms)",
-                     "tokformats": spread(mine, 1e3), "peer": f"{side} {spread(theirs, 1e3)}",
-                     "ratio": ratio_text})  # fmt: skip
+    for side, timings in runs.items():
+        for step in ("open", "first", "count", "open + first"):
+            values = [sum(r[s] for s in step.split(" + ")) for r in timings]
+            rows.append({"measure": f"{step}, {args.documents:,} documents (ms)", "side": side,
+                         "time": spread(values, 1e3), "peer": "", "ratio": ""})  # fmt: skip
+    for peer, mine in PAIRS:
+        if peer in runs and mine in runs:
+            for step in ("open + first", "count", "open + first + count"):
+                theirs = statistics.median(sum(r[s] for s in step.split(" + ")) for r in runs[peer])
+                ours = statistics.median(sum(r[s] for s in step.split(" + ")) for r in runs[mine])
+                ratio_text = f"{theirs / max(ours, 1e-9):.2f}"
+                rows.append({"measure": f"{step}: ratio (medians, ms)", "side": mine, "time": f"{ours * 1e3:.2f}",
+                             "peer": f"{peer} {theirs * 1e3:.2f}", "ratio": ratio_text})  # fmt: skip
     runs_text = f"{args.repeat} alternated converts, {args.read_repeat or args.repeat} alternated reads"
     print(f"{machine()}; load: {os.getloadavg()[0]:.2f}; {runs_text}; min/median/max")
     print(table(rows))
+
+
+def one_member_folders(folder: Path, files: int) -> None:
+    """The converted rows as other tools write them: one gzip member at gzip's default level 9 (dolma's
+    ``MemmapWriter``, OLMo-core's ``write_document_indices``): ``one-member`` (the one file) and
+    ``one-member-files`` (the documents in ``files`` files)."""
+    import tokformats
+
+    tokens = int(tokformats.open(folder / "dolma", dtype="uint16").num_tokens)
+    tokformats.convert(folder / "source", folder / "one-member-files", "dolma", overwrite=True,
+                       max_tokens=tokens // files + 1200)  # fmt: skip
+    shutil.rmtree(folder / "one-member", ignore_errors=True)
+    (folder / "one-member").mkdir()
+    os.link(folder / "dolma" / "part-0-00000.npy", folder / "one-member" / "part-0-00000.npy")
+    shutil.copy(folder / "dolma" / "part-0-00000.csv.gz", folder / "one-member" / "part-0-00000.csv.gz")
+    for rows in [*(folder / "one-member").glob("*.csv.gz"), *(folder / "one-member-files").glob("*.csv.gz")]:
+        rows.write_bytes(gzip.compress(gzip.decompress(rows.read_bytes()), compresslevel=9))
 
 
 def run_first(folder: Path) -> list[int]:

@@ -523,3 +523,137 @@ def test_a_member_appended_by_another_tool_is_read_by_the_streamed_pass(tmp_path
         assert len(reader) == 101 and reader[100].tolist() == [7, 8, 9]
     with pytest.raises(DTypeError, match="dtype uint32 was given"):
         tokformats.open(npy, dtype="uint32")
+
+
+def _one_member_folder(tmp_path: Path, files: int = 3, documents: int = 3000) -> tuple[Path, np.ndarray]:
+    """A folder of ``files`` dolma files whose rows are one gzip member each (as dolma's and OLMo-core's writers
+    write them: no marked last member), and the documents' lengths."""
+    lengths = np.random.default_rng(5).integers(1, 9, size=documents)
+    total = int(lengths.sum())
+    with tokformats.create(tmp_path / "d", "dolma", vocab_size=1000, max_tokens=total // files + 8) as writer:
+        writer.write_batch(np.arange(total) % 1000, lengths)
+    for npy in sorted((tmp_path / "d").glob("*.npy")):
+        _rewrite_rows(npy, lambda lines: None)
+    assert len(list((tmp_path / "d").glob("*.npy"))) == files
+    return tmp_path / "d", lengths
+
+
+def _streamed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the rows files :func:`scan_rows` streams from now on, in order."""
+    from tokformats.formats import _dolma_rows
+
+    names: list[str] = []
+    scan = _dolma_rows.scan_rows
+
+    def recorded(path: Path, *args: Any) -> Any:
+        names.append(path.name)
+        return scan(path, *args)
+
+    monkeypatch.setattr(_dolma_rows, "scan_rows", recorded)
+    return names
+
+
+def test_golden_single_member_files_told_the_dtype_are_streamed_where_first_used(
+    goldens: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dolma's own files (one gzip member each): the open reads no row; a file's rows are streamed once, for its
+    last row's end (the dtype check) and its count, when it is first used."""
+    facts = _expected(goldens)
+    streamed = _streamed(monkeypatch)
+    with tokformats.open(str(goldens / "dolma" / "part-0-*.npy"), dtype="uint16") as reader:
+        assert streamed == []
+        assert reader[0].tolist() == facts["part-0-00000"]["documents"][0]
+        assert streamed == ["part-0-00000.csv.gz"]
+        documents = facts["part-0-00000"]["documents"] + facts["part-0-00001"]["documents"]
+        assert reader[len(documents) - 1].tolist() == documents[-1]
+        assert len(reader) == len(documents)
+        assert streamed == ["part-0-00000.csv.gz", "part-0-00001.csv.gz"]  # counted by the same pass
+        assert [d.tolist() for d in reader] == documents
+
+
+def test_a_wrong_dtype_told_for_one_member_files_is_refused_before_a_token_is_read(goldens: Path) -> None:
+    """The open of several files told the dtype defers each file's last-row check; every way to a token of the
+    file makes it first. (OLMo-core reads the file as the dtype it is told: other tokens, no error.)"""
+    pattern = str(goldens / "dolma" / "part-0-*.npy")
+    message = r"part-0-00000\.npy: dtype uint8 was given, but part-0-00000\.csv\.gz and the file size say uint16"
+    for read in (lambda r: r[0], lambda r: np.asarray(r.tokens[:3]), lambda r: r.shards[0][:3].tolist(), len):
+        reader = tokformats.open(pattern, dtype="uint8")
+        with pytest.raises(DTypeError, match=message):
+            read(reader)
+        with pytest.raises(DTypeError, match=message):  # and again: never served after the first refusal
+            reader[0]
+    reader = tokformats.open(pattern, dtype="uint8")
+    with pytest.raises(DTypeError, match=message):
+        reader.offsets  # noqa: B018
+    # the glob's second file, read first: its own check
+    reader = tokformats.open(pattern, dtype="uint8")
+    with pytest.raises(DTypeError, match=r"part-0-00001\.npy: dtype uint8 was given"):
+        reader.shards[1][:1].tolist()
+    # what the open still checks: a size that is no whole number of the given dtype's tokens
+    with pytest.raises(SizeMismatchError, match=r"part-0-00001\.npy: 1,070 bytes is not a whole number of uint32"):
+        tokformats.open(pattern, dtype="uint32")
+
+
+def test_one_member_rows_later_files_and_len_read_lazily(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder, lengths = _one_member_folder(tmp_path)
+    ends = np.cumsum(lengths)
+    streamed = _streamed(monkeypatch)
+    with tokformats.open(folder, dtype="uint16") as reader:
+        assert streamed == []
+        assert reader[0].tolist() == list(range(int(lengths[0])))
+        last = len(lengths) - 1
+        assert reader[last].tolist() == [t % 1000 for t in range(int(ends[-2]), int(ends[-1]))]
+        # the middle file's rows were parsed to their end on the way to the last document: its check reads them
+        assert streamed == ["part-0-00000.csv.gz", "part-0-00002.csv.gz"]
+        assert len(reader) == len(lengths)
+        assert streamed == ["part-0-00000.csv.gz", "part-0-00002.csv.gz"]  # counted by the passes made
+        np.testing.assert_array_equal(reader.lengths, lengths)
+        assert reader.problems() == []
+    del streamed[:]
+    with tokformats.open(folder, dtype="uint16") as reader:
+        assert len(reader) == len(lengths)  # each file streamed once: its count and its check
+        assert len(reader[len(lengths) - 1]) == lengths[-1]  # found by bisection, from the counts
+        assert reader[1].tolist() == list(range(int(ends[0]), int(ends[1])))
+    assert streamed == ["part-0-00000.csv.gz", "part-0-00001.csv.gz", "part-0-00002.csv.gz"]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "appended byte", "flipped byte"])
+def test_one_member_rows_damaged_at_the_end_raise_where_reached(tmp_path: Path, damage: str) -> None:
+    """A damaged end of a later file's rows, which the open no longer reads: the library's error naming the file
+    where its rows, tokens or count are used, never a zlib or csv error, never a shorter dataset."""
+    folder, lengths = _one_member_folder(tmp_path)
+    rows = folder / "part-0-00002.csv.gz"
+    packed = bytearray(rows.read_bytes())
+    if damage == "truncated":
+        del packed[-40:]
+    elif damage == "appended byte":
+        packed += b"\x01"
+    else:
+        packed[-12] ^= 0x40  # inside the last deflate block (or its CRC)
+    rows.write_bytes(bytes(packed))
+    reader = tokformats.open(folder, dtype="uint16")
+    assert reader[0].tolist() == list(range(int(lengths[0])))  # the first file is whole
+    for use in (len, lambda r: r[len(lengths) - 1], lambda r: r.offsets, lambda r: r.shards[2][:1]):
+        with pytest.raises(FormatError, match=r"part-0-00002\.csv\.gz"):
+            use(reader)
+    found = tokformats.open(folder, dtype="uint16").problems()
+    assert len(found) == 1 and "part-0-00002.csv.gz" in found[0].message
+
+
+def test_the_streamed_count_skips_blank_lines_as_the_parser_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blank lines (``\\n``, ``\\r\\n``) between rows, at the start and across the counter's steps: the streamed count
+    (what ``len()`` serves) equals the rows the parser reads."""
+    from tokformats.formats import _dolma_rows
+
+    monkeypatch.setattr(_dolma_rows, "_LINES_STEP", 5)  # steps end inside lines and between \r and \n
+    npy = tmp_path / "a.npy"
+    np.arange(9, dtype=np.uint16).tofile(npy)
+    text = b"\r\n0,2,a,,0\r\n\r\n\n2,5,b,,1\n\n5,5,c,,2\r\n5,9,d,,3\r\n\n"
+    dolma.metadata_path(npy).write_bytes(gzip.compress(text))
+    scan = _dolma_rows.scan_rows(dolma.metadata_path(npy))
+    assert (scan.last_end, scan.rows) == (9, 4)
+    with tokformats.open(npy, dtype="uint16") as reader:
+        assert len(reader) == 4
+        assert [d.tolist() for d in reader] == [[0, 1], [2, 3, 4], [], [5, 6, 7, 8]]

@@ -189,12 +189,17 @@ class Reader(PartsReader):
 
     ``document_metadata(i)`` gives the ``id``, ``src`` and ``loc`` dolma recorded for document ``i``.
 
-    Rows are read where they are used: the open reads none when ``dtype`` is given (the last row's end, streamed,
-    when it is inferred); document ``i`` parses its file's rows up to its own; ``len()`` counts rows; ``offsets``
-    parse them all. Each row is checked before it is used.
+    Rows are read where they are used. The open reads each file's last row, which the dtype is checked against:
+    from the file's marked last gzip member (tokformats' writer puts it there), else by streaming the rows (one
+    gzip member, as dolma's and OLMo-core's writers write them); told the dtype, a dataset of several files streams
+    each file's rows when a token of it is first read (or its documents counted, or its offsets used), not at open.
+    Document ``i`` parses its file's rows up to its own; ``len()`` counts rows; ``offsets`` parse them all. Each row
+    is checked before it is used.
     """
 
     format = "dolma"
+    #: Several files are mapped when a token of them is first read, and (told the dtype) checked then.
+    maps_on_use = True
 
     def __init__(
         self,
@@ -219,25 +224,44 @@ class Reader(PartsReader):
         self._fields: dict[int, list[list[str]]] = {}
         # When some files have their rows, every file must: one without would be split another way, or not at all.
         self._rows_expected = remote is None and any(os.path.lexists(metadata_path(f)) for f in files)
-        self._set_parts([self._part(k, file, dtype) for k, file in enumerate(files)])
-        self.shards  # noqa: B018 - map now: what was validated is what is read
+        #: Parts whose last row the open did not read (:meth:`_check_last_row` reads it before they are used).
+        self._unchecked: set[int] = set()
+        defer = dtype is not None and remote is None and len(files) > 1  # each file is then mapped on use
+        self._set_parts([self._part(k, file, dtype, defer) for k, file in enumerate(files)])
+        self.shards  # noqa: B018 - one file mapped now (what was validated is what is read); several: on use
 
-    def _part(self, k: int, file: Path, dtype: npt.DTypeLike | None) -> Part:
-        """Part ``k``: its size and dtype checked against its rows' last end (streamed, not parsed: a given dtype
-        that disagrees with the rows is refused here, before any token is served; all of the rows for a dataset
-        opened by URL); the rows' fields are parsed on first use."""
+    def _part(self, k: int, file: Path, dtype: npt.DTypeLike | None, defer: bool) -> Part:
+        """Part ``k``: its size and dtype checked against its rows' last end (read from the file's marked last
+        member, else streamed, not parsed: a given dtype that disagrees with the rows is refused before any token
+        is served; all of the rows for a dataset opened by URL); the rows' fields are parsed on first use. With
+        ``defer`` (a given dtype, several local files), a file without a marked last member is not streamed here:
+        :meth:`_check_last_row` streams it before a token of it is read, its documents are counted or its offsets
+        used."""
         metadata = metadata_path(file)
         has_rows = os.path.lexists(metadata) or self._rows_expected
         last = scan = None
         if has_rows and self._remote is None:
             # the last row from the file's own last member when it is marked as such (tokformats writes it apart),
-            # else one streamed pass; an unreadable file is an error, not a file without rows
-            scan = tail_scan(metadata) or scan_rows(metadata)
-            last = scan.last_end
-        if has_rows and (self._remote is not None or last is None):
+            # else one streamed pass, now or (defer) where the file is first used; an unreadable file is an error
+            scan = tail_scan(metadata)
+            if scan is None and defer:
+                self._unchecked.add(k)
+            else:
+                scan = scan or scan_rows(metadata)
+                last = scan.last_end
+        if has_rows and k not in self._unchecked and (self._remote is not None or last is None):
             _, ends = read_start_end(metadata)  # rows that are not plain lines (or fetched whole): all of them decide
             last = int(ends[-1]) if len(ends) else 0
         size = self._data_size(file, dtype, last)
+        chosen = self._fitted_dtype(file, dtype, last, size)
+        if has_rows:
+            self._rows[k] = RowStream(metadata, size // chosen.itemsize, scan)
+        return Part(file, 0, size // chosen.itemsize, chosen)
+
+    def _fitted_dtype(self, file: Path, dtype: npt.DTypeLike | None, last: int | None, size: int) -> np.dtype:
+        """The dtype of ``file`` (``size`` bytes) whose rows end at token ``last`` (None: not read yet): the one
+        itemsize that makes ``last`` tokens fill the file, which a given ``dtype`` must be."""
+        metadata = metadata_path(file)
         inferred = None
         if last:
             fits = [d for s, d in _ITEMSIZES.items() if last * s == size]
@@ -250,9 +274,27 @@ class Reader(PartsReader):
         chosen = self._chosen_dtype(file, dtype, inferred, size)
         if size % chosen.itemsize:
             raise SizeMismatchError(f"{file}: {size:,} bytes is not a whole number of {chosen.name} tokens.")
-        if has_rows:
-            self._rows[k] = RowStream(metadata, size // chosen.itemsize, scan)
-        return Part(file, 0, size // chosen.itemsize, chosen)
+        return chosen
+
+    def _check_last_row(self, index: int) -> None:
+        """The check the open deferred for part ``index`` (see :meth:`_part`): its rows streamed once (the same
+        pass counts them for ``len()``), the last row's end checked against the file's size and the given dtype,
+        as the open checks it. Rows that are not plain lines are parsed whole (which checks the last end too)."""
+        if index not in self._unchecked:
+            return
+        part, rows = self._parts[index], self._rows[index]
+        last = None if rows.complete else rows.scan().last_end  # rows parsed to the end already: their last end
+        if last is None:
+            ends = rows.columns()[1]
+            last = int(ends[-1]) if len(ends) else 0
+        self._fitted_dtype(part.path, part.dtype, last, part.tokens * part.dtype.itemsize)
+        self._unchecked.discard(index)
+
+    def _open_part(self, index: int) -> np.ndarray:
+        """Map part ``index`` (several files are mapped when a token of them is first read), its last row checked
+        first when the open did not (:meth:`_check_last_row`)."""
+        self._check_last_row(index)
+        return super()._open_part(index)
 
     @staticmethod
     def _chosen_dtype(file: Path, dtype: npt.DTypeLike | None, inferred: np.dtype | None, size: int) -> np.dtype:
@@ -294,6 +336,7 @@ class Reader(PartsReader):
         rows = self._rows.get(index)
         if rows is None:
             return split_offsets(self.shards[index], eos=self.eos)
+        self._check_last_row(index)
         _, ends = rows.columns()  # every row checked as it was parsed: they tile the file, within its tokens
         return checked_offsets(np.concatenate([[0], ends]), part.tokens, str(rows.path), "end")
 
@@ -307,6 +350,7 @@ class Reader(PartsReader):
     def _part_documents(self, index: int) -> int:
         """Part ``index``'s documents: its rows counted (not parsed), or its documents at ``eos``."""
         rows = self._rows.get(index)
+        self._check_last_row(index)  # the pass that counts the rows finds the last one: checked as at open
         return rows.total() if rows is not None else len(self._offsets_of(index)) - 1
 
     def __getitem__(self, key: Any) -> Any:
