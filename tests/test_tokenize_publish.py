@@ -237,3 +237,52 @@ def test_a_resume_after_the_commit_republishes_the_same_bytes_and_leaves_no_link
     left = sorted(p.name for p in target.parent.iterdir())
     assert left == sorted(published)  # no temporary link left beside the outputs, no work folder
     assert (target.parent / "c_text_document.bin").stat().st_nlink == 1
+
+
+def _hashed_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record the spool files read back and hashed from now on."""
+    read: list[str] = []
+    original = pipeline._spool_hash
+
+    def recording(path: Path, size: int) -> Any:
+        read.append(path.name)
+        return original(path, size)
+
+    monkeypatch.setattr(pipeline, "_spool_hash", recording)
+    return read
+
+
+def test_a_spool_pinned_by_the_final_checkpoint_is_published_without_reading_it_back(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path
+) -> None:
+    corpus = _corpus(tmp_path)
+    copied = _copied(monkeypatch, tmp_path, corpus, tokenizer_path)
+    read = _hashed_reads(monkeypatch)
+    pinned = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "p" / "c", "megatron", progress=False)
+    assert read == []  # the pin held: the ids file was hashed as written, not read again
+    for a, b in zip(_files(pinned), _files(copied)):
+        assert a.read_bytes() == b.read_bytes(), a.name
+
+    # Where the time cannot be set to the nanosecond (no pin), the spool is read back and hashed, as before.
+    def refused(*args: Any, **kwargs: Any) -> None:
+        raise PermissionError(errno.EPERM, "not permitted")
+
+    monkeypatch.setattr(os, "utime", refused)
+    unpinned = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "u" / "c", "megatron", progress=False)
+    assert read == ["text.tokens"]
+    for a, b in zip(_files(unpinned), _files(copied)):
+        assert a.read_bytes() == b.read_bytes(), a.name
+
+
+def test_a_write_right_after_the_pin_changes_the_files_stat(tmp_path: Path) -> None:
+    path = tmp_path / "ids"
+    with open(path, "wb") as handle:
+        handle.write(b"\x01\x00" * 1000)
+        handle.flush()
+        pin = pipeline._pinned(path)
+        assert pin is not None and pipeline._pin_of(os.stat(path)) == pin
+        handle.seek(0)
+        handle.write(b"\x07\x00")  # in place, within the clock's tick: size and inode unchanged
+        handle.flush()
+    found = os.stat(path)
+    assert found.st_size == 2000 and found.st_mtime_ns > pin[3] and pipeline._pin_of(found) != pin

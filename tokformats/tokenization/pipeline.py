@@ -233,6 +233,7 @@ class Spool:
         *,
         masked: bool = False,
         vocab_size: int | None = None,
+        pin: Any = None,
         **older: Any,
     ) -> None:
         #: Every id appended must be below it (checked as it is spooled: a spool published as it is, Megatron's
@@ -314,6 +315,11 @@ class Spool:
             handle.flush()
             os.fsync(handle.fileno())
 
+    def pin(self) -> list[int] | None:
+        """Pin the ids file as written so far (see :func:`_pinned`), once every write has reached the file."""
+        self._tokens.flush()
+        return _pinned(self.tokens_path)
+
     def hashes(self) -> dict[str, str]:
         """SHA-256 of each file up to the counts (recorded in checkpoints, checked on resume and on publishing)."""
         return {suffix: digest.hexdigest() for suffix, digest in self._hashes.items()}
@@ -321,6 +327,27 @@ class Spool:
     def close(self) -> None:
         for handle in self._handles():
             handle.close()
+
+
+def _pin_of(found: os.stat_result) -> list[int]:
+    return [found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns]
+
+
+def _pinned(path: Path) -> list[int] | None:
+    """Mark ``path`` so that any later change shows in its ``stat``, and return that ``stat``'s pin (device,
+    inode, size, modification and change times, in nanoseconds): its modification time is set 1 ns before the
+    last write's, a time no later write is stamped with (a write stamps the clock's time, at or after the last
+    one's, in steps of the file system's granularity), so a write in place changes it even within the clock's
+    tick; a truncation, extension or replacement changes the size or inode. None where the file system does not
+    keep the time set to the nanosecond (the spool is then read back and hashed before it is published)."""
+    found = os.stat(path)
+    mark = found.st_mtime_ns - 1
+    try:
+        os.utime(path, ns=(found.st_atime_ns, mark))
+    except OSError:
+        return None
+    pinned = os.stat(path)
+    return _pin_of(pinned) if pinned.st_mtime_ns == mark and pinned.st_size == found.st_size else None
 
 
 def _lengths_total(path: Path, documents: int) -> int:
@@ -339,7 +366,7 @@ def copy_spool(writer: TokenWriter, folder: Path, name: str, dtype: np.dtype) ->
     """
     import hashlib
 
-    recorded, lengths = _spooled_lengths(folder, name)
+    recorded, lengths, _ = _spooled_lengths(folder, name)
     offsets = offsets_from_lengths(lengths)
     tokens_path, mask_path = folder / f"{name}.tokens", folder / f"{name}.mask"
     tokens_hash, mask_hash = hashlib.sha256(), hashlib.sha256()
@@ -361,9 +388,10 @@ def copy_spool(writer: TokenWriter, folder: Path, name: str, dtype: np.dtype) ->
         _refuse_spool(mask_path)
 
 
-def _spooled_lengths(folder: Path, name: str) -> tuple[dict[str, str], np.ndarray]:
-    """A finished spool's recorded hashes and its document lengths, checked against its checkpoint (their hash,
-    count and total); a spool that differs raises."""
+def _spooled_lengths(folder: Path, name: str) -> tuple[dict[str, str], np.ndarray, Any]:
+    """A finished spool's recorded hashes, its document lengths, checked against its checkpoint (their hash, count
+    and total; a spool that differs raises), and the pin of its ids file that the final checkpoint recorded (None:
+    none; an untrusted value, only compared)."""
     import hashlib
 
     sizes = read_json_object(folder / CHECKPOINT)["spools"][name]
@@ -377,7 +405,7 @@ def _spooled_lengths(folder: Path, name: str) -> tuple[dict[str, str], np.ndarra
         or int(lengths.sum()) != sizes["tokens"]
     ):
         _refuse_spool(folder / f"{name}.lengths")
-    return recorded, lengths
+    return recorded, lengths, sizes.get("pin")
 
 
 def adopt_spool(writer: TokenWriter, folder: Path, name: str, dtype: np.dtype) -> bool:
@@ -386,18 +414,24 @@ def adopt_spool(writer: TokenWriter, folder: Path, name: str, dtype: np.dtype) -
     hard-linked into the commit; its ``.idx`` is built from the spooled lengths), after checking the spool against
     its checkpoint: read once and hashed (a write after the last checkpoint, even in place, is found; the file is
     not written again). False when the writer cannot (another format, a chat spool's masks, no hard links):
-    nothing was written, and :func:`copy_spool` feeds it instead."""
+    nothing was written, and :func:`copy_spool` feeds it instead.
+
+    The read is skipped when the file's ``stat`` still equals the pin the final checkpoint took of it as its ids
+    were written and hashed (:func:`_pinned`): unchanged since that hash."""
     if type(writer).adopt_data_file is TokenWriter.adopt_data_file:  # the format has no flat data file
         return False
-    recorded, lengths = _spooled_lengths(folder, name)
+    recorded, lengths, pin = _spooled_lengths(folder, name)
     tokens_path = folder / f"{name}.tokens"
     if ".mask" in recorded:
         return False
-    digest = _spool_hash(tokens_path, int(lengths.sum()) * dtype.itemsize)
-    if digest is None or digest.hexdigest() != recorded.get(".tokens") or (
-        tokens_path.stat().st_size != int(lengths.sum()) * dtype.itemsize
-    ):
+    size = int(lengths.sum()) * dtype.itemsize
+    found = os.stat(tokens_path)
+    if found.st_size != size:
         _refuse_spool(tokens_path)
+    if pin is None or _pin_of(found) != pin:
+        digest = _spool_hash(tokens_path, size)
+        if digest is None or digest.hexdigest() != recorded.get(".tokens"):
+            _refuse_spool(tokens_path)
     return writer.adopt_data_file(tokens_path, dtype, lengths)
 
 
@@ -608,9 +642,16 @@ class Encoder:
         fall_back: bool = True,
     ) -> None:
         self.reference = TokenizersEngine(tokenizer, tokenizer_hash)  # shares its chat copy across runs
-        self.engine, self.reason = chosen or _gated_engine(tokenizer, engine, tokenizer_hash, chat)
-        if isinstance(self.engine, TokenizersEngine):
-            self.engine = self.reference  # the reference is not checked against itself
+        self._engine: Engine = self.reference
+        self._reason = ""
+        #: The engine's selection while it runs in a thread of its own (None once taken): loading and gating the
+        #: engine (a tenth of a second or more) overlaps the reading of the first batch and the reference's encoding
+        #: of its sample. Its error (an engine asked for that fails the gate) is raised by the first :meth:`encode`.
+        self._selection: Future[tuple[Engine, str]] | None = None
+        if chosen is not None or engine == "tokenizers":
+            self._take(chosen or _gated_engine(tokenizer, engine, tokenizer_hash, chat))
+        else:
+            self._selection = _started(_gated_engine, tokenizer, engine, tokenizer_hash, chat)
         # Under auto, a difference in the run's first batch switches to tokenizers (nothing was written yet). Not in
         # a parallel run (``fall_back=False``): its other partitions encode with the engine at the same time, so
         # any difference stops the run, as it did when the parent gated and named the engine.
@@ -626,6 +667,28 @@ class Encoder:
         self.verifier: Executor | None = None
         self._pending: collections.deque[_Check] = collections.deque()
 
+    def _take(self, chosen: tuple[Engine, str]) -> None:
+        engine, self._reason = chosen
+        # The reference is not checked against itself.
+        self._engine = self.reference if isinstance(engine, TokenizersEngine) else engine
+
+    def _selected(self) -> tuple[Engine, str]:
+        """The engine and why, the selection waited for when it still runs (its error raised here)."""
+        if self._selection is not None:
+            selection, self._selection = self._selection, None
+            self._take(selection.result())
+        return self._engine, self._reason
+
+    @property
+    def engine(self) -> Engine:
+        """The engine that encodes the run."""
+        return self._selected()[0]
+
+    @property
+    def reason(self) -> str:
+        """Why :attr:`engine` encodes the run."""
+        return self._selected()[1]
+
     def encode(
         self, texts: list[str], dtype: np.dtype, where: Any, split_special: bool = False
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -636,10 +699,14 @@ class Encoder:
         checked, and a difference raises before anything past the last checkpoint is committed. Only a comparison
         whose outcome may switch the engine (the first batch under ``auto``) is made at once."""
         chosen, reference = np.zeros(0, np.intp), None
-        if self.engine is not self.reference and texts:
+        # While the selection runs, the sample is chosen and handed to the reference as for a fast engine.
+        if (self._selection is not None or self._engine is not self.reference) and texts:
             chosen = self._sample(texts)
             if len(chosen):
                 reference = self._reference_ids(texts, chosen, split_special)
+        if self.engine is self.reference and reference is not None:  # the selection chose tokenizers itself
+            reference.cancel()
+            reference = None
         flat, lengths = encoded(self.engine, texts, split_special)
         if reference is not None:
             check = _Check.of(texts, chosen, where, reference, flat, lengths)
@@ -720,7 +787,22 @@ class Encoder:
                 f"{message}; nothing wrong was written. Resume with {option('engine', repr('tokenizers'))}: "
                 "the output is the same whichever engine runs."
             )
-        self.engine, self.reason = self.reference, f"{message} on the first batch: tokenizers runs instead"
+        self._engine, self._reason = self.reference, f"{message} on the first batch: tokenizers runs instead"
+
+
+def _started(function: Any, *args: Any) -> Future[Any]:
+    """``function(*args)`` running in a daemon thread of its own: its result, or its error, in the future."""
+    future: Future[Any] = Future()
+
+    def run() -> None:
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(function(*args))
+            except BaseException as error:  # raised by whoever takes the result
+                future.set_exception(error)
+
+    threading.Thread(target=run, name="tokformats-select-engine", daemon=True).start()
+    return future
 
 
 class _Check(NamedTuple):
@@ -866,6 +948,8 @@ class _PartitionRun:
         """Checkpoint: every outstanding check of the engine passed (a difference raises before anything is
         committed), every spool fsynced, then the counts and the position committed in one step."""
         self.encoder.settle()
+        # The final checkpoint pins each ids file as written and hashed: publishing then need not read it back.
+        pins = {stream: spool.pin() for stream, spool in self.spools.items()} if done else {}
         for spool in self.spools.values():
             spool.sync()
         for rows in self.sources.values():
@@ -877,7 +961,12 @@ class _PartitionRun:
                 "plan": asdict(self.plan),
                 "position": list(self.position),
                 "spools": {
-                    _stream_name(*s): {"tokens": sp.num_tokens, "documents": sp.num_documents, "hashes": sp.hashes()}
+                    _stream_name(*s): {
+                        "tokens": sp.num_tokens,
+                        "documents": sp.num_documents,
+                        "hashes": sp.hashes(),
+                        **({"pin": pins[s]} if pins.get(s) else {}),
+                    }
                     for s, sp in self.spools.items()
                 },
                 "stats": {
