@@ -705,9 +705,10 @@ class Encoder:
             if len(chosen):
                 reference = self._reference_ids(texts, chosen, split_special)
         if self.engine is self.reference and reference is not None:  # the selection chose tokenizers itself
-            reference.cancel()
+            flat, lengths = self._reference_batch(texts, chosen, reference, split_special)
             reference = None
-        flat, lengths = encoded(self.engine, texts, split_special)
+        else:
+            flat, lengths = encoded(self.engine, texts, split_special)
         if reference is not None:
             check = _Check.of(texts, chosen, where, reference, flat, lengths)
             if self.verifier is not None and (self.batches or self.explicit):  # a difference raises: compare later
@@ -715,7 +716,7 @@ class Encoder:
             else:
                 self._compare(check)
                 if self.engine is self.reference:  # fell back on the first sample: the reference encodes it all
-                    flat, lengths = self.reference.encode(texts, split_special)
+                    flat, lengths = self._reference_batch(texts, chosen, reference, split_special)
         self.batches += 1
         if flat.dtype.itemsize > dtype.itemsize and len(flat) and flat.max() > np.iinfo(dtype).max:
             k = int(np.searchsorted(np.cumsum(lengths), int(np.argmax(flat > np.iinfo(dtype).max)), side="right"))
@@ -724,6 +725,21 @@ class Encoder:
                 f"{dtype.name}; nothing wrong was written."
             )
         return flat.astype(dtype, copy=False), lengths
+
+    def _reference_batch(
+        self, texts: list[str], chosen: np.ndarray, sample: Future[tuple[np.ndarray, np.ndarray]], split_special: bool
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The reference's ids of the whole batch, taking the ids of its ``sample`` (of the texts ``chosen``) where
+        those are the batch's first texts, as the first sample is, rather than encoding them again."""
+        count = len(chosen)
+        if not count or int(chosen[-1]) != count - 1:
+            sample.cancel()
+            return self.reference.encode(texts, split_special)
+        head, head_lengths = sample.result()
+        if count == len(texts):
+            return head, head_lengths
+        rest, rest_lengths = self.reference.encode(texts[count:], split_special)
+        return np.concatenate([head, rest]), np.concatenate([head_lengths, rest_lengths])
 
     def _sample(self, texts: list[str]) -> np.ndarray:
         """Which documents of this batch to re-encode with tokenizers."""
