@@ -6,8 +6,8 @@ appends ids and document lengths to append-only spool files, one pair per output
 a work folder beside the output (``OUTPUT.tokenize/``); a third thread re-encodes the documents sampled to check a
 faster engine with ``tokenizers`` while the engine goes on (both release the GIL), and every outstanding check is
 compared before a checkpoint commits; the engine itself is loaded and gated in a thread of its own while the first
-batch is read and its sample encoded by ``tokenizers``. Every few seconds the spools are fsynced and a checkpoint records how far each
-input was consumed and how long each spool is. *Writing*: each stream's spool is fed to the
+batch is read and its sample encoded by ``tokenizers``. Every few seconds the spools are fsynced and a checkpoint
+records how far each input was consumed and how long each spool is. *Writing*: each stream's spool is fed to the
 format's writer, whose files appear atomically (Megatron's ``.bin`` is the spool itself, not read back when the
 final checkpoint's pin of it still holds); then the work folder is removed.
 
