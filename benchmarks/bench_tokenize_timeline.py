@@ -12,7 +12,9 @@ functions are wrapped in the child; they are private and may move):
   the reader (``queue.get``); the set-up (tokenizer load, ``Encoder``: the gate) and the publish;
 - the reader thread: the time it was blocked on a full queue (``put``): the parse is the bottleneck only if this is
   near zero;
-- the reference's encodes, in whichever thread.
+- the reference's encodes, and the engine's selection (``_gated_engine``: loading and gating it), in whichever
+  thread; ``gate (Encoder)`` is what the main thread spends building the ``Encoder`` (the selection itself before
+  it ran in a thread of its own).
 
 Prints each run, then min/median/max per side; the two sides' ``.bin``/``.idx`` must be byte-identical.
 """
@@ -62,6 +64,7 @@ for owner, name, label in [
     (engines.FastokensEngine, "encode", "fastokens"), (engines.TokenizersEngine, "encode", "reference encodes"),
     (pipeline.Encoder, "_check", "check in line"), (pipeline.Encoder, "_compare", "check compared (waits included)"),
     (pipeline, "_add_eos", "end-of-document ids"), (pipeline._PartitionRun, "_spool", "spooling"),
+    (pipeline, "_gated_engine", "engine selection (any thread)"),
 ]:
     if hasattr(owner, name):
         setattr(owner, name, timed(label, getattr(owner, name)))
@@ -75,8 +78,9 @@ cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
 print(json.dumps({"wall": wall, "cpu": cpu, **spent, "file": tokformats.__file__}))
 """
 
-SHOWN = ["wall", "cpu", "encode phase", "fastokens", "check in line", "check compared (waits included)",
-         "reference encodes", "main waiting for the reader", "reader blocked on a full queue", "publish"]  # fmt: skip
+SHOWN = ["wall", "cpu", "gate (Encoder)", "engine selection (any thread)", "encode phase", "fastokens",
+         "check in line", "check compared (waits included)", "reference encodes", "main waiting for the reader",
+         "reader blocked on a full queue", "publish"]  # fmt: skip
 
 
 def main() -> None:

@@ -50,7 +50,7 @@ def test_a_pin_moves_with_every_write_but_not_with_reads(tmp_path: Path) -> None
     path = tmp_path / "spool.tokens"
     path.write_bytes(bytes(range(256)) * 64)
     pin = pin_file(path)
-    assert pin is not None and pin[1] == 16384
+    assert pin is not None and pin[2] == 16384
     with open(path, "rb") as handle:
         assert pinned(handle.fileno(), pin)
         assert handle.read() == bytes(range(256)) * 64  # reading leaves it pinned
@@ -70,7 +70,7 @@ def test_a_pin_moves_with_every_write_but_not_with_reads(tmp_path: Path) -> None
     os.replace(other, path)  # the same bytes in another file
     with open(path, "rb") as handle:
         assert not pinned(handle.fileno(), pin)
-        for wrong in (None, "pin", [1, 2, 3], [1, 2, 3, 4.0], [*pin[:3], True]):
+        for wrong in (None, "pin", [1, 2, 3, 4], [1, 2, 3, 4, 5.0], [*pin[:4], True]):
             assert not pinned(handle.fileno(), wrong)
 
 
@@ -142,7 +142,7 @@ def test_a_resumed_done_partition_is_pinned_anew_and_joined_by_the_kernel(
             _run(corpus, tokenizer_path, tmp_path / "o", pool, partitions=3)
     done = tmp_path / "o.tokenize" / "part-0000"
     checkpoint = json.loads((done / "checkpoint.json").read_text())
-    assert checkpoint["done"] and len(checkpoint["spools"]["text"]["pin"]) == 4
+    assert checkpoint["done"] and len(checkpoint["spools"]["text"]["pin"]) == 5
     os.utime(done / "text.tokens")  # the pin moves (as a backup's restore moves it); the bytes do not
     fed = _recorded(monkeypatch, "copy_spool")
     with ThreadPoolExecutor(2) as pool:

@@ -199,3 +199,92 @@ def test_outstanding_checks_are_bounded_by_their_text_and_all_compared_by_settle
         else:
             with pytest.raises(EngineMismatchError, match=r"for doc 50 \('doc 250: "):
                 encoder.settle()
+
+
+def test_the_engine_is_selected_in_a_thread_while_the_reference_encodes_the_first_sample(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path
+) -> None:
+    corpus = tmp_path / "numbered.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in _numbered(300)))
+    reference = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "ref", "megatron", engine="tokenizers",
+                                    progress=False)  # fmt: skip
+    sampled = threading.Event()
+    original = TokenizersEngine.encode
+
+    def encode(self: TokenizersEngine, texts: list[str], split_special: bool = False) -> Any:
+        sampled.set()
+        return original(self, texts, split_special)
+
+    monkeypatch.setattr(TokenizersEngine, "encode", encode)
+    selected_in: list[str] = []
+
+    def choose(tokenizer: Any, engine: str = "auto", **gate: Any) -> tuple[Engine, str]:
+        selected_in.append(threading.current_thread().name)
+        if not sampled.wait(60):  # the first batch's sample reaches the reference before the selection ends
+            raise TimeoutError("the reference was not given the first sample while the engine was selected")
+        return _Wrong(tokenizer, set()), "a test engine"
+
+    monkeypatch.setattr(pipeline, "select_engine", choose)
+    summary = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "run", "megatron", progress=False)
+    assert selected_in == ["tokformats-select-engine"]
+    assert summary["engine"] == "wrong-late" and summary["engine_reason"] == "a test engine"
+    for suffix in (".bin", ".idx"):
+        ran, want = (Path(s["outputs"]["text"]["path"] + suffix) for s in (summary, reference))
+        assert ran.read_bytes() == want.read_bytes()
+
+    def refusing(tokenizer: Any, engine: str = "auto", **gate: Any) -> tuple[Engine, str]:
+        raise pipeline.ConfigError("engine 'fastokens' refuses this tokenizer: a test")
+
+    monkeypatch.setattr(pipeline, "select_engine", refusing)
+    with pytest.raises(pipeline.ConfigError, match="refuses this tokenizer: a test"):
+        tokformats.tokenize(corpus, tokenizer_path, tmp_path / "refused", "megatron", engine="fastokens",
+                            progress=False)  # fmt: skip
+    assert not list(tmp_path.glob("refused*.bin"))
+
+
+class _FirstWrong(Engine):
+    """tokenizers' ids (from the tokenizer itself, not through the reference engine), one changed in document 0."""
+
+    name = "first-wrong"
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def encode(self, texts: list[str], split_special: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        ids = [e.ids for e in self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+        lengths = np.array([len(i) for i in ids], dtype=np.int64)
+        flat = np.array([t for i in ids for t in i], dtype=np.uint32)
+        if texts and texts[0].startswith("doc 0:"):
+            flat[0] += 1
+        return flat, lengths
+
+
+@pytest.mark.parametrize("selected", ["tokenizers", "first-wrong"])
+def test_the_first_sample_is_encoded_once_when_tokenizers_encodes_the_batch(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path, selected: str
+) -> None:
+    texts = _numbered(1000)  # about 1.4 MB: the first batch (1 MiB) is the first sample and the document after it
+    corpus = tmp_path / "numbered.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    reference = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "ref", "megatron", engine="tokenizers",
+                                    progress=False)  # fmt: skip
+    encoded: list[int] = []
+    original = TokenizersEngine.encode
+
+    def encode(self: TokenizersEngine, batch: list[str], split_special: bool = False) -> Any:
+        encoded.extend(_number(t) for t in batch)
+        return original(self, batch, split_special)
+
+    def choose(tokenizer: Any, engine: str = "auto", **gate: Any) -> tuple[Engine, str]:
+        if selected == "tokenizers":  # the selection found no engine that passes: tokenizers encodes the run
+            return TokenizersEngine(tokenizer), "no fast engine (a test)"
+        return _FirstWrong(tokenizer), "a test engine"  # differs in the first sample: auto falls back
+
+    monkeypatch.setattr(pipeline, "select_engine", choose)
+    monkeypatch.setattr(TokenizersEngine, "encode", encode)
+    summary = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "run", "megatron", progress=False)
+    assert summary["engine"] == "tokenizers"
+    assert sorted(encoded) == list(range(1000))  # each document once: the sample's ids were taken, not redone
+    for suffix in (".bin", ".idx"):
+        got, want = (Path(s["outputs"]["text"]["path"] + suffix) for s in (summary, reference))
+        assert got.read_bytes() == want.read_bytes()

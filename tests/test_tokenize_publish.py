@@ -19,6 +19,7 @@ import pytest
 import tokformats
 from tokformats.errors import FormatError
 from tokformats.formats import megatron
+from tokformats.fs.pins import pin_file
 from tokformats.tokenization import pipeline
 from tokformats.tokenization.engines import Engine, EngineMismatchError
 from tokformats.tokenization.sample_text import sample_texts
@@ -238,3 +239,47 @@ def test_a_resume_after_the_commit_republishes_the_same_bytes_and_leaves_no_link
     left = sorted(p.name for p in target.parent.iterdir())
     assert left == sorted(published)  # no temporary link left beside the outputs, no work folder
     assert (target.parent / "c_text_document.bin").stat().st_nlink == 1
+
+
+def _hashed_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record the spool files read back and hashed from now on."""
+    read: list[str] = []
+    original = pipeline._hashed
+
+    def recording(handle: Any, size: int) -> Any:
+        read.append(Path(handle.name).name)
+        return original(handle, size)
+
+    monkeypatch.setattr(pipeline, "_hashed", recording)
+    return read
+
+
+def test_a_spool_pinned_by_the_final_checkpoint_is_published_without_reading_it_back(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path
+) -> None:
+    _skip_without_nanosecond_times(tmp_path)
+    corpus = _corpus(tmp_path)
+    copied = _copied(monkeypatch, tmp_path, corpus, tokenizer_path)
+    read = _hashed_reads(monkeypatch)
+    pinned = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "p" / "c", "megatron", progress=False)
+    assert read == []  # the pin held: the ids file was hashed as written, not read again
+    for a, b in zip(_files(pinned), _files(copied)):
+        assert a.read_bytes() == b.read_bytes(), a.name
+
+    # Where the time cannot be set to the nanosecond (no pin), the spool is read back and hashed, as before.
+    def refused(*args: Any, **kwargs: Any) -> None:
+        raise PermissionError(errno.EPERM, "not permitted")
+
+    monkeypatch.setattr(os, "utime", refused)
+    unpinned = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "u" / "c", "megatron", progress=False)
+    assert read == ["text.tokens"]
+    for a, b in zip(_files(unpinned), _files(copied)):
+        assert a.read_bytes() == b.read_bytes(), a.name
+
+
+def _skip_without_nanosecond_times(folder: Path) -> None:
+    probe = folder / "probe"
+    probe.write_bytes(b"x")
+    if pin_file(probe) is None:
+        pytest.skip(f"the file system of {folder} does not keep a time set to the nanosecond: nothing is pinned")
+

@@ -7,8 +7,9 @@ checkpoint). Reading a finished spool back only to hash it again costs a second 
 A pin replaces that second pass when nothing touched the file:
 
 - :func:`pin_file`, by the writer right after its last write and ``fsync``: the file's modification time is set
-  one nanosecond back from the one the kernel gave its last write, and the pin is ``[inode, size, mtime, ctime]``
-  as ``stat`` then reports them;
+  one nanosecond back from the one the kernel gave its last write, and the pin is
+  ``[device, inode, size, mtime, ctime]`` as ``stat`` then reports them (no pin where the file system rounds the
+  time set);
 - :func:`pinned`, by the reader, on the descriptor it copies from, before and after the copy: equal, or not.
 
 Why a write after the pin is seen: ``write``, ``truncate`` and ``mmap`` stores (at their first fault on a page
@@ -32,24 +33,30 @@ __all__ = ["pin_file", "pinned"]
 
 
 def _pin_of(info: os.stat_result) -> list[int]:
-    return [info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
+    return [info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
 
 
 def pin_file(path: Path) -> list[int] | None:
     """Pin the finished file ``path`` (its writer has written and fsynced every byte): its modification time is set
-    one nanosecond back, and ``[inode, size, mtime, ctime]`` returned, to be recorded with the file's hash. None
-    where the time cannot be set (the reader then hashes the file)."""
+    one nanosecond back, and ``[device, inode, size, mtime, ctime]`` returned, to be recorded with the file's hash.
+    None where the time cannot be set to the nanosecond (the reader then hashes the file)."""
     try:
         info = os.stat(path)
-        os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns - 1))
-        return _pin_of(os.stat(path))
+        mark = info.st_mtime_ns - 1
+        os.utime(path, ns=(info.st_atime_ns, mark))
+        pinned_info = os.stat(path)
     except OSError:
         return None
+    # A file system that rounds the time set (FAT's 2 s, ext3's 1 s) could stamp a later write with that same
+    # rounded time: no pin there.
+    if pinned_info.st_mtime_ns != mark or pinned_info.st_size != info.st_size:
+        return None
+    return _pin_of(pinned_info)
 
 
 def pinned(fd: int, pin: object) -> bool:
     """Whether the open file ``fd`` is still the file that ``pin`` (from :func:`pin_file`, read back from a
     checkpoint: anything) was taken of, untouched since."""
-    if not isinstance(pin, list) or len(pin) != 4 or not all(type(v) is int for v in pin):
+    if not isinstance(pin, list) or len(pin) != 5 or not all(type(v) is int for v in pin):
         return False
     return _pin_of(os.fstat(fd)) == pin

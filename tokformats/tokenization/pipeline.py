@@ -5,9 +5,11 @@ main thread encodes them with ``Tokenizer.encode_batch_fast`` (which releases th
 appends ids and document lengths to append-only spool files, one pair per output stream (text key x split), in
 a work folder beside the output (``OUTPUT.tokenize/``); a third thread re-encodes the documents sampled to check a
 faster engine with ``tokenizers`` while the engine goes on (both release the GIL), and every outstanding check is
-compared before a checkpoint commits. Every few seconds the spools are fsynced and a checkpoint records how far each
-input was consumed and how long each spool is. *Writing*: each stream's spool is fed to the
-format's writer, whose files appear atomically; then the work folder is removed.
+compared before a checkpoint commits; the engine itself is loaded and gated in a thread of its own while the first
+batch is read and its sample encoded by ``tokenizers``. Every few seconds the spools are fsynced and a checkpoint
+records how far each input was consumed and how long each spool is. *Writing*: each stream's spool is fed to the
+format's writer, whose files appear atomically (Megatron's ``.bin`` is the spool itself, not read back when the
+final checkpoint's pin of it still holds); then the work folder is removed.
 
 A run killed at any point resumes with ``resume=True``: spools are cut back to the checkpoint and reading
 restarts after the last checkpointed record, so the final files are byte-identical to an uninterrupted run.
@@ -662,9 +664,16 @@ class Encoder:
         fall_back: bool = True,
     ) -> None:
         self.reference = TokenizersEngine(tokenizer, tokenizer_hash)  # shares its chat copy across runs
-        self.engine, self.reason = chosen or _gated_engine(tokenizer, engine, tokenizer_hash, chat)
-        if isinstance(self.engine, TokenizersEngine):
-            self.engine = self.reference  # the reference is not checked against itself
+        self._engine: Engine = self.reference
+        self._reason = ""
+        #: The engine's selection while it runs in a thread of its own (None once taken): loading and gating the
+        #: engine (a tenth of a second or more) overlaps the reading of the first batch and the reference's encoding
+        #: of its sample. Its error (an engine asked for that fails the gate) is raised by the first :meth:`encode`.
+        self._selection: Future[tuple[Engine, str]] | None = None
+        if chosen is not None or engine == "tokenizers":
+            self._take(chosen or _gated_engine(tokenizer, engine, tokenizer_hash, chat))
+        else:
+            self._selection = _started(_gated_engine, tokenizer, engine, tokenizer_hash, chat)
         # Under auto, a difference in the run's first batch switches to tokenizers (nothing was written yet). Not in
         # a parallel run (``fall_back=False``): its other partitions encode with the engine at the same time, so
         # any difference stops the run, as it did when the parent gated and named the engine.
@@ -680,6 +689,28 @@ class Encoder:
         self.verifier: Executor | None = None
         self._pending: collections.deque[_Check] = collections.deque()
 
+    def _take(self, chosen: tuple[Engine, str]) -> None:
+        engine, self._reason = chosen
+        # The reference is not checked against itself.
+        self._engine = self.reference if isinstance(engine, TokenizersEngine) else engine
+
+    def _selected(self) -> tuple[Engine, str]:
+        """The engine and why, the selection waited for when it still runs (its error raised here)."""
+        if self._selection is not None:
+            selection, self._selection = self._selection, None
+            self._take(selection.result())
+        return self._engine, self._reason
+
+    @property
+    def engine(self) -> Engine:
+        """The engine that encodes the run."""
+        return self._selected()[0]
+
+    @property
+    def reason(self) -> str:
+        """Why :attr:`engine` encodes the run."""
+        return self._selected()[1]
+
     def encode(
         self, texts: list[str], dtype: np.dtype, where: Any, split_special: bool = False
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -690,11 +721,16 @@ class Encoder:
         checked, and a difference raises before anything past the last checkpoint is committed. Only a comparison
         whose outcome may switch the engine (the first batch under ``auto``) is made at once."""
         chosen, reference = np.zeros(0, np.intp), None
-        if self.engine is not self.reference and texts:
+        # While the selection runs, the sample is chosen and handed to the reference as for a fast engine.
+        if (self._selection is not None or self._engine is not self.reference) and texts:
             chosen = self._sample(texts)
             if len(chosen):
                 reference = self._reference_ids(texts, chosen, split_special)
-        flat, lengths = encoded(self.engine, texts, split_special)
+        if self.engine is self.reference and reference is not None:  # the selection chose tokenizers itself
+            flat, lengths = self._reference_batch(texts, chosen, reference, split_special)
+            reference = None
+        else:
+            flat, lengths = encoded(self.engine, texts, split_special)
         if reference is not None:
             check = _Check.of(texts, chosen, where, reference, flat, lengths)
             if self.verifier is not None and (self.batches or self.explicit):  # a difference raises: compare later
@@ -702,7 +738,7 @@ class Encoder:
             else:
                 self._compare(check)
                 if self.engine is self.reference:  # fell back on the first sample: the reference encodes it all
-                    flat, lengths = self.reference.encode(texts, split_special)
+                    flat, lengths = self._reference_batch(texts, chosen, reference, split_special)
         self.batches += 1
         if flat.dtype.itemsize > dtype.itemsize and len(flat) and flat.max() > np.iinfo(dtype).max:
             k = int(np.searchsorted(np.cumsum(lengths), int(np.argmax(flat > np.iinfo(dtype).max)), side="right"))
@@ -711,6 +747,21 @@ class Encoder:
                 f"{dtype.name}; nothing wrong was written."
             )
         return flat.astype(dtype, copy=False), lengths
+
+    def _reference_batch(
+        self, texts: list[str], chosen: np.ndarray, sample: Future[tuple[np.ndarray, np.ndarray]], split_special: bool
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The reference's ids of the whole batch, taking the ids of its ``sample`` (of the texts ``chosen``) where
+        those are the batch's first texts, as the first sample is, rather than encoding them again."""
+        count = len(chosen)
+        if not count or int(chosen[-1]) != count - 1:
+            sample.cancel()
+            return self.reference.encode(texts, split_special)
+        head, head_lengths = sample.result()
+        if count == len(texts):
+            return head, head_lengths
+        rest, rest_lengths = self.reference.encode(texts[count:], split_special)
+        return np.concatenate([head, rest]), np.concatenate([head_lengths, rest_lengths])
 
     def _sample(self, texts: list[str]) -> np.ndarray:
         """Which documents of this batch to re-encode with tokenizers."""
@@ -774,7 +825,22 @@ class Encoder:
                 f"{message}; nothing wrong was written. Resume with {option('engine', repr('tokenizers'))}: "
                 "the output is the same whichever engine runs."
             )
-        self.engine, self.reason = self.reference, f"{message} on the first batch: tokenizers runs instead"
+        self._engine, self._reason = self.reference, f"{message} on the first batch: tokenizers runs instead"
+
+
+def _started(function: Any, *args: Any) -> Future[Any]:
+    """``function(*args)`` running in a daemon thread of its own: its result, or its error, in the future."""
+    future: Future[Any] = Future()
+
+    def run() -> None:
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(function(*args))
+            except BaseException as error:  # raised by whoever takes the result
+                future.set_exception(error)
+
+    threading.Thread(target=run, name="tokformats-select-engine", daemon=True).start()
+    return future
 
 
 class _Check(NamedTuple):

@@ -269,7 +269,7 @@ def _file_records(
                 at, offset = offset, offset + len(line)
                 if number <= skip:
                     continue
-                if not line.strip():
+                if line.isspace():  # not line.strip(): that copies every line (a line read is never empty)
                     yield Record(input_index, number, None, None)  # blank line: nothing, but keeps positions
                     continue
                 try:
