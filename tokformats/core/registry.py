@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 from ..errors import NoFilesError, UnknownFormatError
 from ..fs.paths import expand_path_texts, read_head
-from .format_module import Capability, Detectable, FormatModule, HintsWhenUndetected, Writable, capability
+from .format_module import Capability, Detectable, HintsWhenUndetected, Writable, capability
 from .provenance import SUFFIX as PROVENANCE_SUFFIX
 
 __all__ = [
@@ -78,11 +78,14 @@ class FormatDescriptor(NamedTuple):
     @property
     def reader(self) -> type:
         """The format's Reader class."""
-        module = self.load()
-        if not isinstance(module, FormatModule):
+        module = sys.modules.get(self.module) or self.load()
+        # FormatModule's members, looked up directly: a runtime Protocol isinstance costs more than the open it
+        # precedes (``typing`` walks the protocol's attributes on every call).
+        reader = getattr(module, "Reader", None)
+        if reader is None or not hasattr(module, "DESCRIPTOR"):
             raise UnknownFormatError(f"{self.module} (format {self.name!r}) has no Reader or no DESCRIPTOR.")
-        reader: type = module.Reader
-        return reader
+        found: type = reader
+        return found
 
     @property
     def writer(self) -> type | None:

@@ -68,7 +68,7 @@ def names_checked(path: Any) -> Iterator[None]:
         ) from None
 
 
-_GLOB_CHARS = set("*?[")
+_GLOB_CHAR = re.compile(r"[*?\[]")
 #: The URL schemes ``open`` fetches through :mod:`tokformats.remote`.
 URL_SCHEMES = ("http", "https", "s3", "gs", "gcs", "hf")
 
@@ -117,7 +117,7 @@ def scrub_secrets(text: str, url: str) -> str:
 def is_pattern(text: str) -> bool:
     """Whether ``text`` is a glob pattern rather than a path: it holds ``*``, ``?`` or ``[`` and nothing exists under
     that exact name (a file may be called ``a[1].bin``). The one rule every path argument follows."""
-    return bool(_GLOB_CHARS & set(text)) and not os.path.exists(text)
+    return _GLOB_CHAR.search(text) is not None and not os.path.exists(text)
 
 
 class _Listing:
