@@ -73,15 +73,13 @@ class FormatDescriptor(NamedTuple):
     def capability(self, kind: type[Capability]) -> Capability | None:
         """The format's module as ``kind`` (a protocol of :mod:`tokformats.core.format_module`, such as ``Merges``)
         when it has every member of it, else None."""
-        return capability(self.load(), kind)
+        return capability(sys.modules.get(self.module) or self.load(), kind)
 
     @property
     def reader(self) -> type:
         """The format's Reader class."""
         module = sys.modules.get(self.module) or self.load()
-        # FormatModule's members, looked up directly: a runtime Protocol isinstance costs more than the open it
-        # precedes (``typing`` walks the protocol's attributes on every call).
-        reader = getattr(module, "Reader", None)
+        reader = getattr(module, "Reader", None)  # FormatModule's two members, looked up directly on every open
         if reader is None or not hasattr(module, "DESCRIPTOR"):
             raise UnknownFormatError(f"{self.module} (format {self.name!r}) has no Reader or no DESCRIPTOR.")
         found: type = reader

@@ -75,14 +75,11 @@ HEADER_BYTES = HEADER_INTS * 4
 MAX_SHARD_BYTES = 1 << 31
 
 
-class Family(NamedTuple):
-    """A model family's shard flavour: its magic, version, token dtype and document delimiter."""
-
-    name: str
-    magic: int
-    version: int
-    dtype: np.dtype
-    delimiter: int
+# The functional form with the types as objects (``typing`` compiles a class form's string annotations one by one).
+Family = NamedTuple(  # noqa: UP014 - see above
+    "Family", [("name", str), ("magic", int), ("version", int), ("dtype", np.dtype), ("delimiter", int)]
+)
+Family.__doc__ = "A model family's shard flavour: its magic, version, token dtype and document delimiter."
 
 
 GPT2 = Family("gpt2", 20240520, 1, np.dtype("<u2"), 50256)
