@@ -221,7 +221,7 @@ def _is_shard(path: Path | Probe) -> bool:
     head = (path if isinstance(path, Probe) else Probe(path)).head(8)
     if len(head) < 8:
         return False
-    magic, version = (int(v) for v in np.frombuffer(head, dtype="<i4"))
+    magic, version = int.from_bytes(head[:4], "little", signed=True), int.from_bytes(head[4:8], "little", signed=True)
     family = FAMILIES.get(magic)
     return family is not None and family.version == version
 
