@@ -364,7 +364,7 @@ class Reader(TokenReader):
         path = self.idx_path
         itemsize = self._dtype.itemsize
         bin_size = self._pinned_size(self.bin_path) if self._remote is None else self._remote.size(self.bin_path)
-        first_pointer = self._index[1].item(0) if count else 0  # the index map made here, read single pages
+        first_pointer = self._index[1].item(0) if count else 0  # the map made at open, read single pages
         if first_pointer != 0:
             raise SizeMismatchError(
                 f"{path}: the first sequence must start at byte 0; sequence_pointers[0] is {first_pointer}."
