@@ -276,6 +276,27 @@ def test_detector_table_agrees_with_the_format_modules() -> None:
     assert detectors.SEQUENCE_ENDINGS == sequences.SUFFIXES
 
 
+def test_capabilities_are_found_as_a_runtime_protocol_check_finds_them() -> None:
+    import importlib
+    import pkgutil
+    import types
+
+    from tokformats.core import format_module
+
+    kinds = [format_module.FormatModule, *format_module.CAPABILITIES]
+    import tokformats.formats as package
+
+    modules = [importlib.import_module(f"{package.__name__}.{m.name}") for m in pkgutil.iter_modules(package.__path__)]
+    stand_in = types.ModuleType("stand_in")
+    stand_in.detect = None  # a method member that is None does not count
+    stand_in.REMOTE_INDEX = ("index.json",)  # a data member without its method: not RemoteIndex
+    stand_in.Writer = object
+    found = {(m.__name__, k.__name__): format_module.capability(m, k) is m for m in [*modules, stand_in] for k in kinds}
+    assert found == {(m.__name__, k.__name__): isinstance(m, k) for m in [*modules, stand_in] for k in kinds}
+    assert found[("tokformats.formats.megatron", "Merges")] and not found[("stand_in", "Detectable")]
+    assert found[("stand_in", "Writable")] and not found[("stand_in", "RemoteIndex")]
+
+
 DETECT_IN_A_FRESH_PROCESS = """
 import sys
 import tokformats

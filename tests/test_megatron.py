@@ -335,6 +335,34 @@ def test_missing_bin(tmp_path: Path) -> None:
         tokformats.open(prefix, format="megatron")
 
 
+@pytest.mark.parametrize("which", [".bin", ".idx"])
+def test_a_file_that_is_no_regular_file_is_refused_without_blocking(tmp_path: Path, which: str) -> None:
+    import os
+
+    prefix, _ = build(tmp_path)
+    odd = Path(f"{prefix}{which}")
+    odd.unlink()
+    os.mkfifo(odd)  # opened without O_NONBLOCK, a FIFO with no writer would hang the open
+    with pytest.raises(tokformats.NoFilesError, match=f"{odd.name} does not exist; a Megatron dataset needs both"):
+        tokformats.open(prefix, format="megatron")
+    odd.unlink()
+    odd.mkdir()
+    with pytest.raises(tokformats.NoFilesError, match=f"{odd.name} does not exist; a Megatron dataset needs both"):
+        tokformats.open(prefix, format="megatron")
+
+
+def test_the_pins_come_from_the_descriptors_mapped_at_open(tmp_path: Path) -> None:
+    import os
+
+    prefix, _ = build(tmp_path)
+    with tokformats.open(prefix, format="megatron") as reader:
+        for path in (Path(f"{prefix}.idx"), Path(f"{prefix}.bin")):
+            info = os.stat(path)
+            assert reader._files._pins[path] == (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+        assert reader.tokens.filename == os.path.abspath(f"{prefix}.bin")
+        assert reader.tokens.dtype == reader.dtype and len(reader.tokens) == reader.num_tokens
+
+
 # -- interoperability with megatron-core ---------------------------------------------------------
 
 

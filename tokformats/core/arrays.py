@@ -9,8 +9,10 @@ like a NumPy array: a slice inside one part is a zero-copy view, a slice across 
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import os
+import stat
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -44,25 +46,38 @@ def map_file(
     dtype: npt.DTypeLike,
     offset: int = 0,
     count: int | None = None,
+    *,
+    opened: Callable[[os.stat_result], None] | None = None,
 ) -> np.ndarray:
     """Map ``count`` elements of ``dtype`` from ``path`` starting at byte ``offset``, read-only.
 
     ``count=None`` maps everything from ``offset`` to the end of the file. The result is an ``np.memmap`` built
     directly over an ``mmap`` (``np.memmap()`` itself spends more on path handling than the map costs), unmapped
     once no array views it. A zero-length result is a plain empty array, because zero bytes cannot be mapped.
+    ``opened`` is called with the ``fstat`` of the descriptor that is mapped, before the map is made (a pin checked or
+    taken there concerns the very file mapped, with no ``stat`` of the path beside it); it may raise.
     """
     dt = np.dtype(dtype)
     if dt.kind not in "iuf" or dt.fields is not None:  # never map bytes as Python objects: that crashes
         raise TypeError(f"refusing to map {path} as {dt}: only integer and floating dtypes are mapped")
-    with open(path, "rb") as handle:
-        size = os.fstat(handle.fileno()).st_size
+    # O_NONBLOCK: opening a FIFO returns at once (its fstat then says what it is) instead of waiting for a writer.
+    descriptor = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        info = os.fstat(descriptor)
+        if opened is not None:
+            opened(info)
+        if stat.S_ISDIR(info.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path))
+        size = info.st_size
         if count is None:
             count = (size - offset) // dt.itemsize
         if count == 0:
             return np.empty(0, dtype=dt)
         if offset < 0 or offset + count * dt.itemsize > size:
             raise ValueError(f"mmap length is greater than file size: {offset + count * dt.itemsize} > {size}")
-        mapped = mmap.mmap(handle.fileno(), offset + count * dt.itemsize, access=mmap.ACCESS_READ)
+        mapped = mmap.mmap(descriptor, offset + count * dt.itemsize, access=mmap.ACCESS_READ)
+    finally:
+        os.close(descriptor)
     array = np.frombuffer(mapped, dtype=dt, count=count, offset=offset).view(np.memmap)
     array.filename, array.offset, array.mode = os.path.abspath(path), offset, "r"
     setattr(array, "_mmap", mapped)  # noqa: B010 - what np.memmap keeps (not in NumPy's type stubs)

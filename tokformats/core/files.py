@@ -13,6 +13,7 @@ Formats never ask where their bytes come from: they call the reader's ``_map``, 
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import FormatError, SizeMismatchError
+from ..errors import FormatError, NoFilesError, SizeMismatchError
 from .arrays import LazyArray, map_file
 
 __all__ = ["LazyFiles", "DatasetFiles", "Pin"]
@@ -79,6 +80,11 @@ def _identity(path: Path) -> Pin:
     return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
 
+def _key(path: Path | str) -> Path:
+    """``path`` as the pins' key (a ``Path`` is used as given: building one again parses it again)."""
+    return path if isinstance(path, Path) else Path(path)
+
+
 class DatasetFiles:
     """A reader's access to its files: pins, read-only maps of pinned files, and, for a dataset opened by URL
     (``remote``), fetching on first use and headers read by range.
@@ -102,38 +108,66 @@ class DatasetFiles:
         """Remember what ``paths`` are now: the files this open validated. :meth:`map` refuses to map one that has
         changed since, so a dataset replaced on disk after ``open`` is never read with the old index."""
         for path in paths:
-            self._pins[Path(path)] = _identity(Path(path))
+            self._pins[_key(path)] = _identity(path)
 
     def pin_as(self, path: Path, identity: Pin) -> None:
         """Pin ``path`` as ``identity`` (device, inode, size, modification time), taken by a ``stat`` made at open
         (a glob of many shards is stat'ed in one pass and pinned as each shard is first mapped)."""
-        self._pins[Path(path)] = identity
+        self._pins[_key(path)] = identity
 
     def pinned_size(self, path: Path) -> int:
         """The size in bytes pinned ``path`` had when it was pinned."""
-        return self._pins[Path(path)][2]
+        return self._pins[_key(path)][2]
 
     def is_pinned(self, path: Path) -> bool:
         """Whether ``path`` was pinned (validated at open, or fetched)."""
-        return Path(path) in self._pins
+        return _key(path) in self._pins
 
     def check_pin(self, path: Path) -> None:
         """Raise if pinned ``path`` is no longer the file that was opened."""
-        pinned = self._pins.get(Path(path))
-        if pinned is not None and _identity(Path(path)) != pinned:
-            raise FormatError(
-                f"{path} changed on disk since this {self._format} reader opened it (replaced, truncated or "
-                "rewritten); open the dataset again."
-            )
+        pinned = self._pins.get(_key(path))
+        if pinned is not None and _identity(path) != pinned:
+            raise self._changed(path)
 
-    def map(self, path: Path, dtype: np.dtype, offset: int = 0, count: int | None = None) -> np.ndarray:
+    def _changed(self, path: Path) -> FormatError:
+        return FormatError(
+            f"{path} changed on disk since this {self._format} reader opened it (replaced, truncated or "
+            "rewritten); open the dataset again."
+        )
+
+    def map(
+        self, path: Path, dtype: np.dtype, offset: int = 0, count: int | None = None, *, pin: bool = False
+    ) -> np.ndarray:
         """A read-only map of a pinned file, after checking it is still the file that was opened (for a dataset
-        opened by URL, fetched again first if eviction took it while the reader was closed)."""
+        opened by URL, fetched again first if eviction took it while the reader was closed). The check compares
+        the pin with the ``fstat`` of the descriptor mapped (one ``open`` and one ``fstat``, and no window between
+        a check of the path and the map).
+
+        ``pin``: pin the file as it is now, from that same ``fstat`` (an open that validates what it maps); a path
+        that is not a regular file is then :class:`NoFilesError`, as it would be for a reader's ``is_file`` check.
+        """
         if self.remote is not None and not os.path.exists(path) and self.remote.has(path):
             self.fetched(path)
-        self.check_pin(path)
+        key = _key(path)
+        pinned = self._pins.get(key)
+
+        def opened(info: os.stat_result) -> None:
+            identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+            if pin:
+                if not stat.S_ISREG(info.st_mode):
+                    raise NoFilesError(f"{path} is not a file.")
+                self._pins[key] = identity
+            elif pinned is not None and identity != pinned:
+                raise self._changed(path)
+
         try:
-            return map_file(path, dtype, offset, count)
+            return map_file(path, dtype, offset, count, opened=opened)
+        except FormatError:
+            raise
+        except FileNotFoundError:
+            if pin:
+                raise NoFilesError(f"{path} does not exist.") from None
+            raise
         except ValueError as error:  # "mmap length is greater than file size": shrunk under an unpinned map
             raise SizeMismatchError(f"{path}: cannot map it as opened ({error}).") from None
 
@@ -146,7 +180,7 @@ class DatasetFiles:
         self._hold(self.remote)
         self.remote.fetch(path)
         self.pin(path)
-        ranged = self._ranged_heads.pop(Path(path), None)
+        ranged = self._ranged_heads.pop(_key(path), None)
         if ranged is not None:
             with open(path, "rb") as handle:
                 if handle.read(len(ranged)) != ranged:
@@ -161,7 +195,7 @@ class DatasetFiles:
         one ranged request, remembered and compared with the file when it arrives."""
         if self.remote is not None and not self.is_pinned(path):
             head = self.remote.read_range(path, 0, size)
-            self._ranged_heads[Path(path)] = head
+            self._ranged_heads[_key(path)] = head
             return head
         with open(path, "rb") as handle:
             return handle.read(size)

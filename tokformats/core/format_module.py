@@ -159,6 +159,28 @@ CAPABILITIES: tuple[type, ...] = (
 )
 
 
+#: Each protocol's members, with whether each is a method (found once per protocol).
+_MEMBERS: dict[type, tuple[tuple[str, bool], ...]] = {}
+_MISSING = object()
+
+
+def _members(kind: type) -> tuple[tuple[str, bool], ...]:
+    found = _MEMBERS.get(kind)
+    if found is None:
+        names = {*vars(kind).get("__annotations__", {}), *(n for n in vars(kind) if not n.startswith("_"))}
+        found = _MEMBERS[kind] = tuple((name, callable(getattr(kind, name, None))) for name in sorted(names))
+    return found
+
+
 def capability(module: ModuleType, kind: type[Capability]) -> Capability | None:
-    """``module`` as a ``kind`` (one of the protocols above) when it has every member of it, else None."""
-    return module if isinstance(module, kind) else None
+    """``module`` as a ``kind`` (one of the protocols above) when it has every member of it, else None.
+
+    The members are looked up directly, by the rule of a runtime-checkable protocol's ``isinstance`` (every member
+    present, a method not None), which ``typing`` would find again on every call (the cost of a first detection's
+    ``detect`` lookup, over and over)."""
+    for name, method in _members(kind):
+        value = getattr(module, name, _MISSING)
+        if value is _MISSING or (method and value is None):
+            return None
+    found: Capability = module  # type: ignore[assignment]
+    return found

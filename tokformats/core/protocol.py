@@ -266,9 +266,11 @@ class TokenReader(Reader[np.ndarray]):
         """Raise if pinned ``path`` is no longer the file that was opened."""
         self._files.check_pin(path)
 
-    def _map(self, path: Path, dtype: np.dtype, offset: int = 0, count: int | None = None) -> np.ndarray:
-        """A read-only map of a pinned file that is still the file that was opened."""
-        return self._files.map(path, dtype, offset, count)
+    def _map(
+        self, path: Path, dtype: np.dtype, offset: int = 0, count: int | None = None, *, pin: bool = False
+    ) -> np.ndarray:
+        """A read-only map of a pinned file that is still the file that was opened (``pin``: pinned as mapped)."""
+        return self._files.map(path, dtype, offset, count, pin=pin)
 
     def _fetched(self, path: Path) -> Path:
         """``path``, brought into the cache first when the dataset was opened by URL."""

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 from ..errors import NoFilesError, UnknownFormatError
 from ..fs.paths import expand_path_texts, read_head
-from .format_module import Capability, Detectable, FormatModule, HintsWhenUndetected, Writable, capability
+from .format_module import Capability, Detectable, HintsWhenUndetected, Writable, capability
 from .provenance import SUFFIX as PROVENANCE_SUFFIX
 
 __all__ = [
@@ -73,16 +73,17 @@ class FormatDescriptor(NamedTuple):
     def capability(self, kind: type[Capability]) -> Capability | None:
         """The format's module as ``kind`` (a protocol of :mod:`tokformats.core.format_module`, such as ``Merges``)
         when it has every member of it, else None."""
-        return capability(self.load(), kind)
+        return capability(sys.modules.get(self.module) or self.load(), kind)
 
     @property
     def reader(self) -> type:
         """The format's Reader class."""
-        module = self.load()
-        if not isinstance(module, FormatModule):
+        module = sys.modules.get(self.module) or self.load()
+        reader = getattr(module, "Reader", None)  # FormatModule's two members, looked up directly on every open
+        if reader is None or not hasattr(module, "DESCRIPTOR"):
             raise UnknownFormatError(f"{self.module} (format {self.name!r}) has no Reader or no DESCRIPTOR.")
-        reader: type = module.Reader
-        return reader
+        found: type = reader
+        return found
 
     @property
     def writer(self) -> type | None:

@@ -46,13 +46,12 @@ def sibling_masks(reader: TokenReader, parts: Sequence[Part], paths: list[Path])
     return maps[0] if len(maps) == 1 else ConcatenatedArray(maps)
 
 
-class Part(NamedTuple):
-    """Where one file's tokens are: ``tokens`` elements of ``dtype`` at byte ``offset`` of ``path``."""
-
-    path: Path
-    offset: int
-    tokens: int
-    dtype: np.dtype
+# The functional form with the types as objects (the class form's string annotations are compiled one by one by
+# ``typing``: half of this module's import, on every llm.c glob's first open).
+Part = NamedTuple(  # noqa: UP014 - see above
+    "Part", [("path", Path), ("offset", int), ("tokens", int), ("dtype", np.dtype)]
+)
+Part.__doc__ = "Where one file's tokens are: ``tokens`` elements of ``dtype`` at byte ``offset`` of ``path``."
 
 
 #: What :func:`os.stat` says of a file at open: (device, inode, size, modification time in ns).

@@ -75,14 +75,11 @@ HEADER_BYTES = HEADER_INTS * 4
 MAX_SHARD_BYTES = 1 << 31
 
 
-class Family(NamedTuple):
-    """A model family's shard flavour: its magic, version, token dtype and document delimiter."""
-
-    name: str
-    magic: int
-    version: int
-    dtype: np.dtype
-    delimiter: int
+# The functional form with the types as objects (``typing`` compiles a class form's string annotations one by one).
+Family = NamedTuple(  # noqa: UP014 - see above
+    "Family", [("name", str), ("magic", int), ("version", int), ("dtype", np.dtype), ("delimiter", int)]
+)
+Family.__doc__ = "A model family's shard flavour: its magic, version, token dtype and document delimiter."
 
 
 GPT2 = Family("gpt2", 20240520, 1, np.dtype("<u2"), 50256)
@@ -224,7 +221,7 @@ def _is_shard(path: Path | Probe) -> bool:
     head = (path if isinstance(path, Probe) else Probe(path)).head(8)
     if len(head) < 8:
         return False
-    magic, version = (int(v) for v in np.frombuffer(head, dtype="<i4"))
+    magic, version = int.from_bytes(head[:4], "little", signed=True), int.from_bytes(head[4:8], "little", signed=True)
     family = FAMILIES.get(magic)
     return family is not None and family.version == version
 

@@ -227,7 +227,6 @@ class Reader(TokenReader):
     #: The ``.idx`` map made at open, advised ``MADV_RANDOM`` (each fault reads its page, not megabytes around it)
     #: until the first read or a use of the index whole (:meth:`_end_random_index`); a weak reference.
     _random_index: weakref.ref[mmap.mmap] | None = None
-    _index_mapped = False
 
     def __init__(self, path: PathLike, *, multimodal: bool | None = None, remote: LazyFiles | None = None) -> None:
         super().__init__(path, multimodal=multimodal, remote=remote)
@@ -235,18 +234,34 @@ class Reader(TokenReader):
         self.prefix = resolve_prefix(path)
         self.idx_path = Path(f"{self.prefix}.idx")
         self.bin_path = Path(f"{self.prefix}.bin")
-        for needed in (self.idx_path, self.bin_path):
-            if not (needed.is_file() or (remote is not None and needed == self.bin_path and remote.has(needed))):
-                raise NoFilesError(f"{needed} does not exist; a Megatron dataset needs both PREFIX.bin and PREFIX.idx.")
-        self._pin(*([self.idx_path] if remote is not None else [self.idx_path, self.bin_path]))
-        self._read_index(multimodal)
-        self.tokens  # noqa: B018 - map the .bin now: what was validated is what is read
+        # Each local file is opened once: pinned from the fstat of the descriptor that is mapped (no stat beside it).
+        index = self._map_at_open(self.idx_path)
+        data = self._map_at_open(self.bin_path) if remote is None else None
+        if remote is not None and not (self.bin_path.is_file() or remote.has(self.bin_path)):
+            raise NoFilesError(
+                f"{self.bin_path} does not exist; a Megatron dataset needs both PREFIX.bin and PREFIX.idx."
+            )
+        advised = _advised(index, mmap.MADV_RANDOM)  # before the header is read from it: single pages until then
+        self._random_index = weakref.ref(advised) if advised is not None else None  # never keeps it mapped
+        self.__dict__["_index_at_open"] = index
+        self._read_index(multimodal, index.view(np.ndarray))
+        if data is not None:  # what was validated is what is read: the .bin mapped at open, as its tokens
+            self.__dict__["tokens"] = data.view(self._dtype)
+        self.tokens  # noqa: B018 - by URL: the .bin's lazy array, made now
 
-    def _read_index(self, multimodal: bool | None) -> None:
+    def _map_at_open(self, path: Path) -> np.ndarray:
+        """``path`` mapped whole as bytes and pinned as mapped; :class:`NoFilesError` when it is not a file."""
+        try:
+            return self._map(path, np.dtype(np.uint8), pin=True)
+        except NoFilesError:
+            raise NoFilesError(
+                f"{path} does not exist; a Megatron dataset needs both PREFIX.bin and PREFIX.idx."
+            ) from None
+
+    def _read_index(self, multimodal: bool | None, index: np.ndarray) -> None:
         path = self.idx_path
-        size = path.stat().st_size
-        with open(path, "rb") as handle:
-            head = handle.read(HEADER.size)
+        size = len(index)
+        head = index[: HEADER.size].tobytes()
         if len(head) < len(MAGIC) or head[: len(MAGIC)] != MAGIC:
             raise HeaderError(f"{path}: the magic is {head[:9]!r}; a Megatron index starts with {MAGIC!r}.")
         if len(head) < HEADER.size:
@@ -288,11 +303,9 @@ class Reader(TokenReader):
     def _index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
         """The ``.idx`` arrays, mapped (again after :meth:`close`): lengths, pointers, document indices, modes."""
         count, entries, has_modes = self._layout
-        mapped = self._map(self.idx_path, np.dtype(np.uint8))
-        if not self._index_mapped:  # the map made at open: single pages until the first read
-            self._index_mapped = True
-            advised = _advised(mapped, mmap.MADV_RANDOM)
-            self._random_index = weakref.ref(advised) if advised is not None else None  # never keeps it mapped
+        mapped = self.__dict__.pop("_index_at_open", None)  # the map made at open: single pages until the first read
+        if mapped is None:
+            mapped = self._map(self.idx_path, np.dtype(np.uint8))
         # A plain ndarray view of the map: slicing an np.memmap runs Python code on every access.
         index = mapped.view(np.ndarray)
         start = HEADER.size
@@ -337,7 +350,7 @@ class Reader(TokenReader):
         return self._index[3]
 
     def _cached_maps(self) -> tuple[str, ...]:
-        return ("tokens", "_view", "_index", "_loss_reader")
+        return ("tokens", "_view", "_index", "_index_at_open", "_loss_reader")
 
     def _validate(self, count: int) -> None:
         """What opening checks, touching only the pages a first read touches anyway (megatron-core's open faults in
@@ -351,7 +364,7 @@ class Reader(TokenReader):
         path = self.idx_path
         itemsize = self._dtype.itemsize
         bin_size = self._pinned_size(self.bin_path) if self._remote is None else self._remote.size(self.bin_path)
-        first_pointer = self._index[1].item(0) if count else 0  # the index map made here, read single pages
+        first_pointer = self._index[1].item(0) if count else 0  # the map made at open, read single pages
         if first_pointer != 0:
             raise SizeMismatchError(
                 f"{path}: the first sequence must start at byte 0; sequence_pointers[0] is {first_pointer}."

@@ -217,17 +217,16 @@ def finish_journal(journal: Path, renames: list[tuple[Path, Path]], remove: list
     fsync_folder(journal.parent)
 
 
-def recover(folder: Path) -> list[Path]:
+def recover(folder: Path | str) -> list[Path]:
     """Complete every unfinished commit in ``folder`` (a killed writer's); returns the journals completed.
 
     Raises :class:`FormatError` naming the journal when it cannot be completed (a read-only file system, a lost
     temporary): the dataset there is then neither old nor new, and must not be read.
     """
-    journal = folder / JOURNAL
-    if not journal.exists():  # the common case: one stat
+    if not os.path.exists(os.path.join(folder, JOURNAL)):  # the common case: one stat, no Path built
         return []
-    with folder_lock(folder):
-        return _recover_locked(journal)
+    with folder_lock(Path(folder)):
+        return _recover_locked(Path(folder) / JOURNAL)
 
 
 #: What a stale output a commit removes may be called: the data and index files of the formats whose writers remove
@@ -321,7 +320,7 @@ def _recover_locked(journal: Path) -> list[Path]:
 
 
 #: The folders recovered in the current :func:`one_recovery` block (None outside one).
-_RECOVERED: ContextVar[set[Path] | None] = ContextVar("tokformats_recovered", default=None)
+_RECOVERED: ContextVar[set[str] | None] = ContextVar("tokformats_recovered", default=None)
 
 
 @contextmanager
@@ -345,7 +344,7 @@ def recover_near(path: object) -> None:
     except (FormatError, TypeError):  # nothing there (the reader says so), or not a path at all
         return
     done = _RECOVERED.get()
-    for folder in map(Path, folders):
+    for folder in folders:
         if done is not None:
             if folder in done:
                 continue
