@@ -18,6 +18,12 @@ operation per step advancing every lane:
    differs on a dataset that never comes close to winning changes no pick), and from its first wrong pick it
    is re-run by the scalar loop until the true counts meet the lane's own again.
 
+A dataset picked less than about once in four lanes (:func:`_rare`) is the exception to "the greedy forgets": a
+lane that starts one count off on it stays off until the true greedy picks it again, perhaps hundreds of lanes
+later. Its picks are counted late in the guesses (after the highest error it was seen picked at), so such a lane
+is one count short, after the true pick; the runs of such lanes are read off the lanes' own counts and run again
+in a batch with the count corrected (:func:`_correct_rare`), before the stitching checks them like any other.
+
 Nothing is approximated: a pick is kept only when it was computed from the true state, or verified against it.
 The scalar loop (:func:`scalar_greedy`, about a microsecond a step) does the head of the blend, small blends,
 non-finite weights and the rare lanes that fail their check.
