@@ -2,13 +2,16 @@
 (the NumPy lanes of ``tokformats/training/greedy.py``) vs megatron-core 0.16.1's compiled
 ``helpers_cpp.build_blending_indices`` on the same normalised weights.
 
-Run: ``python benchmarks/bench_blend.py [--datasets 10] [--size 10000000] [--repeat 3] [--weights uniform]``.
+Run: ``python benchmarks/bench_blend.py [--datasets 10] [--size 10000000] [--repeat 3] [--weights uniform]
+[--baseline /path/to/another/checkout]``.
 
 Every timed call runs in a fresh process; the sides alternate (C++, ours, C++, ours, ...), and each round's
 ratio is ours / C++ (< 1: ours faster), in wall-clock and in CPU seconds of the process (less sensitive to a
 loaded machine's scheduling). Both sides allocate their two arrays inside the timing, as
 ``BlendedDataset`` and ``blending_indices`` do. The digests of the arrays must agree (bit-for-bit equality).
-The load average is printed before and after: the machine is shared, so quote the ratios.
+The load average is printed before and after: the machine is shared, so quote the ratios. ``--baseline`` adds a
+third side to every round: "ours" again with another checkout's ``tokformats`` (say ``main``), so that a change to
+the greedy is measured against the code before it in the same alternation (C++, ours, baseline, ...).
 """
 
 from __future__ import annotations
@@ -76,8 +79,9 @@ def child(side: str, kind: str, datasets: int, size: int) -> dict[str, Any]:
 
 
 def run_child(side: str, args: argparse.Namespace) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, str(HERE), "--child", side, args.weights, str(args.datasets), str(args.size)]
+    env = {**os.environ, "PYTHONPATH": str(args.baseline if side == "baseline" else ROOT)}
+    kind = "ours" if side == "baseline" else side
+    command = [sys.executable, str(HERE), "--child", kind, args.weights, str(args.datasets), str(args.size)]
     out = subprocess.run(command, check=True, capture_output=True, text=True, env=env).stdout
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return result
@@ -85,6 +89,27 @@ def run_child(side: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def spread(values: list[float], fmt: str = "{:.3f}") -> str:
     return "/".join(fmt.format(v) for v in (min(values), statistics.median(values), max(values)))
+
+
+def row(args: argparse.Namespace, side: str, times: dict[str, list[float]], stats: Any) -> dict[str, str]:
+    """One side's line of the table: its times, its ratio to the C++ per round, its lanes' statistics."""
+    ratios = [o / c for o, c in zip(times[side], times["cpp"])]
+    cpu_ratios = [o / c for o, c in zip(times[f"{side} cpu"], times["cpp cpu"])]
+    where = "" if side == "ours" else f" ({args.baseline})"
+    return {
+        "measure": f"exact blend, {args.datasets} sources x {args.size:,} samples, {args.weights} weights (s){where}",
+        "megatron-core C++": spread(times["cpp"]),
+        "tokformats without megatron-core": spread(times[side]),
+        "ours / C++ per round": spread(ratios, "{:.2f}"),
+        "CPU s, C++; ours; ratio": (
+            f"{spread(times['cpp cpu'])}; {spread(times[f'{side} cpu'])}; {spread(cpu_ratios, '{:.2f}')}"
+        ),
+        "lanes failing their check: repaired + shifted / all": (
+            f"{stats['repaired']} + {stats['shifted']} / {stats['lanes']}"
+        ),
+        "lanes run again": f"{stats.get('rerun', 0):,}",
+        "scalar steps": f"{stats['scalar_steps']:,} ({stats['scalar_steps'] / max(args.size, 1):.4%})",
+    }
 
 
 def main() -> None:
@@ -96,38 +121,28 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=10_000_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--weights", choices=["uniform", "lognormal"], default="uniform")
+    parser.add_argument("--baseline", type=Path, help="another checkout whose tokformats runs as a third side")
     args = parser.parse_args()
     load_before = os.getloadavg()
-    times: dict[str, list[float]] = {"cpp": [], "ours": [], "cpp cpu": [], "ours cpu": []}
-    digests, stats = set(), None
+    sides = ("cpp", "ours", "baseline") if args.baseline else ("cpp", "ours")
+    times: dict[str, list[float]] = {key: [] for side in sides for key in (side, f"{side} cpu")}
+    digests, stats, baseline_stats = set(), None, None
     for _ in range(args.repeat):
-        for side in ("cpp", "ours"):
+        for side in sides:
             result = run_child(side, args)
             times[side].append(result["seconds"])
             times[f"{side} cpu"].append(result["cpu"])
             digests.add(result["digest"])
-            stats = result.get("stats", stats)
+            if side == "ours":
+                stats = result["stats"]
+            elif side == "baseline":
+                baseline_stats = result["stats"]
     load_after = os.getloadavg()
     if len(digests) != 1:
         raise SystemExit(f"the two sides disagree: digests {sorted(digests)}")
-    ratios = [o / c for o, c in zip(times["ours"], times["cpp"])]
-    cpu_ratios = [o / c for o, c in zip(times["ours cpu"], times["cpp cpu"])]
-    assert stats is not None
-    rows = [
-        {
-            "measure": f"exact blend, {args.datasets} sources x {args.size:,} samples, {args.weights} weights (s)",
-            "megatron-core C++": spread(times["cpp"]),
-            "tokformats without megatron-core": spread(times["ours"]),
-            "ours / C++ per round": spread(ratios, "{:.2f}"),
-            "CPU s, C++; ours; ratio": (
-                f"{spread(times['cpp cpu'])}; {spread(times['ours cpu'])}; {spread(cpu_ratios, '{:.2f}')}"
-            ),
-            "lanes failing their check: repaired + shifted / all": (
-                f"{stats['repaired']} + {stats['shifted']} / {stats['lanes']}"
-            ),
-            "scalar steps": f"{stats['scalar_steps']:,} ({stats['scalar_steps'] / max(args.size, 1):.4%})",
-        }
-    ]
+    rows = [row(args, "ours", times, stats)]
+    if baseline_stats is not None:
+        rows.append(row(args, "baseline", times, baseline_stats))
     print(f"machine: {machine()}; load average before {load_before[0]:.2f}, after {load_after[0]:.2f}")
     print(f"arrays equal on both sides (digest {digests.pop()}); {args.repeat} alternated rounds, fresh processes")
     print(table(rows))

@@ -237,3 +237,87 @@ def test_a_blend_of_more_datasets_than_int16_indices_hold_is_refused() -> None:
         indices.blending_indices(weights, 10)
     with pytest.raises(ConfigError, match="at most 32,766 datasets"):
         greedy.lockstep_greedy(weights, 10, np.zeros(10, np.int16), np.zeros(10, np.int64))
+
+
+def tiny_weight_sets() -> list[np.ndarray]:
+    """Weight sets with datasets far below a pick per lane (1e-7 to 1e-3 of the blend), beside ordinary ones: few
+    or many datasets, equal tiny weights (ties between them), equal large weights, raw and normalised."""
+    rng = np.random.default_rng(28)
+    return [
+        megatron_normalize(np.array([5.0, 3.0, 1.0, 0.5, 0.2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7])),
+        megatron_normalize(np.concatenate([rng.uniform(0.5, 2.0, 20), 10.0 ** rng.uniform(-7, -3, 12)])),
+        megatron_normalize(np.array([1.0, 1.0, 1.0, 1e-6, 1e-6, 2.0, 2.0, 1e-4, 1e-4])),  # ties everywhere
+        megatron_normalize(np.concatenate([rng.lognormal(0.0, 3.0, 40), [1e-7, 3e-7, 1e-6]])),
+        megatron_normalize(np.random.default_rng(2).lognormal(0.0, 3.0, 10)),  # bench_blend.py's lognormal set
+        np.array([0.6, 0.4, 2e-6, 5e-7]),  # not normalised: sums past 1
+    ]
+
+
+@pytest.mark.parametrize("which", range(6))
+def test_tiny_weights_equal_the_scalar_reference(which: int) -> None:
+    """Small blends at lane settings that make many chunks, lanes and corrections, against the scalar loop."""
+    weights = tiny_weight_sets()[which]
+    for size in (0, 1, 2, 3, 500, 7_000, 40_000):
+        expected = reference(weights, size)
+        for options in (TIGHT, {"scalar_below": 0, "lane_steps": 64, "warmup": 16, "lanes": 40}):
+            index, sample, _ = lockstep(weights, size, **options)
+            np.testing.assert_array_equal(index, expected[0], err_msg=f"{weights.tolist()}, {size}, {options}")
+            np.testing.assert_array_equal(sample, expected[1], err_msg=f"{weights.tolist()}, {size}, {options}")
+
+
+@pytest.mark.parametrize("which", range(6))
+def test_tiny_weights_equal_helpers_cpp(helpers_cpp: Any, which: int) -> None:
+    """Blends up to 1.5 M samples at the default settings (several chunks, the correction rounds on) and at
+    small lanes, bit for bit megatron-core's."""
+    weights = tiny_weight_sets()[which]
+    for size in (0, 1, 2, 19_999, 20_000, 300_000, 1_500_000):
+        expected = megatron(helpers_cpp, weights, size)
+        for options in ({}, {"lane_steps": 256, "warmup": 64, "lanes": 300}):
+            if size > 300_000 and options:
+                continue  # small lanes on the largest blend add time, not cases
+            index, sample, _ = lockstep(weights, size, **options)
+            np.testing.assert_array_equal(index, expected[0], err_msg=f"{weights.tolist()}, {size}, {options}")
+            np.testing.assert_array_equal(sample, expected[1], err_msg=f"{weights.tolist()}, {size}, {options}")
+
+
+def test_rare_datasets_are_corrected_in_batches_not_repaired(helpers_cpp: Any) -> None:
+    """The benchmark's lognormal set (one dataset at 2.5e-6): the lanes that counted its pick too late run again
+    in a batch, and almost nothing is left to the scalar loop."""
+    weights = tiny_weight_sets()[4]
+    size = 1_500_000
+    expected = megatron(helpers_cpp, weights, size)
+    index, sample, stats = lockstep(weights, size)
+    np.testing.assert_array_equal(index, expected[0])
+    np.testing.assert_array_equal(sample, expected[1])
+    assert stats.rerun > 0
+    assert stats.scalar_steps < size // 1000  # main's lanes left 1.8% of the steps to the scalar loop
+
+
+def test_rare_datasets_are_the_lightest_few() -> None:
+    steps = 1024 + 128
+    np.testing.assert_array_equal(greedy._rare(np.array([0.5, 0.3, 1e-6, 0.2 - 1e-6, 1e-7]), steps), [2, 4])
+    assert len(greedy._rare(np.full(1000, 1e-3), steps)) == 0  # each is picked about once a lane: none is rare
+    # 10,000 equal weights: only as many as stay under a quarter of a pick per lane together (two of them)
+    np.testing.assert_array_equal(greedy._rare(np.full(10_000, 1e-4), steps), [0, 1])
+    np.testing.assert_array_equal(greedy._rare(np.array([0.0, -1e-3, 1e-5, 1.0]), steps), [2])  # only positive
+    # the lightest first, while all of them together stay under a quarter of a pick per lane
+    weights = np.array([0.9, 1e-4, 2e-5, 1e-4, 1e-6])
+    np.testing.assert_array_equal(greedy._rare(weights, steps), [1, 2, 4])  # 1e-6 + 2e-5 + 1e-4 + 1e-4 is too much
+
+
+def test_corrections_follow_a_run_of_late_counts() -> None:
+    """One rare dataset (row 1 of the counts): lane 0 picks it; lanes 1-3 started from the old count and did not
+    (one late run, corrected by +1), lane 4's guess counts the pick; lane 5 picks it itself, lane 6 starts late
+    again but lane 6 picks it in its own steps, so lane 7 is corrected only by its own difference."""
+    state = np.array([100.0, 3.0])
+    start = np.array([[100, 3], [200, 3], [300, 3], [400, 3], [500, 4], [600, 4], [700, 4], [800, 5]], float).T
+    end = np.array([[199, 4], [300, 3], [400, 3], [500, 3], [600, 4], [699, 5], [799, 5], [900, 5]], float).T
+    corrections = greedy._corrections(np.array([1]), state, start, end)
+    np.testing.assert_array_equal(corrections, [[0, 1, 1, 1, 0, 0, 1, 0]])
+
+
+def test_late_levels_come_after_every_pick_seen() -> None:
+    seen = np.array([[0.1, np.nan, 0.3], [0.2, np.nan, 0.3]])
+    late = greedy._late_levels(seen)
+    np.testing.assert_allclose(late, [0.2 + 0.025, 0.33, 0.3 + 0.03])  # the unseen one: the latest of the others
+    assert np.isnan(greedy._late_levels(np.full((2, 2), np.nan))).all()

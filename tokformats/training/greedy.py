@@ -18,6 +18,12 @@ operation per step advancing every lane:
    differs on a dataset that never comes close to winning changes no pick), and from its first wrong pick it
    is re-run by the scalar loop until the true counts meet the lane's own again.
 
+A dataset picked less than about once in four lanes (:func:`_rare`) is the exception to "the greedy forgets": a
+lane that starts one count off on it stays off until the true greedy picks it again, perhaps hundreds of lanes
+later. Its picks are counted late in the guesses (after the highest error it was seen picked at), so such a lane
+is one count short, after the true pick; the runs of such lanes are read off the lanes' own counts and run again
+in a batch with the count corrected (:func:`_correct_rare`), before the stitching checks them like any other.
+
 Nothing is approximated: a pick is kept only when it was computed from the true state, or verified against it.
 The scalar loop (:func:`scalar_greedy`, about a microsecond a step) does the head of the blend, small blends,
 non-finite weights and the rare lanes that fail their check.
@@ -53,6 +59,7 @@ class LockstepStats:
     shifted: int = 0  # lanes kept after the check against the true counts (a far-from-winning count differed)
     repaired: int = 0  # lanes re-run by the scalar loop from their first wrong pick
     scalar_steps: int = 0
+    rerun: int = 0  # lanes run again, in a batch, with a rare dataset's count corrected (:func:`_correct_rare`)
 
 
 def scalar_greedy(
@@ -127,18 +134,35 @@ def lockstep_greedy(
     stats.scalar_steps = warmup
     state = np.array(counts, dtype=np.float64)
     low, levels = warmup, None
+    rare = _rare(w, lane_steps + warmup)
+    seen = np.full((2, len(rare)), np.nan)  # the lowest and highest error each was picked at
     # The lanes' picks and counts, reused by every chunk (fresh pages would cost more than filling them).
     records = np.empty((lane_steps, lanes), dtype=np.int16), np.empty((lane_steps, lanes), dtype=np.int64)
     while low < size:
         count = min(lanes if low > warmup else pilot, -(-(size - low) // lane_steps))
         high = min(size, low + count * lane_steps)
         failed = stats.repaired + stats.shifted
-        guess = _guess(w, low - warmup + lane_steps * np.arange(count, dtype=np.int64), levels)
-        state = _chunk(w, low, guess, warmup, state, high, records, dataset_index, dataset_sample_index, stats)
+        starts = low - warmup + lane_steps * np.arange(count, dtype=np.int64)
+        guess = _guess(w, starts, levels, (rare, _late_levels(seen)))
+        state = _chunk(
+            w, low, guess, warmup, state, high, records, (rare, seen), dataset_index, dataset_sample_index, stats
+        )
         if stats.repaired + stats.shifted - failed > count // 100:
             levels = _pick_levels(w, low, dataset_index[low:high], dataset_sample_index[low:high], levels)
         low = high
     return stats
+
+
+def _rare(w: np.ndarray, steps: int) -> np.ndarray:
+    """The datasets whose counts a lane of ``steps`` steps (warm-up included) cannot correct: the lightest ones,
+    as long as all of them together are picked less than once in four such lanes. (A lane's guess counts their
+    picks late and the heaviest dataset takes up the difference, so together they must stay a small part of a
+    lane; a blend of many equal small weights has no rare dataset.)"""
+    order = np.argsort(w, kind="stable")
+    order = order[w[order] > 0]
+    together = np.cumsum(w[order]) * steps
+    rare: np.ndarray = np.sort(order[together < 0.25])
+    return rare
 
 
 def _chunk(
@@ -149,6 +173,7 @@ def _chunk(
     state: np.ndarray,
     high: int,
     records: tuple[np.ndarray, np.ndarray],
+    rare: tuple[np.ndarray, np.ndarray],
     dataset_index: np.ndarray,
     dataset_sample_index: np.ndarray,
     stats: LockstepStats,
@@ -160,7 +185,12 @@ def _chunk(
     lane_steps = len(picks)
     owned = low + lane_steps * np.arange(count, dtype=np.int64)
     at_start, at_end = _run_lanes(w, owned - warmup, guess, warmup, picks, taken)
+    lanes = (guess, picks, taken, at_start, at_end)
+    if len(rare[0]):
+        _correct_rare(w, rare[0], owned - warmup, warmup, state, lanes, stats)
     _stitch(w, owned, state, picks, taken, at_start, at_end, stats)
+    if len(rare[0]):
+        _record_rare(w, rare[0], owned, lanes, rare[1])
     if high - low == count * lane_steps:  # whole lanes: copy the transposed matrices straight into place
         np.copyto(dataset_index[low:high].reshape(count, lane_steps), picks.T)
         np.copyto(dataset_sample_index[low:high].reshape(count, lane_steps), taken.T)
@@ -171,7 +201,9 @@ def _chunk(
     return end
 
 
-def _guess(w: np.ndarray, starts: np.ndarray, levels: np.ndarray | None) -> np.ndarray:
+def _guess(
+    w: np.ndarray, starts: np.ndarray, levels: np.ndarray | None, late: tuple[np.ndarray, np.ndarray] | None = None
+) -> np.ndarray:
     """Plausible counts at each step of ``starts`` (datasets x lanes). Only a start: the warm-up and the stitching
     make the result exact whatever the guess is, but a good one spares repairs.
 
@@ -179,8 +211,23 @@ def _guess(w: np.ndarray, starts: np.ndarray, levels: np.ndarray | None) -> np.n
     largest remainders. With ``levels`` (the error at which each dataset is usually picked), a dataset has been
     picked once for every time its error ``w * s - count`` reached its level; the heaviest dataset (the warm-up
     corrects it fastest) takes up the difference to the step. That matters for rare datasets: their count is
-    settled long before a lane starts, and the warm-up cannot correct it.
+    settled long before a lane starts, and the warm-up cannot correct it. A dataset of ``late`` (rare datasets
+    and a level each, NaN for none) is counted as picked once for every time its error passed that level, later
+    than its picks are expected (see :func:`_late_levels`); the heaviest dataset again takes up the difference.
     """
+    counts = _shares(w, starts, levels)
+    rare, level = late if late is not None else (np.empty(0, np.intp), np.empty(0))
+    known = np.isfinite(level)
+    if known.any():
+        t = np.maximum(starts, 1).astype(np.float64)
+        counts[rare[known]] = np.maximum(np.ceil(w[rare[known], None] * t[None, :] - level[known, None]), 0.0)
+        counts[int(np.argmax(w))] += starts - counts.sum(axis=0)
+    return counts
+
+
+def _shares(w: np.ndarray, starts: np.ndarray, levels: np.ndarray | None) -> np.ndarray:
+    """Each weight's share of every step of ``starts`` as counts (datasets x lanes) summing to the step: rounded
+    by :func:`_guess`'s rule, with or without ``levels``."""
     n = len(w)
     positive = np.maximum(w, 0.0)
     total = float(positive.sum())
@@ -215,6 +262,100 @@ def _pick_levels(
     seen = picked > 0
     fallback = previous if previous is not None else np.full(n, float(levels[seen].min()) if seen.any() else 0.5)
     return np.where(seen, levels, fallback)
+
+
+def _late_levels(seen: np.ndarray) -> np.ndarray:
+    """Where :func:`_guess` counts a rare dataset's next pick: after the highest error it was picked at so far,
+    with a margin (a quarter of the spread of its errors at its picks, at least a tenth of the level). Late on
+    purpose: a lane that counts a pick too late is corrected by :func:`_correct_rare`, one that counts it too
+    early is not. A dataset not picked yet takes the latest level of those that were, NaN if none was (``seen`` =
+    lowest and highest error, rows)."""
+    lowest, highest = seen
+    late: np.ndarray = highest + np.maximum(0.25 * (highest - lowest), 0.1 * np.abs(highest))
+    known = np.isfinite(late)
+    if known.any():  # one not picked yet is lighter than most that were: it wins at lower errors than theirs
+        late[~known] = late[known].max()
+    return late
+
+
+def _record_rare(
+    w: np.ndarray,
+    rare: np.ndarray,
+    owned: np.ndarray,
+    lanes: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    seen: np.ndarray,
+) -> None:
+    """Widen ``seen`` (lowest and highest error at a pick, rows; a column per rare dataset) by the rare datasets'
+    picks in the (stitched, true) lanes from steps ``owned``: only the lanes whose counts show such a pick are
+    read."""
+    _, picks, taken, at_start, at_end = lanes
+    columns = np.flatnonzero((at_end[rare] != at_start[rare]).any(axis=0))
+    position = np.full(len(w), -1, dtype=np.intp)  # each dataset's column in ``seen``; -1 if not rare
+    position[rare] = np.arange(len(rare))
+    chosen = picks[:, columns]
+    rows, lane = np.nonzero(position[chosen] >= 0)
+    dataset = chosen[rows, lane].astype(np.intp)
+    t = np.maximum((owned[columns[lane]] + rows).astype(np.float64), 1.0)
+    errors = w[dataset] * t - taken[rows, columns[lane]]
+    np.fmin.at(seen[0], position[dataset], errors)
+    np.fmax.at(seen[1], position[dataset], errors)
+
+
+def _correct_rare(
+    w: np.ndarray,
+    rare: np.ndarray,
+    starts: np.ndarray,
+    warmup: int,
+    state: np.ndarray,
+    lanes: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    stats: LockstepStats,
+) -> None:
+    """Run again, in one batch, the lanes whose guess counted a rare dataset's pick too late.
+
+    A rare dataset's count is not corrected by the warm-up, so after the true greedy picks it, every lane that
+    started from the old count misses that pick until the guesses count it (a run of lanes, each consistent with
+    the one before). :func:`_corrections` finds those runs from the lanes' counts alone, and the lanes are run
+    again from their guess with the count corrected (``lanes`` = guess, picks, taken, counts at the start, at
+    the end; updated in place). A correction that proves wrong costs a repair in :func:`_stitch`, nothing more:
+    the stitching still checks every lane. Up to three rounds, however many lanes they take: a lane run again
+    costs far less than a lane repaired in the scalar loop."""
+    guess, picks, taken, at_start, at_end = lanes
+    heaviest = int(np.argmax(w))
+    for _ in range(3):
+        corrections = _corrections(rare, state, at_start, at_end)
+        redo = np.flatnonzero(corrections.any(axis=0))
+        if len(redo) == 0:
+            return
+        start = guess[:, redo]
+        start[rare] += corrections[:, redo]
+        start[heaviest] -= corrections[:, redo].sum(axis=0)
+        if (start < 0).any():
+            return
+        more_picks = np.empty((len(picks), len(redo)), dtype=picks.dtype)
+        more_taken = np.empty((len(picks), len(redo)), dtype=taken.dtype)
+        first, last = _run_lanes(w, starts[redo], start, warmup, more_picks, more_taken)
+        guess[:, redo] = start
+        picks[:, redo], taken[:, redo] = more_picks, more_taken
+        at_start[:, redo], at_end[:, redo] = first, last
+        stats.rerun += len(redo)
+
+
+def _corrections(rare: np.ndarray, state: np.ndarray, at_start: np.ndarray, at_end: np.ndarray) -> np.ndarray:
+    """How far each lane's count of each rare dataset (rows) is from the true one, as far as the lanes' own counts
+    tell: a lane that starts with a different count than its predecessor ends with starts a run, and the
+    difference carries over to the following lanes until one of them picks that dataset itself (from there its
+    own count is the greedy's) or the guesses make up for it (the next difference)."""
+    steps = np.empty((len(rare), at_start.shape[1]))
+    steps[:, 0] = state[rare] - at_start[rare, 0]
+    np.subtract(at_end[rare, :-1], at_start[rare, 1:], out=steps[:, 1:])
+    total = np.cumsum(steps, axis=1)
+    # A lane that picked the dataset restarts the sum: from the lane after it, only new differences count.
+    restart = np.zeros(steps.shape, dtype=np.intp)
+    restart[:, 1:] = np.where(at_end[rare, :-1] != at_start[rare, :-1], np.arange(1, steps.shape[1]), 0)
+    since = np.maximum.accumulate(restart, axis=1)
+    before = np.take_along_axis(total, np.maximum(since - 1, 0), axis=1)
+    corrections: np.ndarray = total - np.where(since > 0, before, 0.0)
+    return corrections
 
 
 class _Lanes:
