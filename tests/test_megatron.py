@@ -343,11 +343,11 @@ def test_a_file_that_is_no_regular_file_is_refused_without_blocking(tmp_path: Pa
     odd = Path(f"{prefix}{which}")
     odd.unlink()
     os.mkfifo(odd)  # opened without O_NONBLOCK, a FIFO with no writer would hang the open
-    with pytest.raises(tokformats.NoFilesError, match=f"{odd.name} does not exist; a Megatron dataset needs both"):
+    with pytest.raises(tokformats.NoFilesError, match=f"{odd.name} is not a regular file; a Megatron"):
         tokformats.open(prefix, format="megatron")
     odd.unlink()
     odd.mkdir()
-    with pytest.raises(tokformats.NoFilesError, match=f"{odd.name} does not exist; a Megatron dataset needs both"):
+    with pytest.raises(tokformats.NoFilesError, match=f"{odd.name} is not a regular file; a Megatron"):
         tokformats.open(prefix, format="megatron")
 
 
@@ -477,3 +477,65 @@ def test_a_lying_document_index_still_raises_on_the_first_read(tmp_path: Path) -
     with tokformats.open(prefix, format="megatron") as reader:
         with pytest.raises(HeaderError, match=r"sequence_pointers\[1\] is 2"):
             reader[0]
+
+
+def _ids_file(path: Path, ids: np.ndarray) -> Path:
+    path.write_bytes(ids.tobytes())
+    return path
+
+
+def test_append_data_file_gives_what_write_batch_gives(tmp_path: Path) -> None:
+    """Documents appended from a file of ids (a kernel copy) between written ones: the same files as writing them
+    all; a file of ids of another width is declined (False, nothing written)."""
+    rng = np.random.default_rng(5)
+    lengths = [rng.integers(0, 30, size=n) for n in (4, 7, 3)]
+    pieces = [rng.integers(0, 60_000, size=int(k.sum())).astype(np.uint16) for k in lengths]
+    with tokformats.create(tmp_path / "all", format="megatron", dtype=np.uint16) as writer:
+        for ids, sizes in zip(pieces, lengths):
+            writer.write_batch(ids, sizes)
+    with tokformats.create(tmp_path / "appended", format="megatron", dtype=np.uint16) as writer:
+        writer.write_batch(pieces[0], lengths[0])
+        with open(_ids_file(tmp_path / "1.ids", pieces[1]), "rb") as source:
+            assert writer.append_data_file(source, np.dtype(np.uint16), lengths[1])
+        with open(_ids_file(tmp_path / "wide.ids", pieces[2].astype(np.uint32)), "rb") as source:
+            assert not writer.append_data_file(source, np.dtype(np.uint32), lengths[2])
+        writer.write_batch(pieces[2], lengths[2])
+    for suffix in (".bin", ".idx"):
+        assert (tmp_path / f"appended{suffix}").read_bytes() == (tmp_path / f"all{suffix}").read_bytes()
+
+
+def test_a_failed_append_leaves_the_writer_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy that fails (a full disk), a source that shrinks while it is copied, a sequence too long for
+    Megatron: the library's error (a full disk names the output), and nothing of the file in the .bin or the
+    index, so that the dataset later closed is exactly what was written."""
+    ids = np.arange(20, dtype=np.uint16)
+    source_path = _ids_file(tmp_path / "part.ids", ids)
+
+    def full_disk(source: Any, destination: Any, size: int, *, name: str) -> int:
+        destination.write(b"\x00" * 6)  # part of it reached the file
+        destination.flush()
+        raise OSError(28, "No space left on device")
+
+    def shrank(source: Any, destination: Any, size: int, *, name: str) -> int:
+        destination.write(b"\x00" * 4)
+        raise OSError(f"{name} shrank while it was being copied (36 bytes missing)")
+
+    with tokformats.create(tmp_path / "d", format="megatron", dtype=np.uint16) as writer:
+        writer.write_batch(np.array([1, 2, 3], np.uint16), [3])
+        for copy, error, match in ((full_disk, OSError, "No space left"), (shrank, FormatError, "part.ids shrank")):
+            with monkeypatch.context() as patched, open(source_path, "rb") as source:
+                patched.setattr(megatron, "append_open_file", copy)
+                with pytest.raises(error, match=match) as raised:
+                    writer.append_data_file(source, np.dtype(np.uint16), np.array([5, 15]))
+            assert not isinstance(raised.value, FormatError) or copy is shrank
+            assert writer.num_documents == 1 and writer.num_tokens == 3
+        huge = tmp_path / "huge.ids"
+        with open(huge, "wb") as handle:
+            handle.truncate((2**31 + 1) * 2)  # sparse: never copied
+        with open(huge, "rb") as source:
+            with pytest.raises(FormatError, match="does not fit Megatron's int32"):
+                writer.append_data_file(source, np.dtype(np.uint16), np.array([2**31 + 1]))
+        writer.write_batch(np.array([7, 8], np.uint16), [2])
+    reader = tokformats.open(tmp_path / "d")
+    assert [list(reader[i]) for i in range(len(reader))] == [[1, 2, 3], [7, 8]]
+    assert reader.problems() == []

@@ -149,3 +149,24 @@ def test_a_resumed_done_partition_is_pinned_anew_and_joined_by_the_kernel(
         resumed = _run(corpus, tokenizer_path, tmp_path / "o", pool, partitions=3, resume=True)
     assert fed == [], "the resumed worker checked the bytes and pinned them anew"
     assert list(_files(resumed).values()) == list(_files(reference).values())
+
+
+def test_a_spool_written_to_by_another_before_its_pin_is_refused(tmp_path: Path) -> None:
+    """The worker reads its spool back before pinning it: bytes changed in place while it was being written (by
+    anything but the spool) are found there, not pinned and copied unread."""
+    spool = pipeline.Spool(tmp_path, "text", np.dtype(np.uint16))
+    spool.append(np.arange(100, dtype=np.uint16), np.array([60, 40]))
+    spool.sync()
+    with open(spool.tokens_path, "r+b") as other:
+        other.write(b"\x07\x00")
+    with pytest.raises(FormatError, match=r"text\.tokens differs from what its checkpoint recorded"):
+        spool.pin()
+    spool.close()
+    (tmp_path / "ok").mkdir()
+    fine = pipeline.Spool(tmp_path / "ok", "text", np.dtype(np.uint16))
+    fine.append(np.arange(100, dtype=np.uint16), np.array([60, 40]))
+    fine.sync()
+    pin = fine.pin()
+    with open(fine.tokens_path, "rb") as handle:
+        assert pin is None or pinned(handle.fileno(), pin)
+    fine.close()

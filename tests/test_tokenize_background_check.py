@@ -201,45 +201,29 @@ def test_outstanding_checks_are_bounded_by_their_text_and_all_compared_by_settle
                 encoder.settle()
 
 
-def test_the_engine_is_selected_in_a_thread_while_the_reference_encodes_the_first_sample(
+def test_an_engine_the_gate_refuses_is_raised_before_any_work_is_left(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path
 ) -> None:
+    """The engine is selected before the run's work folder is filled: a refusal leaves no output and no work
+    folder, and a run with another engine then starts afresh (also from an empty input)."""
     corpus = tmp_path / "numbered.jsonl"
-    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in _numbered(300)))
-    reference = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "ref", "megatron", engine="tokenizers",
-                                    progress=False)  # fmt: skip
-    sampled = threading.Event()
-    original = TokenizersEngine.encode
-
-    def encode(self: TokenizersEngine, texts: list[str], split_special: bool = False) -> Any:
-        sampled.set()
-        return original(self, texts, split_special)
-
-    monkeypatch.setattr(TokenizersEngine, "encode", encode)
-    selected_in: list[str] = []
-
-    def choose(tokenizer: Any, engine: str = "auto", **gate: Any) -> tuple[Engine, str]:
-        selected_in.append(threading.current_thread().name)
-        if not sampled.wait(60):  # the first batch's sample reaches the reference before the selection ends
-            raise TimeoutError("the reference was not given the first sample while the engine was selected")
-        return _Wrong(tokenizer, set()), "a test engine"
-
-    monkeypatch.setattr(pipeline, "select_engine", choose)
-    summary = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "run", "megatron", progress=False)
-    assert selected_in == ["tokformats-select-engine"]
-    assert summary["engine"] == "wrong-late" and summary["engine_reason"] == "a test engine"
-    for suffix in (".bin", ".idx"):
-        ran, want = (Path(s["outputs"]["text"]["path"] + suffix) for s in (summary, reference))
-        assert ran.read_bytes() == want.read_bytes()
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in _numbered(50)))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
 
     def refusing(tokenizer: Any, engine: str = "auto", **gate: Any) -> tuple[Engine, str]:
         raise pipeline.ConfigError("engine 'fastokens' refuses this tokenizer: a test")
 
-    monkeypatch.setattr(pipeline, "select_engine", refusing)
-    with pytest.raises(pipeline.ConfigError, match="refuses this tokenizer: a test"):
-        tokformats.tokenize(corpus, tokenizer_path, tmp_path / "refused", "megatron", engine="fastokens",
-                            progress=False)  # fmt: skip
-    assert not list(tmp_path.glob("refused*.bin"))
+    for source, name in ((corpus, "out-refused"), (empty, "out-empty")):
+        with monkeypatch.context() as patched:
+            patched.setattr(pipeline, "select_engine", refusing)
+            with pytest.raises(pipeline.ConfigError, match="refuses this tokenizer: a test"):
+                tokformats.tokenize(source, tokenizer_path, tmp_path / name, "megatron", engine="fastokens",
+                                    progress=False)  # fmt: skip
+        assert sorted(p.name for p in tmp_path.glob(f"{name}*")) == []
+        summary = tokformats.tokenize(source, tokenizer_path, tmp_path / name, "megatron", engine="tokenizers",
+                                      progress=False)  # fmt: skip
+        assert summary["documents"] == (50 if source == corpus else 0)
 
 
 class _FirstWrong(Engine):

@@ -254,7 +254,7 @@ def _hashed_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return read
 
 
-def test_a_spool_pinned_by_the_final_checkpoint_is_published_without_reading_it_back(
+def test_a_spool_is_read_back_once_by_the_final_checkpoint_and_published_on_its_pin(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path
 ) -> None:
     _skip_without_nanosecond_times(tmp_path)
@@ -262,17 +262,19 @@ def test_a_spool_pinned_by_the_final_checkpoint_is_published_without_reading_it_
     copied = _copied(monkeypatch, tmp_path, corpus, tokenizer_path)
     read = _hashed_reads(monkeypatch)
     pinned = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "p" / "c", "megatron", progress=False)
-    assert read == []  # the pin held: the ids file was hashed as written, not read again
+    # Read back once, by the final checkpoint, before it was pinned; the pin held: not read again to publish it.
+    assert read == ["text.tokens"]
     for a, b in zip(_files(pinned), _files(copied)):
         assert a.read_bytes() == b.read_bytes(), a.name
 
-    # Where the time cannot be set to the nanosecond (no pin), the spool is read back and hashed, as before.
+    # Where the time cannot be set to the nanosecond (no pin), the spool is read back again where it is published.
     def refused(*args: Any, **kwargs: Any) -> None:
         raise PermissionError(errno.EPERM, "not permitted")
 
     monkeypatch.setattr(os, "utime", refused)
+    read.clear()
     unpinned = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "u" / "c", "megatron", progress=False)
-    assert read == ["text.tokens"]
+    assert read == ["text.tokens", "text.tokens"]
     for a, b in zip(_files(unpinned), _files(copied)):
         assert a.read_bytes() == b.read_bytes(), a.name
 

@@ -245,3 +245,18 @@ def test_collate_by_value_pickles_small_batches_by_value(monkeypatch: pytest.Mon
     assert type(tft.collate_by_value([torch.zeros(4, dtype=torch.bfloat16)])) is torch.Tensor
     with pytest.raises(tokformats.ConfigError, match="at least one sample"):
         tft.collate_by_value([])
+
+
+def test_collate_by_value_leaves_other_samples_to_default_collate() -> None:
+    """Samples with numbers or strings (not what tokformats serves) are collated as default_collate does: a Python
+    float stays float64, strings a list."""
+    samples = [
+        {"tokens": np.arange(3), "weight": 0.5, "source": "a"},
+        {"tokens": np.arange(3), "weight": 1.5, "source": "b"},
+    ]
+    ours, theirs = tft.collate_by_value(samples), torch.utils.data.default_collate(samples)
+    assert ours["weight"].dtype == theirs["weight"].dtype == torch.float64
+    assert ours["source"] == theirs["source"] == ["a", "b"] and torch.equal(ours["tokens"], theirs["tokens"])
+    whole = {"tokens": np.arange(4), "name": "x"}
+    assert tft.collate_by_value(whole)["name"] == "x"
+    assert torch.equal(tft.collate_by_value(whole)["tokens"], torch.arange(4))

@@ -93,16 +93,27 @@ class _ByValue:
 
 def _stacked(batch: Any) -> Any:
     """A list of samples (arrays or tensors, or dicts of them) stacked as ``default_collate`` stacks them; a whole
-    batch (a DataLoader with ``batch_size=None``) as tensors."""
+    batch (a DataLoader with ``batch_size=None``) as tensors. None when a sample holds anything else (numbers,
+    strings, nested lists): ``default_collate`` keeps its own rules for those."""
     if isinstance(batch, (list, tuple)):
         if not batch:
             raise ConfigError("collate_by_value() needs at least one sample.")
+        if not _all_arrays(batch[0]):
+            return None
         if isinstance(batch[0], dict):
             return {key: torch.stack([torch.as_tensor(sample[key]) for sample in batch]) for key in batch[0]}
         return torch.stack([torch.as_tensor(sample) for sample in batch])
+    if not _all_arrays(batch):
+        return None
     if isinstance(batch, dict):
         return {key: torch.as_tensor(value) for key, value in batch.items()}
     return torch.as_tensor(batch)
+
+
+def _all_arrays(sample: Any) -> bool:
+    """Whether ``sample`` is a tensor or an array, or a dict of only those."""
+    values = sample.values() if isinstance(sample, dict) else [sample]
+    return all(isinstance(value, (torch.Tensor, np.ndarray)) for value in values)
 
 
 def _arrays(batch: Any) -> Any:
@@ -131,9 +142,14 @@ def collate_by_value(batch: Any) -> Any:
     process (``num_workers=0``) the tensors are returned as they are.
 
     Takes what :class:`Dataset` and :class:`IterableDataset` serve: a list of samples (tensors or arrays, or dicts
-    of them), or, with ``batch_size=None``, one whole batch.
+    of them), or, with ``batch_size=None``, one whole batch. Samples holding anything else (a number, a string)
+    are collated by ``default_collate`` (``default_convert`` for a whole batch), unchanged.
     """
     stacked = _stacked(batch)
+    if stacked is None:  # not the arrays a tokformats dataset serves: torch's own collation, unchanged
+        if isinstance(batch, (list, tuple)):
+            return torch.utils.data.default_collate(list(batch))
+        return torch.utils.data.default_convert(batch)  # type: ignore[no-untyped-call]
     if torch.utils.data.get_worker_info() is None:
         return stacked
     arrays = _arrays(stacked)

@@ -254,8 +254,9 @@ class Reader(TokenReader):
         try:
             return self._map(path, np.dtype(np.uint8), pin=True)
         except NoFilesError:
+            what = "does not exist" if not os.path.exists(path) else "is not a regular file"
             raise NoFilesError(
-                f"{path} does not exist; a Megatron dataset needs both PREFIX.bin and PREFIX.idx."
+                f"{path} {what}; a Megatron dataset needs both PREFIX.bin and PREFIX.idx as files."
             ) from None
 
     def _read_index(self, multimodal: bool | None, index: np.ndarray) -> None:
@@ -779,25 +780,10 @@ class Writer(TokenWriter):
         it); see :meth:`TokenWriter.adopt_data_file`. Not for a multimodal dataset, one with loss masks, or one
         already written to."""
         self._check_open()
-        given = np.dtype(dtype)
-        if (
-            self.num_documents
-            or len(self._lengths)
-            or self._modes is not None
-            or self.loss_masked
-            or given.kind not in "iu"
-            or given.itemsize != self.dtype.itemsize
-            or given.byteorder not in ("=", "<", "|")
-        ):
+        if self.num_documents or len(self._lengths) or not self._takes_bare_ids(dtype):
             return False
-        sizes = check_lengths(lengths, int(np.sum(lengths)), where=f"{self.path}: ")
+        sizes = self._checked_file_lengths(lengths, str(path), os.stat(path).st_size)
         tokens = int(sizes.sum())
-        found = os.stat(path).st_size
-        if found != tokens * self.dtype.itemsize:
-            raise FormatError(
-                f"{path} has {found:,} bytes; {len(sizes):,} documents of {tokens:,} {self.dtype.name} ids take "
-                f"{tokens * self.dtype.itemsize:,}."
-            )
         try:
             self._files.adopt(self.bin_path, path)
         except OSError:  # no hard links here, or another file system: the caller writes the bytes
@@ -816,35 +802,54 @@ class Writer(TokenWriter):
         :meth:`TokenWriter.append_data_file`. Not for a multimodal dataset, one with loss masks, or one whose
         ``.bin`` was adopted."""
         self._check_open()
-        given = np.dtype(dtype)
-        if (
-            self._adopted is not None
-            or self._modes is not None
-            or self.loss_masked
-            or given.kind not in "iu"
-            or given.itemsize != self.dtype.itemsize
-            or given.byteorder not in ("=", "<", "|")
-        ):
+        if self._adopted is not None or not self._takes_bare_ids(dtype):
             return False
-        sizes = check_lengths(lengths, int(np.sum(lengths)), where=f"{self.path}: ")
-        tokens = int(sizes.sum())
-        name = getattr(source, "name", "the data file")
+        name = str(getattr(source, "name", "the data file"))
         found = os.fstat(source.fileno()).st_size
-        if found != tokens * self.dtype.itemsize:
-            raise FormatError(
-                f"{name} has {found:,} bytes; {len(sizes):,} documents of {tokens:,} {self.dtype.name} ids take "
-                f"{tokens * self.dtype.itemsize:,}."
-            )
-        self._index_documents(None, sizes)  # first: a sequence too long for Megatron raises before any byte
+        sizes = self._checked_file_lengths(lengths, name, found)
+        tokens = int(sizes.sum())
+        if len(sizes) and sizes.max() > _MAX_SEQUENCE:  # refused before any byte, as _add_sequences would
+            self._add_sequences(None, sizes, None)
+        start = self._bin.tell()
         try:
-            append_open_file(source, self._bin, found, name=str(name))
-        except OSError as error:  # a full disk names the output, not the hidden temporary
-            raise naming_output(error, self.path) from None
+            append_open_file(source, self._bin, found, name=name)
+        except OSError as error:
+            # Nothing of this file stays in the .bin: the writer is as it was before the call.
+            self._bin.truncate(start)
+            self._bin.seek(start)
+            if error.errno is None:  # the source shrank while it was copied
+                raise FormatError(str(error)) from None
+            raise naming_output(error, self.path) from None  # a full disk names the output, not the temporary
+        self._index_documents(None, sizes)
         self.loss_masked = False
         self.num_documents += len(sizes)
         self.num_tokens += tokens
         self.num_trained_tokens += tokens
         return True
+
+    def _takes_bare_ids(self, dtype: np.dtype) -> bool:
+        """Whether a file of ids in ``dtype`` can become (part of) the ``.bin`` as it is: a single-modality
+        dataset without loss masks, and ids of the ``.bin``'s width in little-endian order."""
+        given = np.dtype(dtype)
+        return (
+            self._modes is None
+            and not self.loss_masked
+            and given.kind in "iu"
+            and given.itemsize == self.dtype.itemsize
+            and given.byteorder in ("=", "<", "|")
+        )
+
+    def _checked_file_lengths(self, lengths: np.ndarray, name: str, found: int) -> np.ndarray:
+        """The document ``lengths`` of a file of ids of ``found`` bytes (named ``name``), checked against its
+        size."""
+        sizes = check_lengths(lengths, int(np.sum(lengths)), where=f"{self.path}: ")
+        tokens = int(sizes.sum())
+        if found != tokens * self.dtype.itemsize:
+            raise FormatError(
+                f"{name} has {found:,} bytes; {len(sizes):,} documents of {tokens:,} {self.dtype.name} ids take "
+                f"{tokens * self.dtype.itemsize:,}."
+            )
+        return sizes
 
     def _write_tokens(self, flat: np.ndarray, lengths: np.ndarray) -> None:
         """Single-sequence documents (``write`` / ``write_batch``)."""

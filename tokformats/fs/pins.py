@@ -1,15 +1,17 @@
 """A finished file's pin: what lets a later reader of that file know, from one ``fstat``, that nothing has written
-to it since its writer hashed every byte it wrote.
+to it since its writer pinned it (``tokenize``'s spools: right after reading every byte back and finding it equal
+to the hash of what was written).
 
 ``tokenize``'s spools are hashed as they are written (a running SHA-256 of every byte appended, recorded in the
-checkpoint). Reading a finished spool back only to hash it again costs a second pass over every token (about
-1 CPU-second per GB), paid where the outputs are joined, serially, while the workers compete for the same cores.
-A pin replaces that second pass when nothing touched the file:
+checkpoint). A finished spool is read back once and compared with that hash, by the worker that wrote it, which
+then pins it; the parent that joins the spools, one after another while the workers compete for the same cores,
+then needs no second pass over every token (about 1 CPU-second per GB) when nothing touched the file since:
 
-- :func:`pin_file`, by the writer right after its last write and ``fsync``: the file's modification time is set
+- :func:`pin_file`, by the writer after its last write, ``fsync`` and the read back: the file's modification time is set
   one nanosecond back from the one the kernel gave its last write, and the pin is
   ``[device, inode, size, mtime, ctime]`` as ``stat`` then reports them (no pin where the file system rounds the
-  time set);
+  time set); a write between the read back and the pin (microseconds, while the run holds the folder's lock) is
+  the one a pin cannot tell apart;
 - :func:`pinned`, by the reader, on the descriptor it copies from, before and after the copy: equal, or not.
 
 Why a write after the pin is seen: ``write``, ``truncate`` and ``mmap`` stores (at their first fault on a page

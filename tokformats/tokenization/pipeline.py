@@ -274,6 +274,8 @@ class Spool:
         self._lengths = open(self.lengths_path, "ab")  # noqa: SIM115 - closed by close()
         self._mask = open(self.mask_path, "ab") if self.mask_path is not None else None  # noqa: SIM115 - close()
         self.num_tokens, self.num_documents = tokens, documents
+        #: Bytes of the ids file read back and found equal to the running hash (just now, on a resume).
+        self._read_back = tokens * dtype.itemsize
 
     @staticmethod
     def _verified(path: Path, size: int, recorded: str | None, old_checkpoint: bool) -> Any:
@@ -333,10 +335,24 @@ class Spool:
         return {suffix: digest.hexdigest() for suffix, digest in self._hashes.items()}
 
     def pin(self) -> list[int] | None:
-        """Pin the ids file, written and fsynced in full (:func:`~tokformats.fs.pins.pin_file`): recorded in the
-        done checkpoint beside its hash, it lets the join copy the file by the kernel without reading it back to
-        hash it, as long as nothing has written to it since (else the join reads and hashes it)."""
+        """Pin the ids file, written and fsynced in full (:func:`~tokformats.fs.pins.pin_file`), after reading it
+        back and finding it equal to the running hash of what was written (a write by anything else since the
+        spool was opened raises here): recorded in the done checkpoint beside that hash, the pin lets the join
+        copy the file by the kernel without reading it again, as long as nothing has written to it since (else
+        the join reads and hashes it). The read back is the check the parent made before: in a parallel run it
+        now happens in the workers, beside each other, instead of in the parent, one partition after another."""
         self._tokens.flush()
+        size = self.num_tokens * self.dtype.itemsize
+        if self._read_back != size:
+            with open(self.tokens_path, "rb") as handle:
+                digest = _hashed(handle, size)
+                if (
+                    digest is None
+                    or digest.hexdigest() != self._hashes[".tokens"].hexdigest()
+                    or os.fstat(handle.fileno()).st_size != size
+                ):
+                    _refuse_spool(self.tokens_path)
+            self._read_back = size
         return pin_file(self.tokens_path)
 
     def close(self) -> None:
@@ -350,17 +366,24 @@ def _lengths_total(path: Path, documents: int) -> int:
     return -1 if len(lengths) != documents or (lengths < 0).any() else int(lengths.sum())
 
 
-def copy_spool(writer: TokenWriter, folder: Path, name: str, dtype: np.dtype) -> None:
+def copy_spool(
+    writer: TokenWriter,
+    folder: Path,
+    name: str,
+    dtype: np.dtype,
+    spooled: tuple[dict[str, Any], np.ndarray] | None = None,
+) -> None:
     """Feed a finished partition's spool to ``writer`` in pieces of about ``_SPOOL_CHUNK`` tokens, hashing what it
     feeds: a spool that differs from its checkpoint's hash raises (inside the writer's block, so nothing is
     published).
 
     Plain file reads, not a memory map: a map would keep every page it has read resident, so memory would
-    grow with the corpus; this way it stays at one piece.
+    grow with the corpus; this way it stays at one piece. ``spooled``: what :func:`_spooled_lengths` gave for it
+    already.
     """
     import hashlib
 
-    entry, lengths = _spooled_lengths(folder, name)
+    entry, lengths = spooled or _spooled_lengths(folder, name)
     recorded = entry["hashes"]
     offsets = offsets_from_lengths(lengths)
     tokens_path, mask_path = folder / f"{name}.tokens", folder / f"{name}.mask"
@@ -416,17 +439,23 @@ def adopt_spool(writer: TokenWriter, folder: Path, name: str, dtype: np.dtype) -
     tokens_path = folder / f"{name}.tokens"
     with open(tokens_path, "rb") as handle:
         _checked_ids(handle, entry, int(lengths.sum()) * dtype.itemsize)
-    return writer.adopt_data_file(tokens_path, dtype, lengths)
+        adopted = writer.adopt_data_file(tokens_path, dtype, lengths)
+        # The link is made by name: it must be the file just checked, not one put in its place meanwhile.
+        checked, linked = os.fstat(handle.fileno()), os.stat(tokens_path)
+        if adopted and (checked.st_dev, checked.st_ino) != (linked.st_dev, linked.st_ino):
+            _refuse_spool(tokens_path)
+    return adopted
 
 
 def join_spool(writer: TokenWriter, folder: Path, name: str, dtype: np.dtype) -> None:
     """Append a finished partition's spool to ``writer``: its ids by a kernel copy where the format's data file is
     the bare id stream (:meth:`~tokformats.core.protocol.TokenWriter.append_data_file`) and the spool's pin shows
-    that nothing has written to it since its worker hashed it (checked before and after the copy, see
+    that nothing has written to it since its worker read it back and pinned it (checked before and after the copy, see
     :mod:`tokformats.fs.pins`); else (another format, a chat spool's masks, no pin or a moved one) fed by
     :func:`copy_spool`, which reads and hashes every byte it feeds."""
+    spooled = None
     if type(writer).append_data_file is not TokenWriter.append_data_file:  # the format has a flat data file
-        entry, lengths = _spooled_lengths(folder, name)
+        spooled = entry, lengths = _spooled_lengths(folder, name)
         tokens_path = folder / f"{name}.tokens"
         size = int(lengths.sum()) * dtype.itemsize
         with open(tokens_path, "rb") as handle:
@@ -436,7 +465,7 @@ def join_spool(writer: TokenWriter, folder: Path, name: str, dtype: np.dtype) ->
                 if not pinned(handle.fileno(), entry.get("pin")):  # written to while the kernel copied
                     _refuse_spool(tokens_path)
                 return
-    copy_spool(writer, folder, name, dtype)
+    copy_spool(writer, folder, name, dtype, spooled)
 
 
 def _pinned(handle: Any, entry: dict[str, Any], size: int) -> bool:
@@ -666,14 +695,7 @@ class Encoder:
         self.reference = TokenizersEngine(tokenizer, tokenizer_hash)  # shares its chat copy across runs
         self._engine: Engine = self.reference
         self._reason = ""
-        #: The engine's selection while it runs in a thread of its own (None once taken): loading and gating the
-        #: engine (a tenth of a second or more) overlaps the reading of the first batch and the reference's encoding
-        #: of its sample. Its error (an engine asked for that fails the gate) is raised by the first :meth:`encode`.
-        self._selection: Future[tuple[Engine, str]] | None = None
-        if chosen is not None or engine == "tokenizers":
-            self._take(chosen or _gated_engine(tokenizer, engine, tokenizer_hash, chat))
-        else:
-            self._selection = _started(_gated_engine, tokenizer, engine, tokenizer_hash, chat)
+        self._take(chosen or _gated_engine(tokenizer, engine, tokenizer_hash, chat))
         # Under auto, a difference in the run's first batch switches to tokenizers (nothing was written yet). Not in
         # a parallel run (``fall_back=False``): its other partitions encode with the engine at the same time, so
         # any difference stops the run, as it did when the parent gated and named the engine.
@@ -694,22 +716,15 @@ class Encoder:
         # The reference is not checked against itself.
         self._engine = self.reference if isinstance(engine, TokenizersEngine) else engine
 
-    def _selected(self) -> tuple[Engine, str]:
-        """The engine and why, the selection waited for when it still runs (its error raised here)."""
-        if self._selection is not None:
-            selection, self._selection = self._selection, None
-            self._take(selection.result())
-        return self._engine, self._reason
-
     @property
     def engine(self) -> Engine:
         """The engine that encodes the run."""
-        return self._selected()[0]
+        return self._engine
 
     @property
     def reason(self) -> str:
         """Why :attr:`engine` encodes the run."""
-        return self._selected()[1]
+        return self._reason
 
     def encode(
         self, texts: list[str], dtype: np.dtype, where: Any, split_special: bool = False
@@ -721,16 +736,11 @@ class Encoder:
         checked, and a difference raises before anything past the last checkpoint is committed. Only a comparison
         whose outcome may switch the engine (the first batch under ``auto``) is made at once."""
         chosen, reference = np.zeros(0, np.intp), None
-        # While the selection runs, the sample is chosen and handed to the reference as for a fast engine.
-        if (self._selection is not None or self._engine is not self.reference) and texts:
+        if self._engine is not self.reference and texts:
             chosen = self._sample(texts)
             if len(chosen):
                 reference = self._reference_ids(texts, chosen, split_special)
-        if self.engine is self.reference and reference is not None:  # the selection chose tokenizers itself
-            flat, lengths = self._reference_batch(texts, chosen, reference, split_special)
-            reference = None
-        else:
-            flat, lengths = encoded(self.engine, texts, split_special)
+        flat, lengths = encoded(self.engine, texts, split_special)
         if reference is not None:
             check = _Check.of(texts, chosen, where, reference, flat, lengths)
             if self.verifier is not None and (self.batches or self.explicit):  # a difference raises: compare later
@@ -826,21 +836,6 @@ class Encoder:
                 "the output is the same whichever engine runs."
             )
         self._engine, self._reason = self.reference, f"{message} on the first batch: tokenizers runs instead"
-
-
-def _started(function: Any, *args: Any) -> Future[Any]:
-    """``function(*args)`` running in a daemon thread of its own: its result, or its error, in the future."""
-    future: Future[Any] = Future()
-
-    def run() -> None:
-        if future.set_running_or_notify_cancel():
-            try:
-                future.set_result(function(*args))
-            except BaseException as error:  # raised by whoever takes the result
-                future.set_exception(error)
-
-    threading.Thread(target=run, name="tokformats-select-engine", daemon=True).start()
-    return future
 
 
 class _Check(NamedTuple):
