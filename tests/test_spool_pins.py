@@ -38,9 +38,9 @@ def _recorded(monkeypatch: pytest.MonkeyPatch, name: str) -> list[str]:
     seen: list[str] = []
     original = getattr(pipeline, name)
 
-    def recording(writer: Any, folder: Path, stream: str, dtype: np.dtype) -> Any:
+    def recording(writer: Any, folder: Path, stream: str, dtype: np.dtype, *rest: Any) -> Any:
         seen.append(f"{folder.name}/{stream}")
-        return original(writer, folder, stream, dtype)
+        return original(writer, folder, stream, dtype, *rest)
 
     monkeypatch.setattr(pipeline, name, recording)
     return seen
