@@ -99,12 +99,17 @@ def test_time_series_windows_through_the_adapters(tmp_path: Path) -> None:
     assert first["labels"].shape == (2, 16)
 
 
-def test_dict_samples_pass_through_default_collate(tmp_path: Path) -> None:
+def _documents(prefix: Path) -> Any:
+    """A Megatron dataset of 120 documents of 0-39 random ids below 1,000 (seeded), opened."""
     rng = np.random.default_rng(3)
     lengths = rng.integers(0, 40, size=120)
-    with tokformats.create(tmp_path / "d", format="megatron", vocab_size=1000) as writer:
+    with tokformats.create(prefix, format="megatron", vocab_size=1000) as writer:
         writer.write_batch(rng.integers(0, 999, size=int(lengths.sum())), lengths)
-    reader = tokformats.open(tmp_path / "d")
+    return tokformats.open(prefix)
+
+
+def test_dict_samples_pass_through_default_collate(tmp_path: Path) -> None:
+    reader = _documents(tmp_path / "d")
     masked = training.GPTSamples(reader, 16, seed=2, fields="megatron", eod_id=0, inter_document_masking=True)
     causal = training.GPTSamples(reader, 16, seed=2, fields="megatron", eod_id=0, reset_attention_mask=True)
     packed = training.PackedSamples(reader, 16, seed=2)
@@ -205,11 +210,7 @@ def test_collate_by_value_gives_default_collates_batches(
 ) -> None:
     """collate_fn=tft.collate_by_value: the batches default_collate gives (bare ids as int64 or stored, dict samples,
     a stream's whole batches with batch_size=None), in the main process and from workers."""
-    rng = np.random.default_rng(3)
-    lengths = rng.integers(0, 40, size=120)
-    with tokformats.create(tmp_path / "d", format="megatron", vocab_size=1000) as writer:
-        writer.write_batch(rng.integers(0, 999, size=int(lengths.sum())), lengths)
-    reader = tokformats.open(tmp_path / "d")
+    reader = _documents(tmp_path / "d")
     dicts = training.GPTSamples(reader, 16, seed=2, fields="megatron", eod_id=0, inter_document_masking=True)
     for dataset in (tft.Dataset(samples), tft.Dataset(samples, dtype="stored"), tft.Dataset(dicts)):
         ours = torch.utils.data.DataLoader(dataset, 8, num_workers=workers, collate_fn=tft.collate_by_value)

@@ -76,7 +76,10 @@ Pin = tuple[int, int, int, int]
 
 
 def _identity(path: Path) -> Pin:
-    info = os.stat(path)
+    return _identity_of(os.stat(path))
+
+
+def _identity_of(info: os.stat_result) -> Pin:
     return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
 
@@ -152,7 +155,7 @@ class DatasetFiles:
         pinned = self._pins.get(key)
 
         def opened(info: os.stat_result) -> None:
-            identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+            identity = _identity_of(info)
             if pin:
                 if not stat.S_ISREG(info.st_mode):
                     raise NoFilesError(f"{path} is not a file.")

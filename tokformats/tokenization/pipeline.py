@@ -5,11 +5,11 @@ main thread encodes them with ``Tokenizer.encode_batch_fast`` (which releases th
 appends ids and document lengths to append-only spool files, one pair per output stream (text key x split), in
 a work folder beside the output (``OUTPUT.tokenize/``); a third thread re-encodes the documents sampled to check a
 faster engine with ``tokenizers`` while the engine goes on (both release the GIL), and every outstanding check is
-compared before a checkpoint commits; the engine itself is loaded and gated in a thread of its own while the first
-batch is read and its sample encoded by ``tokenizers``. Every few seconds the spools are fsynced and a checkpoint
-records how far each input was consumed and how long each spool is. *Writing*: each stream's spool is fed to the
-format's writer, whose files appear atomically (Megatron's ``.bin`` is the spool itself, not read back when the
-final checkpoint's pin of it still holds); then the work folder is removed.
+compared before a checkpoint commits. Every few seconds the spools are fsynced and a checkpoint records how far
+each input was consumed and how long each spool is; the last one reads each ids spool back, compares it with its
+hash and pins it (:mod:`tokformats.fs.pins`). *Writing*: each stream's spool is fed to the format's writer, whose
+files appear atomically (Megatron's ``.bin`` is the spool itself, not read again while its pin holds); then the
+work folder is removed.
 
 A run killed at any point resumes with ``resume=True``: spools are cut back to the checkpoint and reading
 restarts after the last checkpointed record, so the final files are byte-identical to an uninterrupted run.
@@ -693,9 +693,9 @@ class Encoder:
         fall_back: bool = True,
     ) -> None:
         self.reference = TokenizersEngine(tokenizer, tokenizer_hash)  # shares its chat copy across runs
-        self._engine: Engine = self.reference
-        self._reason = ""
-        self._take(chosen or _gated_engine(tokenizer, engine, tokenizer_hash, chat))
+        self.engine, self.reason = chosen or _gated_engine(tokenizer, engine, tokenizer_hash, chat)
+        if isinstance(self.engine, TokenizersEngine):
+            self.engine = self.reference  # the reference is not checked against itself
         # Under auto, a difference in the run's first batch switches to tokenizers (nothing was written yet). Not in
         # a parallel run (``fall_back=False``): its other partitions encode with the engine at the same time, so
         # any difference stops the run, as it did when the parent gated and named the engine.
@@ -711,21 +711,6 @@ class Encoder:
         self.verifier: Executor | None = None
         self._pending: collections.deque[_Check] = collections.deque()
 
-    def _take(self, chosen: tuple[Engine, str]) -> None:
-        engine, self._reason = chosen
-        # The reference is not checked against itself.
-        self._engine = self.reference if isinstance(engine, TokenizersEngine) else engine
-
-    @property
-    def engine(self) -> Engine:
-        """The engine that encodes the run."""
-        return self._engine
-
-    @property
-    def reason(self) -> str:
-        """Why :attr:`engine` encodes the run."""
-        return self._reason
-
     def encode(
         self, texts: list[str], dtype: np.dtype, where: Any, split_special: bool = False
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -736,7 +721,7 @@ class Encoder:
         checked, and a difference raises before anything past the last checkpoint is committed. Only a comparison
         whose outcome may switch the engine (the first batch under ``auto``) is made at once."""
         chosen, reference = np.zeros(0, np.intp), None
-        if self._engine is not self.reference and texts:
+        if self.engine is not self.reference and texts:
             chosen = self._sample(texts)
             if len(chosen):
                 reference = self._reference_ids(texts, chosen, split_special)
@@ -835,7 +820,7 @@ class Encoder:
                 f"{message}; nothing wrong was written. Resume with {option('engine', repr('tokenizers'))}: "
                 "the output is the same whichever engine runs."
             )
-        self._engine, self._reason = self.reference, f"{message} on the first batch: tokenizers runs instead"
+        self.engine, self.reason = self.reference, f"{message} on the first batch: tokenizers runs instead"
 
 
 class _Check(NamedTuple):
