@@ -259,6 +259,23 @@ def test_a_glob_refuses_an_impossible_size_at_open(tmp_path: Path) -> None:
         tokformats.open(pattern, bos=0)
 
 
+def test_token_counts_are_the_same_below_and_above_the_python_check() -> None:
+    # small globs are checked by a Python loop, large ones with NumPy: the same counts and the same first bad shard
+    limit = llmc._PYTHON_SIZE_CHECK
+    for itemsize in (2, 4):
+        good = [llmc.HEADER_BYTES + itemsize * k for k in range(limit + 10)]
+        for bad_at, bad_size in [(None, 0), (3, llmc.HEADER_BYTES - 1), (limit + 5, llmc.HEADER_BYTES + 1), (0, 0)]:
+            sizes = list(good)
+            if bad_at is not None:
+                sizes[bad_at] = bad_size
+            for part in (sizes[: limit - 1], sizes):
+                counts, first_bad = llmc._token_counts(part, itemsize)
+                expected_bad = bad_at if bad_at is not None and bad_at < len(part) else None
+                assert first_bad == expected_bad, (itemsize, bad_at, len(part))
+                if first_bad is None:
+                    assert counts.dtype == np.int64 and counts.tolist() == list(range(len(part)))
+
+
 def test_a_shard_replaced_after_open_is_refused(tmp_path: Path) -> None:
     stream, pattern = _shards(tmp_path, 5)
     with tokformats.open(pattern, bos=0) as reader:

@@ -242,6 +242,23 @@ def detect(probe: Probe) -> bool:
     return _is_shard(probe)
 
 
+#: Below this many shards, sizes are checked by a Python loop: NumPy's first call of each operation in a process
+#: (~10-50 us each) costs more than the loop, and a glob's first open is often the process's first NumPy work.
+_PYTHON_SIZE_CHECK = 512
+
+
+def _token_counts(sizes: list[int], itemsize: int) -> tuple[np.ndarray, int | None]:
+    """Each shard's token count from its file size, and the index of the first size no shard of ``itemsize``-byte
+    tokens can have (shorter than the header, or a body that is no whole number of tokens), or None."""
+    if len(sizes) < _PYTHON_SIZE_CHECK:
+        bodies = [size - HEADER_BYTES for size in sizes]
+        bad = next((k for k, body in enumerate(bodies) if body < 0 or body % itemsize), None)
+        return np.array([body // itemsize for body in bodies], dtype=np.int64), bad
+    body = np.array(sizes, dtype=np.int64) - HEADER_BYTES
+    impossible = np.flatnonzero((body < 0) | (body % itemsize != 0))
+    return body // itemsize, (int(impossible[0]) if impossible.size else None)
+
+
 class Reader(MappedParts):
     """One llm.c shard, or several (a glob or a list) read as one corpus in sorted order.
 
@@ -344,15 +361,14 @@ class Reader(MappedParts):
         first_head = _pread_head_or_missing(texts[0])
         self.family, _ = read_header(Path(texts[0]), first_head, size=pins[0][2])
         self._headers_checked.add(0)
-        body = np.fromiter((pin[2] for pin in pins), dtype=np.int64, count=len(pins)) - HEADER_BYTES
         itemsize = self.family.dtype.itemsize
-        impossible = np.flatnonzero((body < 0) | (body % itemsize != 0))
-        if impossible.size:
-            where = Path(texts[int(impossible[0])])
-            self._files.pin_as(where, pins[int(impossible[0])])
+        counts, impossible = _token_counts([pin[2] for pin in pins], itemsize)
+        if impossible is not None:
+            where = Path(texts[impossible])
+            self._files.pin_as(where, pins[impossible])
             self._checked_header(where)  # raises: its header says what is wrong with its size
-            raise SizeMismatchError(f"{where}: {pins[int(impossible[0])][2]:,} bytes is no {itemsize}-byte shard.")
-        return PartTable(texts, HEADER_BYTES, body // itemsize, self.family.dtype, pins), first_head
+            raise SizeMismatchError(f"{where}: {pins[impossible][2]:,} bytes is no {itemsize}-byte shard.")
+        return PartTable(texts, HEADER_BYTES, counts, self.family.dtype, pins), first_head
 
     def _checked_header(self, path: Path) -> int:
         """Shard ``path``'s header, validated against its pinned size and this corpus's family; its ``ntok``."""

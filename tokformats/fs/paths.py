@@ -14,7 +14,7 @@ import fnmatch
 import glob
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
@@ -150,15 +150,21 @@ def forget_listings() -> None:
         listings.clear()
 
 
-def _name_matcher(name: str) -> Callable[[str], object]:
-    """What says whether an entry's name matches the pattern ``name`` (``fnmatch``'s rule). The common shard pattern,
-    one ``*`` between a fixed start and end (``corpus_train_*.bin``), is a prefix and suffix test: no regular
-    expression compiled on a process's first open."""
-    if name.count("*") == 1 and "?" not in name and "[" not in name:
-        start, end = name.split("*")
+def _matching_names(pattern: str, names: list[str]) -> list[str]:
+    """The ``names`` that match ``pattern`` (``fnmatch``'s rule; glob's: a wildcard never matches a leading dot unless
+    the pattern starts with one). The common shard pattern, one ``*`` between a fixed start and end
+    (``corpus_train_*.bin``), is a prefix and suffix test in one comprehension: no regular expression compiled on a
+    process's first open, no function call per entry."""
+    if pattern.count("*") == 1 and "?" not in pattern and "[" not in pattern:
+        start, end = pattern.split("*")
         least = len(start) + len(end)
-        return lambda entry: len(entry) >= least and entry.startswith(start) and entry.endswith(end)
-    return re.compile(fnmatch.translate(name)).match
+        found = [n for n in names if n.startswith(start) and n.endswith(end) and len(n) >= least]
+    else:
+        match = re.compile(fnmatch.translate(pattern)).match
+        found = [n for n in names if match(n)]
+    if pattern.startswith(".") or not pattern.startswith(("*", "?", "[")):
+        return found  # a literal first character (a dot or not) already decides whether hidden names match
+    return [n for n in found if not n.startswith(".")]
 
 
 def _list_pattern(text: str) -> _Listing:
@@ -167,22 +173,17 @@ def _list_pattern(text: str) -> _Listing:
     folder, name = os.path.split(text)
     if glob.has_magic(folder) or not name:
         return _Listing(sorted(glob.glob(text)), None)
-    hidden_too = name.startswith(".")  # glob's rule: a wildcard never matches a leading dot
     try:
         with os.scandir(folder or os.curdir) as listing:
             entries = [(entry.name, entry.is_dir()) for entry in listing]
     except OSError:  # no such folder, or not one: glob matches nothing there
         return _Listing([], set(), folder or os.curdir)
-    matching = _name_matcher(name)
+    names = _matching_names(name, [entry for entry, _ in entries])
+    names.sort()  # the names, not the paths: the folder's prefix is not compared again and again
     prefix = os.path.join(folder, "")
-    matches, folders = [], set()
-    for entry, is_folder in entries:
-        if matching(entry) and (hidden_too or not entry.startswith(".")):
-            matches.append(prefix + entry)
-            if is_folder:
-                folders.add(prefix + entry)
-    matches.sort()
-    return _Listing(matches, folders, folder or os.curdir)
+    subfolders = [entry for entry, is_folder in entries if is_folder]
+    folders = {prefix + entry for entry in set(names).intersection(subfolders)} if subfolders else set()
+    return _Listing([prefix + n for n in names], folders, folder or os.curdir)
 
 
 def _listing(text: str) -> _Listing:
