@@ -14,7 +14,6 @@ import contextlib
 import glob
 import importlib
 import os
-import pkgutil
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -108,6 +107,8 @@ def _table() -> dict[str, FormatDescriptor]:
     global _discovered
     if not _discovered:
         _discovered = True
+        import pkgutil  # here: the table is built once, and ``import tokformats`` need not import it
+
         package = importlib.import_module("tokformats.formats")
         found = []
         for info in pkgutil.iter_modules(package.__path__):
