@@ -8,8 +8,10 @@ equal). Each run is a fresh process, sides alternate, and the clock covers the o
 C side's glob, every header read and the first shard load; the Python side's detection, expansion, headers and
 first map), after ``import tokformats``; the process's wall time (interpreter start and imports included) is
 reported beside it, and so is the fastest of ``WARM_OPENS`` more opens in the same child (the format's modules
-imported: what remains is the open itself). Ratios are llm.c's time over tokformats' time: > 1 means tokformats
-is faster.
+imported: what remains is the open itself). "Of which garbage collection" is the time the cyclic collector ran
+inside the clock (``gc.callbacks``): a fresh process's first open runs the generation-1 collection that the
+imports before it (NumPy's and ``import tokformats``) left due, whatever allocates first pays it. Ratios are
+llm.c's time over tokformats' time: > 1 means tokformats is faster.
 
 A last run opens the largest glob under ``ulimit -n 256`` and reads every token, to show that descriptors stay
 bounded (the C loader holds one file at a time too).
@@ -86,18 +88,28 @@ def make_shards(folder: Path, count: int) -> str:
 def child(pattern: str) -> None:
     """The tokformats side, in its own process: open the glob and take the first batch; then the same again
     ``WARM_OPENS`` times with the format's modules imported (the fastest is reported: the floor of an open)."""
+    import gc
+
     import tokformats
 
+    collecting: list[float] = []  # the cyclic collector's passes inside the clock (start, stop, start, stop, ...)
+
+    def note(phase: str, info: dict[str, int]) -> None:
+        collecting.append(time.perf_counter())
+
+    gc.callbacks.append(note)
     started = time.perf_counter()
     reader = tokformats.open(pattern)
     inputs, _ = next(reader.batches(BATCH, SEQUENCE))  # type: ignore[attr-defined]
     seconds = time.perf_counter() - started
+    gc.callbacks.remove(note)
+    collected = sum(collecting[1::2]) - sum(collecting[0::2])
     warm = []
     for _ in range(WARM_OPENS):
         again = time.perf_counter()
         next(tokformats.open(pattern).batches(BATCH, SEQUENCE))  # type: ignore[attr-defined]
         warm.append(time.perf_counter() - again)
-    summary = {"seconds": seconds, "first_batch_sum": int(inputs.sum()), "tokens": reader.num_tokens}
+    summary = {"seconds": seconds, "first_batch_sum": int(inputs.sum()), "tokens": reader.num_tokens, "gc": collected}
     print(json.dumps({**summary, "warm_seconds": min(warm)}))
 
 
@@ -171,6 +183,7 @@ def main() -> None:
         theirs: list[float] = []
         ours: list[float] = []
         warm: list[float] = []
+        collected: list[float] = []
         walls: dict[str, list[float]] = {"c": [], "py": []}
         for _ in range(args.repeat):
             c, c_wall = timed([str(driver), pattern, str(BATCH), str(SEQUENCE)])
@@ -182,6 +195,7 @@ def main() -> None:
             theirs.append(c["seconds"])
             ours.append(py["seconds"])
             warm.append(py["warm_seconds"])
+            collected.append(py["gc"])
             walls["c"].append(c_wall)
             walls["py"].append(py_wall)
         ratios = sorted(t / o for t, o in zip(theirs, ours))
@@ -192,6 +206,7 @@ def main() -> None:
             {
                 **row,
                 "tokformats (ms)": spread(ours),
+                "of which garbage collection (ms)": spread(collected),
                 "tokformats, modules imported (ms)": spread(warm),
                 "ratio": "/".join(f"{r:.2f}" for r in (ratios[0], statistics.median(ratios), ratios[-1])),
                 "process wall llm.c / tokformats (ms, medians)": (
