@@ -10,7 +10,8 @@ megatron-core's is. megatron-core's ``[0]`` is sequence 0 and tokformats' ``[0]`
 more page (the document index); the ``sequences[0]`` route reads megatron-core's unit. "Cold" asks the kernel to
 drop both files' pages first (``posix_fadvise(DONTNEED)``), so the pages each side touches come from the disk.
 Children run with bytecode caching on (a private ``PYTHONPYCACHEPREFIX``), as an installed package would.
-Differences are tokformats' time minus megatron-core's.
+Differences are tokformats' time minus megatron-core's. ``--baseline DIR`` adds the detected route run against
+another tokformats checkout (``DIR`` on ``PYTHONPATH``) as one more side of the same alternation.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from common import drop_from_cache, machine, scratch, table
 
 HERE = Path(__file__).resolve()
 SIDES = ("tokformats detected", "tokformats format=megatron", "tokformats sequences[0]", "megatron-core")
+#: The detected route against another checkout (``--baseline``), timed in the same alternation.
+BASELINE = "tokformats detected, baseline"
 
 
 def child(side: str, prefix: str, cold: bool) -> None:
@@ -63,15 +66,21 @@ def child(side: str, prefix: str, cold: bool) -> None:
     print(json.dumps({"seconds": seconds, "first": np.asarray(first).tolist()[:8]}))
 
 
-def environment() -> dict[str, str]:
+def environment(source: Path | None = None) -> dict[str, str]:
+    """The children's environment: bytecode cached (a private prefix); ``source``: the tokformats checkout they
+    import (``--baseline``), else whatever the parent imports."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPYCACHEPREFIX"] = str(scratch("open") / "pycache")
+    if source is not None:
+        env["PYTHONPATH"] = str(source)
     return env
 
 
-def run(side: str, prefix: str, cold: bool) -> dict[str, object]:
-    command = [sys.executable, str(HERE), "--child", side, "--prefix", prefix] + (["--cold"] if cold else [])
-    out = subprocess.run(command, check=True, capture_output=True, text=True, env=environment()).stdout
+def run(side: str, prefix: str, cold: bool, baseline: Path | None = None) -> dict[str, object]:
+    """One child; the ``BASELINE`` side is the detected route run against the ``--baseline`` checkout."""
+    child_side, source = (SIDES[0], baseline) if side == BASELINE else (side, None)
+    command = [sys.executable, str(HERE), "--child", child_side, "--prefix", prefix] + (["--cold"] if cold else [])
+    out = subprocess.run(command, check=True, capture_output=True, text=True, env=environment(source)).stdout
     return dict(json.loads(out.strip().splitlines()[-1]))
 
 
@@ -96,6 +105,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--documents", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another tokformats checkout (`git worktree add /tmp/base main`): its detected route, alternated",
+    )
     parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--prefix", help=argparse.SUPPRESS)
     parser.add_argument("--cold", action="store_true", help=argparse.SUPPRESS)
@@ -104,22 +118,23 @@ def main() -> None:
         child(args.child, args.prefix, args.cold)
         return
     prefix = prepare(scratch("open"), args.documents)
-    for side in SIDES:  # fills the bytecode cache and the page cache
-        run(side, prefix, False)
+    sides = SIDES + ((BASELINE,) if args.baseline else ())
+    for side in sides:  # fills the bytecode cache and the page cache
+        run(side, prefix, False, args.baseline)
     rows = []
     for cold in (False, True):
-        times: dict[str, list[float]] = {side: [] for side in SIDES}
+        times: dict[str, list[float]] = {side: [] for side in sides}
         firsts = set()
         for k in range(args.repeat):
-            order = SIDES if k % 2 == 0 else SIDES[::-1]
+            order = sides if k % 2 == 0 else sides[::-1]
             for side in order:
-                result = run(side, prefix, cold)
+                result = run(side, prefix, cold, args.baseline)
                 times[side].append(float(result["seconds"]))  # type: ignore[arg-type]
                 firsts.add(json.dumps(result["first"]))
         if len(firsts) != 1:
             raise SystemExit(f"the sides read different first documents: {firsts}")
         theirs = times["megatron-core"]
-        for side in SIDES[:3]:
+        for side in [*SIDES[:3], *sides[len(SIDES) :]]:
             ours = times[side]
             rows.append(
                 {
