@@ -30,6 +30,7 @@ import itertools
 import os
 import re
 import stat
+import struct
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -125,7 +126,7 @@ def read_convention(head: bytes) -> tuple[str, int | None] | None:
     or None when it records none (llm.c's own writer, or a shard in llm.c's convention)."""
     if len(head) < 24:
         return None
-    mark, code, value = (int(v) for v in np.frombuffer(head, dtype="<i4", count=3, offset=12))
+    mark, code, value = struct.unpack_from("<3i", head, 12)
     kind = CONVENTION_KINDS.get(code)
     if mark != CONVENTION_MARK or kind is None:
         return None
@@ -172,7 +173,7 @@ def read_header(path: Path, head: bytes | None = None, size: int | None = None) 
         raise SizeMismatchError(
             f"{path}: an llm.c shard starts with a {HEADER_BYTES}-byte header, but the file has only {size:,} bytes."
         )
-    magic, version, ntok = (int(v) for v in np.frombuffer(head, dtype="<i4", count=3))
+    magic, version, ntok = struct.unpack_from("<3i", head)  # not NumPy: its first frombuffer costs ~15 us
     family = FAMILIES.get(magic)
     if family is None:
         other = OTHER_MAGICS.get(magic)
