@@ -324,9 +324,7 @@ def test_a_chat_batch_started_before_the_first_one_fell_back_is_encoded_again(
     chats = [[{"role": "user", "content": texts[k]}, {"role": "assistant", "content": texts[k + 1]}]
              for k in range(0, 300, 2)]  # fmt: skip
     corpus.write_text("".join(json.dumps({"messages": m}) + "\n" for m in chats))
-    monkeypatch.setattr(pipeline, "select_engine", lambda tokenizer, engine="auto", **gate: (
-        (TokenizersEngine(tokenizer), "asked for") if engine == "tokenizers" else (_Wrong(tokenizer, set(range(300))), "")
-    ))  # fmt: skip
+    _choose_wrong(monkeypatch, set(range(300)))
     summary = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "run", "datatrove", chat="messages",
                                   batch_size=20, progress=False)  # fmt: skip
     reference = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "ref", "datatrove", chat="messages",

@@ -1194,8 +1194,10 @@ class _PartitionRun:
         good = self._good_records(batch, skipped)
         where = partial(_record_name, self.inputs, good)
         keys = range(len(self.plan.keys)) if good else range(0)
-        encodings = [self.encoder.submit([r.texts[k] for r in good if r.texts], where) for k in keys]
-        return _Started(batch, good, skipped, None, list(encodings))
+        encodings: list[_Encoding | None] = [
+            self.encoder.submit([r.texts[k] for r in good if r.texts], where) for k in keys
+        ]
+        return _Started(batch, good, skipped, None, encodings)
 
     def finish(self, started: _Started) -> None:
         """Finish a :meth:`start` ed batch: its ids (checked) into the spools, the counts, and the position past
