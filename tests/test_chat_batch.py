@@ -330,3 +330,38 @@ def test_a_chatml_subclass_that_renders_or_lays_out_otherwise_is_used_as_written
             return plain._replace(texts=[t.upper() for t in plain.texts])
 
     assert OwnLayout().layout_turns(turns, "assistant", "train").texts == ["Q", "A", "ONLY"]
+
+
+def test_skips_read_ahead_are_counted_with_their_batch_across_a_resume(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path
+) -> None:
+    """The reader thread reads and lays out chat batches ahead of the encoding, bad records included: their skips
+    are counted when their batch is finished, so a run stopped after a checkpoint and resumed counts each once and
+    writes what an uninterrupted run writes."""
+    from tokformats.tokenization import pipeline
+
+    records: list[Any] = [{"messages": [_user(f"q{k}"), _assistant(f"a{k} " * 20)]} for k in range(200)]
+    for k in range(7, 200, 10):
+        records[k] = {"messages": "not a list"}
+    source = tmp_path / "chats.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    options: dict[str, Any] = {"chat": "messages", "on_error": "skip", "batch_size": 20, "progress": False}
+    whole = tokformats.tokenize(source, tokenizer_path, tmp_path / "whole", "datatrove", **options)
+    finish, finished = pipeline._PartitionRun.finish, []
+
+    def stopping(self: Any, started: Any) -> None:
+        if len(finished) == 4:
+            raise KeyboardInterrupt  # after four batches and their checkpoints, with more read ahead
+        finish(self, started)
+        finished.append(started)
+
+    monkeypatch.setattr(pipeline._PartitionRun, "finish", stopping)
+    with pytest.raises(KeyboardInterrupt):
+        tokformats.tokenize(source, tokenizer_path, tmp_path / "run", "datatrove", checkpoint_every=0, **options)
+    monkeypatch.undo()
+    resumed = tokformats.tokenize(source, tokenizer_path, tmp_path / "run", "datatrove", resume=True, **options)
+    assert whole["skipped"] == resumed["skipped"] == 20 and resumed["documents"] == whole["documents"] == 180
+    assert resumed["errors"] == whole["errors"]
+    for suffix in ("", ".loss", ".index"):
+        got, want = (Path(s["outputs"]["text"]["path"] + suffix) for s in (resumed, whole))
+        assert got.read_bytes() == want.read_bytes(), suffix

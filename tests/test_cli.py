@@ -230,13 +230,13 @@ import sys, time
 from pathlib import Path
 from tokformats.cli import main
 from tokformats.tokenization import pipeline
-take, ready = pipeline._PartitionRun.take, Path(sys.argv[1])
-def held(self, batch):
-    take(self, batch)
+finish, ready = pipeline._PartitionRun.finish, Path(sys.argv[1])
+def held(self, started):
+    finish(self, started)
     ready.touch()
     while True:
         time.sleep(0.05)
-pipeline._PartitionRun.take = held
+pipeline._PartitionRun.finish = held
 sys.exit(main(sys.argv[2:]))
 """
 

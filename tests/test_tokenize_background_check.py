@@ -272,3 +272,64 @@ def test_the_first_sample_is_encoded_once_when_tokenizers_encodes_the_batch(
     for suffix in (".bin", ".idx"):
         got, want = (Path(s["outputs"]["text"]["path"] + suffix) for s in (summary, reference))
         assert got.read_bytes() == want.read_bytes()
+
+
+def test_the_engine_encodes_each_batch_while_the_one_before_is_finished(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path
+) -> None:
+    """A run starts batch k + 1 (the engine encodes it in its own thread) before it finishes batch k (its ids into
+    the spools): the output is the reference's, and no encoding thread outlives the run."""
+    texts = _numbered(450)
+    corpus = _corpus(tmp_path, texts)
+    _choose_wrong(monkeypatch, set())
+    events: list[str] = []
+    threads: set[str] = set()
+    start, finish, encode = pipeline._PartitionRun.start, pipeline._PartitionRun.finish, _Wrong.encode
+
+    def started(self: Any, batch: Any, prepared: Any = None) -> Any:
+        events.append(f"start {batch[0].index // 100}")
+        return start(self, batch, prepared)
+
+    def finished(self: Any, batch: Any) -> None:
+        events.append(f"finish {batch.batch[0].index // 100}")
+        finish(self, batch)
+
+    def encoded(self: Any, batch: list[str], split_special: bool = False) -> Any:
+        threads.add(threading.current_thread().name)
+        return encode(self, batch, split_special)
+
+    monkeypatch.setattr(pipeline._PartitionRun, "start", started)
+    monkeypatch.setattr(pipeline._PartitionRun, "finish", finished)
+    monkeypatch.setattr(_Wrong, "encode", encoded)
+    summary = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "out", "megatron", progress=False, batch_size=100)
+    assert events == ["start 0", "start 1", "finish 0", "start 2", "finish 1", "start 3", "finish 2", "start 4",
+                      "finish 3", "finish 4"]  # fmt: skip
+    assert threads == {"tokformats-encode_0"}
+    tokformats.tokenize(corpus, tokenizer_path, tmp_path / "ref", "megatron", progress=False, engine="tokenizers")
+    assert summary["engine"] == "wrong-late" and summary["documents"] == len(texts)
+    for suffix in (".bin", ".idx"):
+        ours, theirs = tmp_path / f"out_text_document{suffix}", tmp_path / f"ref_text_document{suffix}"
+        assert ours.read_bytes() == theirs.read_bytes(), suffix
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("tokformats-encode")]
+
+
+def test_a_chat_batch_started_before_the_first_one_fell_back_is_encoded_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path
+) -> None:
+    """Under ``auto``, the engine differs in every message of a chat run: the run falls back on tokenizers at the
+    first batch, and the batch the engine had encoded meanwhile is encoded again by it (ids and masks as a
+    tokenizers run's)."""
+    texts = _numbered(300)
+    corpus = tmp_path / "chats.jsonl"
+    chats = [[{"role": "user", "content": texts[k]}, {"role": "assistant", "content": texts[k + 1]}]
+             for k in range(0, 300, 2)]  # fmt: skip
+    corpus.write_text("".join(json.dumps({"messages": m}) + "\n" for m in chats))
+    _choose_wrong(monkeypatch, set(range(300)))
+    summary = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "run", "datatrove", chat="messages",
+                                  batch_size=20, progress=False)  # fmt: skip
+    reference = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "ref", "datatrove", chat="messages",
+                                    engine="tokenizers", progress=False)  # fmt: skip
+    assert summary["engine"] == "tokenizers" and summary["documents"] == len(chats)
+    for suffix in ("", ".loss", ".index"):
+        got, want = (Path(s["outputs"]["text"]["path"] + suffix) for s in (summary, reference))
+        assert got.read_bytes() == want.read_bytes(), suffix

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..core.documents import offsets_from_lengths
 from .chat import Message, Turns
-from .templates import ChatTemplate, Segment, ends_trained
+from .templates import ChatTemplate, Layout, Segment, ends_trained
 
 __all__ = ["ChatEncoder", "EndOfDocument", "render"]
 
@@ -84,7 +84,22 @@ class ChatEncoder:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`encode` of a batch read flat (:func:`~tokformats.tokenization.chat.turns_of`); with ``eos``, each
         conversation's end-of-document id is placed in the same pass (see :class:`EndOfDocument`)."""
-        layout = self.template.layout_turns(turns, self.train_on, self.thought)
+        return self.encode_layout(turns, self.layout(turns), encode_content, dtype, eos)
+
+    def layout(self, turns: Turns) -> Layout:
+        """The template's :class:`~tokformats.tokenization.templates.Layout` of a batch read flat: the Python half
+        of :meth:`encode_turns`, which a run does in its reader thread while the engine encodes the batch before."""
+        return self.template.layout_turns(turns, self.train_on, self.thought)
+
+    def encode_layout(
+        self,
+        turns: Turns,
+        layout: Layout,
+        encode_content: Callable[[list[str]], tuple[np.ndarray, np.ndarray]],
+        dtype: np.dtype,
+        eos: EndOfDocument | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`encode_turns` of ``turns`` already laid out (:meth:`layout`)."""
         texts, sources = layout.texts, layout.sources
         content_flat, content_lengths = encode_content(texts) if texts else (np.zeros(0, dtype), np.zeros(0, np.int64))
         is_content = sources >= 0

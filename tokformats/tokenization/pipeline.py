@@ -39,9 +39,10 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple, NoReturn
 
@@ -72,7 +73,7 @@ from .engines import (
 )
 from .partitions import PARTITION_BYTES, iter_partitions
 from .sources import Input, Record, SourceError, iter_records, resolve_inputs
-from .templates import THOUGHT, TRAIN_ON, load_template
+from .templates import THOUGHT, TRAIN_ON, Layout, load_template
 from .tokenizer import load_tokenizer
 from .workers import parent_watch, submitter
 
@@ -602,10 +603,16 @@ MAX_BATCH_TEXT = 1 << 20
 
 
 def _batches(
-    records: Iterator[Record], size: int, out: queue.Queue[Any], stop: threading.Event, counters: list[Any]
+    records: Iterator[Record],
+    size: int,
+    out: queue.Queue[Any],
+    stop: threading.Event,
+    counters: list[Any],
+    prepare: Callable[[list[Record]], Any] | None = None,
 ) -> None:
     """The reader thread: groups records into batches of ``size`` documents, each with the input bytes read up to
-    its end (so progress counts what was encoded, not what was read ahead); passes errors on."""
+    its end (so progress counts what was encoded, not what was read ahead) and, with ``prepare``, what
+    ``prepare(batch)`` makes of it (None without); passes errors on, in order."""
     try:
         batch: list[Record] = []
         text = 0
@@ -615,10 +622,10 @@ def _batches(
             batch.append(record)
             text += sum(map(len, record.texts)) if record.texts else 0
             if len(batch) >= size or text >= MAX_BATCH_TEXT:
-                out.put((batch, sum(c.count for c in counters)))
+                out.put((batch, sum(c.count for c in counters), prepare(batch) if prepare else None))
                 batch, text = [], 0
         if batch:
-            out.put((batch, sum(c.count for c in counters)))
+            out.put((batch, sum(c.count for c in counters), prepare(batch) if prepare else None))
         out.put(None)
     except BaseException as exc:  # delivered to the main thread, which raises it
         out.put(exc)
@@ -709,6 +716,9 @@ class Encoder:
         #: Where the reference encodes the sampled texts while the engine encodes the batch (set for a run by
         #: :meth:`_PartitionRun.run`); None: checked in line.
         self.verifier: Executor | None = None
+        #: Where the engine encodes a batch while the run finishes the one before (set for a run by
+        #: :meth:`_PartitionRun.run`); None: encoded in line.
+        self.encoding: Executor | None = None
         self._pending: collections.deque[_Check] = collections.deque()
 
     def encode(
@@ -717,28 +727,51 @@ class Encoder:
         """``texts`` as ``(ids in dtype, lengths)``; ``where(k)`` names text k's record for an error. With
         ``split_special`` (chat message text), special tokens spelled in a text are encoded as text. With a
         :attr:`verifier` (a run's), the reference re-encodes the sampled texts there while the engine encodes the
-        batch here, and the comparison waits (:meth:`settle`, before every checkpoint): the same documents are
+        batch, and the comparison waits (:meth:`settle`, before every checkpoint): the same documents are
         checked, and a difference raises before anything past the last checkpoint is committed. Only a comparison
-        whose outcome may switch the engine (the first batch under ``auto``) is made at once."""
+        whose outcome may switch the engine (the first batch under ``auto``) is made at once. :meth:`submit` and
+        :meth:`result` are its two halves."""
+        return self.result(self.submit(texts, where, split_special), dtype)
+
+    def submit(self, texts: list[str], where: Any, split_special: bool = False) -> _Encoding:
+        """Start encoding a batch (in :attr:`encoding` when set, else here) and its sample's check; batches are
+        submitted in order, and each one's :meth:`result` taken in the same order."""
         chosen, reference = np.zeros(0, np.intp), None
         if self.engine is not self.reference and texts:
             chosen = self._sample(texts)
             if len(chosen):
                 reference = self._reference_ids(texts, chosen, split_special)
-        flat, lengths = encoded(self.engine, texts, split_special)
+        if self.encoding is not None:
+            ids = self.encoding.submit(encoded, self.engine, texts, split_special)
+        else:
+            ids = Future()
+            ids.set_result(encoded(self.engine, texts, split_special))
+        self.batches += 1
+        return _Encoding(texts, where, split_special, self.engine, ids, chosen, reference, self.batches == 1)
+
+    def result(self, encoding: _Encoding, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of a :meth:`submit` ted batch in ``dtype``, and its lengths; its check compared or deferred. A
+        batch the engine encoded before the first batch's check replaced it by the reference is encoded again."""
+        texts, split_special, reference = encoding.texts, encoding.split_special, encoding.reference
+        if encoding.engine is self.engine:
+            flat, lengths = encoding.ids.result()
+        elif reference is None:  # the first batch fell back on the reference after this one was started
+            flat, lengths = encoded(self.engine, texts, split_special)
+        else:  # the same, with a sample the reference encoded already
+            flat, lengths = self._reference_batch(texts, encoding.chosen, reference, split_special)
+            reference = None  # the reference encoded it all: nothing to check
         if reference is not None:
-            check = _Check.of(texts, chosen, where, reference, flat, lengths)
-            if self.verifier is not None and (self.batches or self.explicit):  # a difference raises: compare later
+            check = _Check.of(texts, encoding.chosen, encoding.where, reference, flat, lengths)
+            if self.verifier is not None and (not encoding.first or self.explicit):  # raises: compare later
                 self._defer(check)
             else:
-                self._compare(check)
+                self._compare(check, encoding.first)
                 if self.engine is self.reference:  # fell back on the first sample: the reference encodes it all
-                    flat, lengths = self._reference_batch(texts, chosen, reference, split_special)
-        self.batches += 1
+                    flat, lengths = self._reference_batch(texts, encoding.chosen, reference, split_special)
         if flat.dtype.itemsize > dtype.itemsize and len(flat) and flat.max() > np.iinfo(dtype).max:
             k = int(np.searchsorted(np.cumsum(lengths), int(np.argmax(flat > np.iinfo(dtype).max)), side="right"))
             raise EngineMismatchError(  # the cast would wrap it into another, valid-looking id
-                f"{self.engine.name} gave id {int(flat.max()):,} for {where(k)}, beyond the vocabulary's "
+                f"{self.engine.name} gave id {int(flat.max()):,} for {encoding.where(k)}, beyond the vocabulary's "
                 f"{dtype.name}; nothing wrong was written."
             )
         return flat.astype(dtype, copy=False), lengths
@@ -794,14 +827,14 @@ class Encoder:
         while self._pending and (
             self._pending[0].reference.done() or sum(c.text for c in self._pending) > self.PENDING_TEXT
         ):
-            self._compare(self._pending.popleft())
+            self._compare(self._pending.popleft(), False)
 
     def settle(self) -> None:
         """Compare every check still outstanding, in order: a difference raises
         :class:`~tokformats.engines.EngineMismatchError` here. Called before a checkpoint commits the spools and
         before the outputs are written, so that nothing a check has not passed is ever committed."""
         while self._pending:
-            self._compare(self._pending.popleft())
+            self._compare(self._pending.popleft(), False)
 
     def discard(self) -> None:
         """Drop the outstanding checks (the run is failing anyway; the spools past the checkpoint are cut on
@@ -810,17 +843,34 @@ class Encoder:
             check.reference.cancel()
         self._pending.clear()
 
-    def _compare(self, check: _Check) -> None:
+    def _compare(self, check: _Check, first: bool) -> None:
+        """Compare a batch's check; a difference in the ``first`` batch under ``auto`` switches to the reference,
+        any other raises."""
         n = differing_text(*check.reference.result(), check.ids, check.lengths)
         if n is None:
             return
         message = f"{self.engine.name} gave other ids than tokenizers for {check.names[n]} ({check.texts[n][:60]!r})"
-        if self.batches or self.explicit:
+        if not first or self.explicit:
             raise EngineMismatchError(
                 f"{message}; nothing wrong was written. Resume with {option('engine', repr('tokenizers'))}: "
                 "the output is the same whichever engine runs."
             )
         self.engine, self.reason = self.reference, f"{message} on the first batch: tokenizers runs instead"
+
+
+class _Encoding(NamedTuple):
+    """A batch :meth:`Encoder.submit` started: its texts, how to name text k (``where``) and ``split_special``,
+    the ``engine`` that encodes it and its future ``ids`` (flat ids, lengths), the texts ``chosen`` for the check
+    and the reference's future ids of them (None: no check), and whether it is the run's ``first`` batch."""
+
+    texts: list[str]
+    where: Any
+    split_special: bool
+    engine: Engine
+    ids: Future[tuple[np.ndarray, np.ndarray]]
+    chosen: np.ndarray
+    reference: Future[tuple[np.ndarray, np.ndarray]] | None
+    first: bool
 
 
 class _Check(NamedTuple):
@@ -906,6 +956,29 @@ def _load_checkpoint(folder: Path, plan: Plan, resume: bool) -> dict[str, Any]:
             f"Run with the same settings to resume, or pass {option('overwrite')} to start over."
         )
     return state
+
+
+class _ChatBatch(NamedTuple):
+    """A batch of chat records as :meth:`_PartitionRun.prepare_chat` made it: the ``good`` records that hold a
+    conversation, their ``turns`` and the template's ``layout`` of them (None when there are none), and the
+    errors of the records ``skipped`` (``on_error="skip"``)."""
+
+    good: list[Record]
+    turns: Turns
+    layout: Layout | None
+    skipped: list[str]
+
+
+class _Started(NamedTuple):
+    """A batch :meth:`_PartitionRun.start` started: the ``batch``, its ``good`` records, the errors of those
+    ``skipped``, the ``chat`` batch (None in a text run), and one encoding per text key (a chat run's: one, None
+    when its conversations hold no message text)."""
+
+    batch: list[Record]
+    good: list[Record]
+    skipped: list[str]
+    chat: _ChatBatch | None
+    encodings: list[_Encoding | None]
 
 
 class _PartitionRun:
@@ -1010,8 +1083,9 @@ class _PartitionRun:
             if len(chosen):
                 self.sources[(key, split)].append(chosen)
 
-    def _good_records(self, batch: list[Record]) -> list[Record]:
-        """The batch's records that hold text; bad ones raise, or are counted and skipped with ``on_error="skip"``."""
+    def _good_records(self, batch: list[Record], skipped: list[str]) -> list[Record]:
+        """The batch's records that hold text; a bad one raises, or its error goes to ``skipped`` with
+        ``on_error="skip"``."""
         good = []
         for record in batch:
             if record.texts is not None:
@@ -1021,8 +1095,7 @@ class _PartitionRun:
                     raise SourceError(
                         f"{record.error} Pass {option('on_error', repr('skip'))} to count and skip bad records."
                     )
-                self.stats.skipped += 1
-                self.stats.errors.append(record.error)
+                skipped.append(record.error)
         return good
 
     def _spool(
@@ -1045,9 +1118,9 @@ class _PartitionRun:
         """A record's place for messages: its file and line (an iterable's item), worded only when an error is."""
         return _Place(self.inputs[record.input], record.index)
 
-    def _conversations(self, good: list[Record]) -> tuple[list[Record], Turns]:
+    def _conversations(self, good: list[Record], skipped: list[str]) -> tuple[list[Record], Turns]:
         """The records that hold a conversation of the run's schema, and their messages (read a batch at a time);
-        a record that does not is raised, or counted and skipped with ``on_error="skip"``."""
+        a record that does not is raised, or its error goes to ``skipped`` with ``on_error="skip"``."""
         chat = self.chat
         if chat is None:
             raise ValueError("a text run has no conversations")
@@ -1056,27 +1129,39 @@ class _PartitionRun:
             if self.plan.on_error != "skip":
                 hint = f"Pass {option('on_error', repr('skip'))} to count and skip bad records."
                 raise ChatError(f"{error} {hint}") from None
-            self.stats.skipped += 1
-            self.stats.errors.append(str(error))
+            skipped.append(str(error))
 
         kept, turns = turns_of([r.value for r in good], chat.schema, lambda k: self._where(good[k]), skip)
         return (good if len(kept) == len(good) else [good[k] for k in kept]), turns
 
-    def _take_chat(self, good: list[Record], split_of_records: Any) -> None:
-        """Encode a batch's conversations with their loss masks into the spools."""
+    def prepare_chat(self, batch: list[Record]) -> _ChatBatch:
+        """A batch of chat records read into turns and laid out by the template: the Python half of a chat batch,
+        which :meth:`run` has its reader thread do while the engine encodes the batch before (the engine releases
+        the GIL). It changes nothing of the run: the skipped records' errors go with the batch, counted when the
+        batch is taken, so that a checkpoint never counts a batch ahead of its position."""
         encoder = self.chat_encoder
         if encoder is None:
             raise ValueError("a text run has no chat encoder")
-        good, turns = self._conversations(good)
-        if not good:
-            return
-        flat, lengths, mask, _ = encoder.encode_turns(
-            turns,
-            lambda texts: self.encoder.encode(texts, self.dtype, lambda n: "a chat message", split_special=True),
-            self.dtype,
-            _chat_eos(self.plan, self.delimit_empty),
-        )
-        split_of = split_of_records(good)
+        skipped: list[str] = []
+        good = self._good_records(batch, skipped)
+        good, turns = self._conversations(good, skipped) if good else (good, Turns.of([]))
+        return _ChatBatch(good, turns, encoder.layout(turns) if good else None, skipped)
+
+    def _take_chat(self, prepared: _ChatBatch, encoding: _Encoding | None) -> None:
+        """A batch's conversations, their message texts' encoding started (None: they have none), with their loss
+        masks into the spools."""
+        encoder, good, layout = self.chat_encoder, prepared.good, prepared.layout
+        if encoder is None or layout is None:
+            raise ValueError("a text run has no chat encoder")
+
+        def content(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+            if encoding is None or encoding.texts is not texts:
+                raise ValueError("the batch's message texts are not the ones whose encoding was started")
+            return self.encoder.result(encoding, self.dtype)
+
+        eos = _chat_eos(self.plan, self.delimit_empty)
+        flat, lengths, mask, _ = encoder.encode_layout(prepared.turns, layout, content, self.dtype, eos)
+        split_of = self._split_of(good)
         self._spool(self.plan.keys[0], flat, lengths, split_of, mask)
         self._spool_sources(self.plan.keys[0], good, split_of)
         self.stats.documents += len(good)
@@ -1092,20 +1177,43 @@ class _PartitionRun:
             self.fractions,
         )
 
-    def take(self, batch: list[Record]) -> None:
-        """Encode one batch of records into the spools and move the position past it."""
-        good = self._good_records(batch)
-        self.stats.records += len(batch)
-        if good and self.chat is not None:
-            self._take_chat(good, self._split_of)
+    def take(self, batch: list[Record], prepared: _ChatBatch | None = None) -> None:
+        """Encode one batch of records into the spools and move the position past it: :meth:`start`, then
+        :meth:`finish`."""
+        self.finish(self.start(batch, prepared))
+
+    def start(self, batch: list[Record], prepared: _ChatBatch | None = None) -> _Started:
+        """Start encoding one batch of records (a chat run's as :meth:`prepare_chat` made it, made here when not
+        given): in a run, the engine encodes it in a thread of its own while the batch before is finished."""
+        if self.chat is not None:
+            prepared = prepared or self.prepare_chat(batch)
+            texts = [] if prepared.layout is None else prepared.layout.texts
+            started = self.encoder.submit(texts, _chat_message, split_special=True) if texts else None
+            return _Started(batch, prepared.good, prepared.skipped, prepared, [started])
+        skipped: list[str] = []
+        good = self._good_records(batch, skipped)
+        where = partial(_record_name, self.inputs, good)
+        keys = range(len(self.plan.keys)) if good else range(0)
+        encodings: list[_Encoding | None] = [
+            self.encoder.submit([r.texts[k] for r in good if r.texts], where) for k in keys
+        ]
+        return _Started(batch, good, skipped, None, encodings)
+
+    def finish(self, started: _Started) -> None:
+        """Finish a :meth:`start` ed batch: its ids (checked) into the spools, the counts, and the position past
+        it."""
+        good = started.good
+        self.stats.skipped += len(started.skipped)
+        self.stats.errors += started.skipped
+        self.stats.records += len(started.batch)
+        if started.chat is not None and good:
+            self._take_chat(started.chat, started.encodings[0])
         elif good:
             split_of = self._split_of(good)
-            for k, key in enumerate(self.plan.keys):
-                flat, lengths = self.encoder.encode(
-                    [r.texts[k] for r in good if r.texts],
-                    self.dtype,
-                    lambda n, good=good: f"{self.inputs[good[n].input].name}, record {good[n].index}",
-                )
+            for k, (key, encoding) in enumerate(zip(self.plan.keys, started.encodings)):
+                if encoding is None:
+                    raise ValueError("a batch of text records was started without their texts")
+                flat, lengths = self.encoder.result(encoding, self.dtype)
                 flat, lengths = _add_eos(self.plan, flat, lengths, self.delimit_empty)
                 self._spool(key, flat, lengths, split_of)
                 self._spool_sources(key, good, split_of)
@@ -1113,7 +1221,7 @@ class _PartitionRun:
                     self.stats.documents += len(good)
                 self.stats.text += sum(len(r.texts[k]) for r in good if r.texts)
                 self.stats.tokens += len(flat)
-        last = batch[-1]
+        last = started.batch[-1]
         self.position = (last.input + self.first_input, last.index)
 
     def run(self, *, batch_size: int, progress: Progress | None, checkpoint_every: float) -> None:
@@ -1125,29 +1233,35 @@ class _PartitionRun:
         records = iter_records(self.inputs, keys, self.plan.unit, start=local_start, counter=counters)
         batches: queue.Queue[Any] = queue.Queue(maxsize=4)
         stop = threading.Event()
-        reader = threading.Thread(target=_batches, args=(records, batch_size, batches, stop, counters), daemon=True)
+        prepare = self.prepare_chat if self.chat is not None else None
+        reader = threading.Thread(
+            target=_batches, args=(records, batch_size, batches, stop, counters, prepare), daemon=True
+        )
         reader.start()
         last_save = time.perf_counter()
-        # The reference encodes the sampled documents in a thread of its own while the engine encodes the batch:
-        # both release the GIL, so on two cores the check overlaps the encoding instead of following it.
+        # The reference encodes the sampled documents in a thread of its own, and the engine each batch in another
+        # while this one finishes the batch before (its ids into the spools): the engines release the GIL, so on
+        # two cores the check and this thread's Python overlap the encoding instead of following it.
         verifier = ThreadPoolExecutor(1, thread_name_prefix="tokformats-verify")
-        self.encoder.verifier = verifier
+        encoding = ThreadPoolExecutor(1, thread_name_prefix="tokformats-encode")
+        self.encoder.verifier, self.encoder.encoding = verifier, encoding
         try:
+            started: tuple[_Started, int] | None = None
             while (item := batches.get()) is not None:
                 if isinstance(item, BaseException):
                     raise item
-                batch, read_through = item
-                self.take(batch)
-                if progress is not None:
-                    progress.encoded = read_through
-                    progress.update(self.stats)
-                if time.perf_counter() - last_save >= checkpoint_every:
-                    self.save()
-                    last_save = time.perf_counter()
+                batch, read_through, prepared = item
+                following = (self.start(batch, prepared), read_through)
+                if started is not None:
+                    last_save = self._finish_one(*started, progress, checkpoint_every, last_save)
+                started = following
+            if started is not None:
+                self._finish_one(*started, progress, checkpoint_every, last_save)
             self.save(done=True)
         finally:
-            self.encoder.verifier = None
+            self.encoder.verifier = self.encoder.encoding = None
             self.encoder.discard()  # nothing is left after the last save; on an error, no one waits for them
+            encoding.shutdown(wait=True, cancel_futures=True)
             verifier.shutdown(wait=True, cancel_futures=True)
             stop.set()
             while reader.is_alive():  # unblock a reader waiting on a full queue
@@ -1155,6 +1269,31 @@ class _PartitionRun:
                     batches.get_nowait()
                 except queue.Empty:
                     reader.join(0.05)
+
+
+    def _finish_one(
+        self, started: _Started, read_through: int, progress: Progress | None, every: float, last_save: float
+    ) -> float:
+        """:meth:`finish` a batch, report the progress, and checkpoint when ``every`` seconds have passed since
+        ``last_save``; the time of the last checkpoint."""
+        self.finish(started)
+        if progress is not None:
+            progress.encoded = read_through
+            progress.update(self.stats)
+        if time.perf_counter() - last_save >= every:
+            self.save()
+            last_save = time.perf_counter()
+        return last_save
+
+
+def _record_name(inputs: list[Input], good: list[Record], n: int) -> str:
+    """How an error names text ``n`` of a batch of ``good`` records."""
+    return f"{inputs[good[n].input].name}, record {good[n].index}"
+
+
+def _chat_message(n: int) -> str:
+    """How an error names a chat message text."""
+    return "a chat message"
 
 
 def _encode_partition(
