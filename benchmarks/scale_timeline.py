@@ -42,7 +42,8 @@ def stamped(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
 
 
 PHASES = ("load_tokenizer", "_make_plan", "_worker_engine", "_build_worker_engine", "_encode_in_parallel",
-          "_encode_partition", "_write_outputs", "copy_spool")  # fmt: skip
+          "_encode_partition", "_write_outputs", "copy_spool", "join_spool", "_output_summary", "_named_plan",
+          "_tokenizer_for_plan")  # fmt: skip
 for phase in PHASES:
     if hasattr(pipeline, phase):
         setattr(pipeline, phase, stamped(phase, getattr(pipeline, phase)))
@@ -58,6 +59,18 @@ def first_encode(self: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 pipeline.Encoder.encode = first_encode  # type: ignore[method-assign]
+_fsync = os.fsync
+
+
+def timed_fsync(fd: int) -> None:
+    """``os.fsync`` stamped when it takes 10 ms or more (the outputs' durability at the end of the run)."""
+    started = time.time()
+    _fsync(fd)
+    if time.time() - started >= 0.01:
+        stamp(f"fsync {time.time() - started:.2f}s")
+
+
+os.fsync = timed_fsync
 
 if __name__ == "__main__":
     source, output, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
