@@ -1,0 +1,93 @@
+"""A parallel run's start: the executor's workers are started (one warm-up job per core, at most one per partition)
+before the parent loads the tokenizer, so that a spawned pool's processes start and import while it does; nothing
+else changes (the partitions' jobs, their order, the output)."""
+
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tokformats
+from tokformats.errors import ConfigError
+from tokformats.tokenization import pipeline
+from tokformats.tokenization.sample_text import sample_texts
+
+
+class _Recording(ThreadPoolExecutor):
+    """A thread pool that records what is submitted, in one list with the parent's tokenizer loads."""
+
+    def __init__(self, events: list[str]) -> None:
+        super().__init__(2)
+        self.events = events
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
+        self.events.append(fn.__name__)
+        return super().submit(fn, *args, **kwargs)
+
+
+def _source(path: Path, documents: int) -> Path:
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in sample_texts(documents)), encoding="utf-8")
+    return path
+
+
+def _files(summary: dict[str, Any]) -> list[bytes]:
+    return [Path(f).read_bytes() for output in summary["outputs"].values() for f in output["files"]]
+
+
+def test_the_workers_are_started_before_the_tokenizer_is_loaded_and_the_output_is_unchanged(
+    tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events: list[str] = []
+    load = pipeline.load_tokenizer
+
+    def recorded(tokenizer: Any) -> Any:
+        events.append("load_tokenizer")
+        return load(tokenizer)
+
+    monkeypatch.setattr(pipeline, "load_tokenizer", recorded)
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    source = _source(tmp_path / "a.jsonl", 1200)
+    single = tokformats.tokenize(source, tokenizer_path, tmp_path / "one", "megatron", progress=False)
+    events.clear()
+    with _Recording(events) as pool:
+        summary = tokformats.tokenize(source, tokenizer_path, tmp_path / "p", "megatron", progress=False,
+                                      executor=pool, partitions=5)  # fmt: skip
+    # one warm-up per core (3 here), all before the tokenizer is loaded, then the 5 partitions in order
+    assert events == ["_worker_ready"] * 3 + ["load_tokenizer"] + ["_partition_job"] * 5
+    assert _files(summary) == _files(single)
+    events.clear()
+    with _Recording(events) as pool:  # no more warm-ups than partitions
+        tokformats.tokenize(source, tokenizer_path, tmp_path / "q", "megatron", progress=False, executor=pool,
+                            partitions=2)  # fmt: skip
+    assert events == ["_worker_ready"] * 2 + ["load_tokenizer"] + ["_partition_job"] * 2
+
+
+def test_nothing_is_submitted_for_a_run_refused_before_it_starts(tmp_path: Path, tokenizer_path: Path) -> None:
+    events: list[str] = []
+    source = _source(tmp_path / "a.jsonl", 10)
+    with _Recording(events) as pool, pytest.raises(ConfigError, match="partitions must be at least 1"):
+        tokformats.tokenize(source, tokenizer_path, tmp_path / "p", "megatron", progress=False, executor=pool,
+                            partitions=0)  # fmt: skip
+    assert events == []
+
+
+def test_a_warm_up_imports_the_fast_engines_that_may_be_selected(monkeypatch: pytest.MonkeyPatch) -> None:
+    imported: list[str] = []
+    monkeypatch.setattr("importlib.import_module", lambda name: imported.append(name))
+    assert pipeline._worker_ready("auto") == os.getpid()
+    assert imported == ["fastokens", "splintr"]
+    imported.clear()
+    pipeline._worker_ready("splintr")
+    pipeline._worker_ready("tokenizers")
+    assert imported == ["splintr"]
+
+    def missing(name: str) -> None:
+        raise ImportError(name)
+
+    monkeypatch.setattr("importlib.import_module", missing)
+    assert pipeline._worker_ready("auto") == os.getpid()  # left to the worker's gate to report
