@@ -47,7 +47,7 @@ def stamped(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
 
 PHASES = ("load_tokenizer", "_make_plan", "_worker_engine", "_build_worker_engine", "_encode_in_parallel",
           "_encode_partition", "_write_outputs", "copy_spool", "join_spool", "_output_summary", "_named_plan",
-          "_tokenizer_for_plan")  # fmt: skip
+          "_tokenizer_for_plan", "_discard", "_warm_workers")  # fmt: skip
 for phase in PHASES:
     if hasattr(pipeline, phase):
         setattr(pipeline, phase, stamped(phase, getattr(pipeline, phase)))
@@ -75,6 +75,16 @@ def timed_fsync(fd: int) -> None:
 
 
 os.fsync = timed_fsync
+if hasattr(os, "fdatasync"):  # the outputs written back after each partition
+    _fdatasync = os.fdatasync
+
+    def timed_fdatasync(fd: int) -> None:
+        started = time.time()
+        _fdatasync(fd)
+        if time.time() - started >= 0.01:
+            stamp(f"fdatasync {time.time() - started:.2f}s")
+
+    os.fdatasync = timed_fdatasync
 
 if __name__ == "__main__":
     source, output, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])

@@ -91,3 +91,50 @@ def test_a_warm_up_imports_the_fast_engines_that_may_be_selected(monkeypatch: py
 
     monkeypatch.setattr("importlib.import_module", missing)
     assert pipeline._worker_ready("auto") == os.getpid()  # left to the worker's gate to report
+
+
+def test_write_back_puts_the_written_bytes_in_the_file_and_leaves_it_open(tmp_path: Path) -> None:
+    from tokformats.fs.atomic import AtomicFiles
+
+    files = AtomicFiles()
+    handle = files.create(tmp_path / "out.bin")
+    handle.write(b"abc" * 100)
+    temporary = Path(handle.name)
+    assert temporary.stat().st_size == 0  # still in the handle's buffer
+    files.write_back()
+    assert temporary.read_bytes() == b"abc" * 100 and not handle.closed
+    handle.write(b"d")
+    assert files.commit() == [tmp_path / "out.bin"]
+    assert (tmp_path / "out.bin").read_bytes() == b"abc" * 100 + b"d" and not temporary.exists()
+
+
+def test_a_parallel_runs_outputs_are_written_back_after_each_partition_and_a_single_runs_not(
+    tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tokformats.core.protocol import Writer
+
+    synced: dict[str, list[int]] = {}  # the documents each output held at each of its write-backs
+    write_back = Writer.write_back
+
+    def counted(self: Any) -> None:
+        synced.setdefault(str(self.path), []).append(self.num_documents)
+        write_back(self)
+
+    monkeypatch.setattr(Writer, "write_back", counted)
+    source = _source(tmp_path / "a.jsonl", 1000)
+    single = tokformats.tokenize(source, tokenizer_path, tmp_path / "one", "megatron", progress=False,
+                                 split="9:1")  # fmt: skip
+    assert synced == {}
+    with ThreadPoolExecutor(2) as pool:
+        summary = tokformats.tokenize(source, tokenizer_path, tmp_path / "p", "megatron", progress=False,
+                                      split="9:1", executor=pool, partitions=4)  # fmt: skip
+    assert sorted(synced) == sorted(o["path"] for o in summary["outputs"].values())  # both outputs
+    assert [len(counts) for counts in synced.values()] == [4, 4]  # after each of the four partitions
+    for output in summary["outputs"].values():  # the last write-back holds every document
+        counts = synced[output["path"]]
+        assert counts == sorted(counts) and counts[-1] == output["documents"]
+    assert _files(summary) == _files(single)
+    writer = tokformats.create(tmp_path / "w", "megatron", vocab_size=100)
+    writer.close()
+    with pytest.raises(ValueError, match="already committed"):
+        writer.write_back()

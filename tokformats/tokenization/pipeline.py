@@ -1808,6 +1808,8 @@ def _write_outputs(
             for name, writer in writers.items():
                 if not (single and adopt_spool(writer, part, name, dtype)):
                     join_spool(writer, part, name, dtype)
+                if not single:  # on the disk while later partitions encode: the close syncs the last one only
+                    writer.write_back()
             done.append(part)
         for writer in writers.values():
             writer.close()
