@@ -76,23 +76,6 @@ def test_nothing_is_submitted_for_a_run_refused_before_it_starts(tmp_path: Path,
     assert events == []
 
 
-def test_a_warm_up_imports_the_fast_engines_that_may_be_selected(monkeypatch: pytest.MonkeyPatch) -> None:
-    imported: list[str] = []
-    monkeypatch.setattr("importlib.import_module", lambda name: imported.append(name))
-    assert pipeline._worker_ready("auto") == os.getpid()
-    assert imported == ["fastokens", "splintr"]
-    imported.clear()
-    pipeline._worker_ready("splintr")
-    pipeline._worker_ready("tokenizers")
-    assert imported == ["splintr"]
-
-    def missing(name: str) -> None:
-        raise ImportError(name)
-
-    monkeypatch.setattr("importlib.import_module", missing)
-    assert pipeline._worker_ready("auto") == os.getpid()  # left to the worker's gate to report
-
-
 def test_write_back_puts_the_written_bytes_in_the_file_and_leaves_it_open(tmp_path: Path) -> None:
     from tokformats.fs.atomic import AtomicFiles
 

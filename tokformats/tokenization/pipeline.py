@@ -1367,7 +1367,7 @@ def tokenize(
     format = format or default_corpus_format()
     writer_class = api.corpus_writer(format)
     eos = _eos_mode(eos, writer_class, on_error, verify_fraction, engine)
-    resolved = _resolved_inputs(inputs, executor, partitions, engine)  # a pool's workers start meanwhile
+    resolved = _resolved_inputs(inputs, executor, partitions)  # with an executor, its workers start meanwhile
     loaded = load_tokenizer(tokenizer)
     plan, serialised = _make_plan(resolved, loaded, format, text_key, eos, eos_id, split, seed, unit, on_error)
     spec = None
@@ -1673,16 +1673,16 @@ def _partition_count(resolved: list[Input], partitions: int | None) -> int:
     return partitions or max(len(resolved), -(-total // PARTITION_BYTES))
 
 
-def _resolved_inputs(inputs: Any, executor: Executor | None, partitions: int | None, engine: str) -> list[Input]:
+def _resolved_inputs(inputs: Any, executor: Executor | None, partitions: int | None) -> list[Input]:
     """The run's inputs; with an ``executor``, its workers are started now (:func:`_warm_workers`), so that they
     start while the parent loads the tokenizer, not after."""
     resolved = resolve_inputs(inputs)
     if executor is not None:
-        _warm_workers(executor, _partition_count(resolved, partitions), engine)
+        _warm_workers(executor, _partition_count(resolved, partitions))
     return resolved
 
 
-def _warm_workers(executor: Executor, partitions: int, engine: str) -> list[Future[int]]:
+def _warm_workers(executor: Executor, partitions: int) -> list[Future[int]]:
     """Start ``executor``'s workers before the parent has the run's tokenizer (0.6-0.9 s for a named vocabulary):
     one :func:`_worker_ready` per core (at most one per partition), so that a process pool's workers are spawned and
     have imported what a partition needs by the time the first partition is submitted (a spawned pool starts a
@@ -1692,20 +1692,14 @@ def _warm_workers(executor: Executor, partitions: int, engine: str) -> list[Futu
     submit = getattr(executor, "submit", None)
     if submit is None:
         return []
-    return [submit(_worker_ready, engine) for _ in range(min(partitions, os.cpu_count() or 1))]
+    return [submit(_worker_ready) for _ in range(min(partitions, os.cpu_count() or 1))]
 
 
-def _worker_ready(engine: str) -> int:
-    """Run in an executor worker at the start of a parallel run: this module is imported by the time it runs (it
-    is pickled by reference), and the fast engines that ``engine`` may select are imported here (one that is not
-    installed is left to the worker's gate to report). The worker's process id."""
-    import importlib
-
-    from .engines import FAST_ENGINES
-
-    for name in FAST_ENGINES if engine == "auto" else [engine] if engine in FAST_ENGINES else []:
-        with contextlib.suppress(ImportError):
-            importlib.import_module(name)
+def _worker_ready() -> int:
+    """Run in an executor worker at the start of a parallel run: by the time it runs, the worker process has
+    started and imported this module (the job is pickled by reference), which is most of what it does before its
+    first partition other than loading the tokenizer (the fast engines' imports take milliseconds). Its process id.
+    """
     return os.getpid()
 
 
