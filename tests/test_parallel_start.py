@@ -1,6 +1,7 @@
-"""A parallel run's start: the executor's workers are started (one warm-up job per core, at most one per partition)
-before the parent loads the tokenizer, so that a spawned pool's processes start and import while it does; nothing
-else changes (the partitions' jobs, their order, the output)."""
+"""A parallel run's start: once the run owns its work folder, the executor's workers are started (one warm-up job
+per core, at most one per partition) before the parent loads the tokenizer, so that a spawned pool's processes
+start and import while it does; nothing else changes (the partitions' jobs, their order, the output). Each output
+is written back to the disk after each partition's join, so that its close syncs the last partition only."""
 
 from __future__ import annotations
 
@@ -73,6 +74,13 @@ def test_nothing_is_submitted_for_a_run_refused_before_it_starts(tmp_path: Path,
     with _Recording(events) as pool, pytest.raises(ConfigError, match="partitions must be at least 1"):
         tokformats.tokenize(source, tokenizer_path, tmp_path / "p", "megatron", progress=False, executor=pool,
                             partitions=0)  # fmt: skip
+    assert events == []
+    from tokformats.errors import FolderBusyError
+    from tokformats.fs.owner import owned_folder
+
+    with owned_folder(tmp_path / "p.tokenize", what="tokenize run"), _Recording(events) as pool:
+        with pytest.raises(FolderBusyError, match=r"p\.tokenize"):  # another run owns the output: no worker started
+            tokformats.tokenize(source, tokenizer_path, tmp_path / "p", "megatron", progress=False, executor=pool)
     assert events == []
 
 

@@ -1367,16 +1367,15 @@ def tokenize(
     format = format or default_corpus_format()
     writer_class = api.corpus_writer(format)
     eos = _eos_mode(eos, writer_class, on_error, verify_fraction, engine)
-    resolved = _resolved_inputs(inputs, executor, partitions)  # with an executor, its workers start meanwhile
-    loaded = load_tokenizer(tokenizer)
-    plan, serialised = _make_plan(resolved, loaded, format, text_key, eos, eos_id, split, seed, unit, on_error)
-    spec = None
-    if chat is not None:
-        plan, spec = _chat_plan(plan, writer_class, chat, template, train_on, thought, tokenizer, loaded)
-    plan.provenance = bool(provenance)
-    targets = output_paths(output, format, plan.keys, plan.splits)
+    resolved = resolve_inputs(inputs)
     work = Path(f"{output}.tokenize")
     with _owned_work_folder(work), _naming_output(output):  # one run at a time: a second one is refused
+        _start_workers(executor, resolved, partitions)  # while the tokenizer is loaded here, not after
+        loaded = load_tokenizer(tokenizer)
+        plan, serialised = _make_plan(resolved, loaded, format, text_key, eos, eos_id, split, seed, unit, on_error)
+        plan, spec = _chat_plan(plan, writer_class, chat, template, train_on, thought, tokenizer, loaded)
+        plan.provenance = bool(provenance)
+        targets = output_paths(output, format, plan.keys, plan.splits)
         _check_outputs(writer_class, targets, work, overwrite=overwrite, resume=resume)
         writer_options = _checked_writer_options(plan, writer_class, targets, writer_options, tokenizer)
         total_bytes = sum(i.size or 0 for i in resolved) or None
@@ -1465,9 +1464,11 @@ def _chat_plan(
     thought: str,
     tokenizer_source: Any,
     loaded: Any,
-) -> tuple[Plan, ChatSpec]:
+) -> tuple[Plan, ChatSpec | None]:
     """The plan of a chat run (its schema, template and masking recorded, so a resume must match) and what every
-    partition needs to encode conversations."""
+    partition needs to encode conversations; a text run's (``chat`` None) as it is, and None."""
+    if chat is None:
+        return plan, None
     if train_on not in TRAIN_ON:
         raise ConfigError(f"train_on must be one of {', '.join(TRAIN_ON)}; found {train_on!r}.")
     if thought not in THOUGHT:
@@ -1673,13 +1674,12 @@ def _partition_count(resolved: list[Input], partitions: int | None) -> int:
     return partitions or max(len(resolved), -(-total // PARTITION_BYTES))
 
 
-def _resolved_inputs(inputs: Any, executor: Executor | None, partitions: int | None) -> list[Input]:
-    """The run's inputs; with an ``executor``, its workers are started now (:func:`_warm_workers`), so that they
-    start while the parent loads the tokenizer, not after."""
-    resolved = resolve_inputs(inputs)
+def _start_workers(executor: Executor | None, resolved: list[Input], partitions: int | None) -> None:
+    """With an ``executor``, start its workers now (:func:`_warm_workers`), before the parent loads the tokenizer.
+    Called once the run owns its work folder: a run refused there starts none (a fork-started pool's fork would
+    otherwise race the other run's threads)."""
     if executor is not None:
         _warm_workers(executor, _partition_count(resolved, partitions))
-    return resolved
 
 
 def _warm_workers(executor: Executor, partitions: int) -> list[Future[int]]:
