@@ -1330,7 +1330,8 @@ def tokenize(
         on_error: ``raise`` on a bad record (naming file and line), or ``skip`` and count it.
         executor: a ``concurrent.futures.Executor`` (a process pool, dask's ``client.get_executor()``, ...) to
             encode partitions of the inputs in parallel; the result equals a single-process run. Each worker
-            process gates ``engine`` itself (the summary's ``engine`` is the first partition's).
+            process gates ``engine`` itself (the summary's ``engine`` is the first partition's). Its workers are
+            started (one small job per core) as soon as the run owns its work folder, while the tokenizer loads.
         partitions: how many partitions (default: one per input file, and one per 64 MiB where the inputs are
             larger). Large files are cut at line starts (JSON Lines, text per line) or row groups (Parquet); the
             output is byte-identical to a single-process run whatever the partitioning
