@@ -17,7 +17,10 @@ min/median/max seconds.
     (spawned workers, default partitions: one per 64 MiB).
 (g) The same with a pool of 2 on the ``--small-megabytes`` file: 2, 16, 64 and 128 partitions.
 (h) ``RayExecutor`` on a local 2-CPU Ray cluster against a process pool of 2, 16 partitions, the small file.
-Every parallel output is checked byte-identical to the single-process one.
+Every parallel output is checked byte-identical to the single-process one. Each row also gives the CPU seconds of
+the whole process tree (parent, pool workers, Ray's processes; from ``/proc``) and the run's fraction of the
+machine's bound: CPU seconds over cores x wall seconds (1.0: every core busy for the whole run; other processes on
+a shared machine lower it too, so each run's line prints the load average at its start).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import gzip
 import hashlib
 import json
 import multiprocessing
+import os
 import shutil
 import statistics
 import sys
@@ -139,21 +143,64 @@ def run_engines(folder: Path, texts: list[str], repeat: int) -> list[dict[str, A
     ]  # fmt: skip
 
 
+def tree_cpu() -> float:
+    """CPU seconds so far of this process and of every live process below it (user + system, and what each has
+    reaped of its own children), from ``/proc``: a pool's workers outlive one run, so ``getrusage`` of the waited-for
+    children would not see them, and Ray's raylet and workers are descendants of the driver too."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}  # pid -> (parent pid, CPU seconds)
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        stats[int(entry.name)] = (int(fields[1]), sum(int(v) for v in fields[11:15]) / tick)
+    tree, frontier = {os.getpid()}, [os.getpid()]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, (ppid, _) in stats.items() if ppid == parent and pid not in tree]
+        tree.update(children)
+        frontier.extend(children)
+    return sum(stats[pid][1] for pid in tree if pid in stats)
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def row(label: str, key: str, runs: list[tuple[float, float]], text_bytes: int) -> dict[str, str]:
+    """One table row: wall seconds, CPU seconds of the process tree, the fraction of the machine's bound (CPU over
+    cores x wall: 1.0 keeps every core busy for the whole run) and the text rate."""
+    walls, cpus = [w for w, _ in runs], [c for _, c in runs]
+    return {key: label, "seconds min/med/max": spread(walls), "CPU s (median)": f"{statistics.median(cpus):.2f}",
+            f"of the {cores()}-core bound min/med/max": spread([c / (cores() * w) for w, c in runs]),
+            "MB/s of text (median)": f"{text_bytes / statistics.median(walls) / 1e6:.1f}"}  # fmt: skip
+
+
 def outputs(summary: dict[str, Any]) -> list[bytes]:
     return [hashlib.sha256(Path(f).read_bytes()).digest() for o in summary["outputs"].values() for f in o["files"]]
 
 
 def tokenize_runs(
     source: Path, folder: Path, configurations: dict[str, Callable[[], dict[str, Any]]], repeat: int
-) -> tuple[dict[str, list[float]], dict[str, list[bytes]]]:
-    times: dict[str, list[float]] = {k: [] for k in configurations}
+) -> tuple[dict[str, list[tuple[float, float]]], dict[str, list[bytes]]]:
+    """Each configuration ``repeat`` times, alternated: per run its wall seconds and the CPU seconds of the process
+    tree over the same span, and each configuration's output hashes."""
+    times: dict[str, list[tuple[float, float]]] = {k: [] for k in configurations}
     hashes: dict[str, list[bytes]] = {}
     for _ in range(repeat):
         for label, run in configurations.items():
+            load = os.getloadavg()[0]
+            cpu, started = tree_cpu(), time.perf_counter()
             summary = run()
-            times[label].append(summary["seconds"])
+            wall, cpu = time.perf_counter() - started, tree_cpu() - cpu
+            times[label].append((wall, cpu))
             hashes[label] = outputs(summary)
-            print(label, summary["seconds"], summary["engine"], flush=True)
+            print(f"{label}: {wall:.2f} s, CPU {cpu:.2f} s ({cpu / (cores() * wall):.2f} of the {cores()}-core "
+                  f"bound), {summary['engine']}, load {load:.2f}", flush=True)  # fmt: skip
     return times, hashes
 
 
@@ -192,18 +239,14 @@ def main() -> None:
         if not args.skip_big:
             times, hashes = tokenize_runs(big, folder, configurations, args.repeat)
             assert len({tuple(h) for h in hashes.values()}) == 1, "outputs differ"
-            rows = [{"(f) one JSONL file": k, "seconds min/med/max": spread(v),
-                     "MB/s of text (median)": f"{big_bytes / statistics.median(v) / 1e6:.1f}"}
-                    for k, v in times.items()]  # fmt: skip
+            rows = [row(k, "(f) one JSONL file", v, big_bytes) for k, v in times.items()]
             print(table(rows) + "\n", flush=True)
         partitionings = {f"{n} partitions": (lambda n=n: tokenize(small, f"parts{n}", two, partitions=n))
                          for n in (2, 16, 64, 128)}  # fmt: skip
         partitionings["no executor"] = lambda: tokenize(small, "small-single")
         times, hashes = tokenize_runs(small, folder, partitionings, args.repeat)
         assert len({tuple(h) for h in hashes.values()}) == 1, "outputs differ"
-        rows = [{"(g) process pool of 2": k, "seconds min/med/max": spread(v),
-                 "MB/s of text (median)": f"{small_bytes / statistics.median(v) / 1e6:.1f}"}
-                for k, v in times.items()]  # fmt: skip
+        rows = [row(k, "(g) process pool of 2", v, small_bytes) for k, v in times.items()]
         print(table(rows) + "\n", flush=True)
         if not args.skip_ray:
             import ray
@@ -220,9 +263,7 @@ def main() -> None:
             times, hashes = tokenize_runs(small, folder, contenders, args.repeat)
             ray.shutdown()
             assert len({tuple(h) for h in hashes.values()}) == 1, "outputs differ"
-            rows = [{"(h) 16 partitions": k, "seconds min/med/max": spread(v),
-                     "MB/s of text (median)": f"{small_bytes / statistics.median(v) / 1e6:.1f}"}
-                    for k, v in times.items()]  # fmt: skip
+            rows = [row(k, "(h) 16 partitions", v, small_bytes) for k, v in times.items()]
             print(table(rows), flush=True)
     shutil.rmtree(folder)
 

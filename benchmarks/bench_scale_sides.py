@@ -4,7 +4,10 @@ children, the pool's workers), the sides alternated and their order flipped ever
 
 Run: ``python benchmarks/bench_scale_sides.py INPUT.jsonl --before /work/main --after . [--rounds 3]
 [--workers 0,1,2]`` (cl100k_base -> megatron; ``0``: no executor). Every output is checked byte-identical to the
-first run's. Prints one line per run, then min/median/max per side and worker count, and the 2-over-1 ratios.
+first run's. Prints one line per run, then min/median/max per side and worker count, and the 2-over-1 ratios. "Of the
+N-core bound": the run's CPU seconds over N x its wall seconds (N: the cores this process may run on), i.e. how
+close the run comes to keeping every core busy; on a shared machine other processes' CPU lowers it too (the load
+average is printed beside it).
 """
 
 from __future__ import annotations
@@ -84,12 +87,15 @@ def main() -> None:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     print(f"\noutputs byte-identical across every run: {len(hashes) == 1}")
-    print("| side, workers | wall s | CPU s (all) | parent CPU s | cores busy | load at start |")
-    print("|---|---|---|---|---|---|")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    print(f"| side, workers | wall s | CPU s (all) | parent CPU s | cores busy | of the {cores}-core bound | load at "
+          "start |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
     for (side, workers), runs in results.items():
         cpu = [r["parent"] + r["workers"] for r in runs]
+        busy = [c / r["wall"] for c, r in zip(cpu, runs)]
         print(f"| {side}, {workers or 'no executor'} | {spread([r['wall'] for r in runs])} | {spread(cpu)} | "
-              f"{spread([r['parent'] for r in runs])} | {spread([c / r['wall'] for c, r in zip(cpu, runs)])} | "
+              f"{spread([r['parent'] for r in runs])} | {spread(busy)} | {spread([b / cores for b in busy])} | "
               f"{spread([r['load'] for r in runs])} |")  # fmt: skip
     for side in sides:
         if (side, 1) in results and (side, 2) in results:

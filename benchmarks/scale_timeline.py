@@ -1,6 +1,7 @@
 """Where a parallel ``tokenize`` spends its time before the first byte is encoded: each phase of the parent and of
 every worker stamped with its wall offset and the process's CPU seconds (stderr), then wall and CPU of the process
-tree (``getrusage``).
+tree (``getrusage``), its fraction of the cores' bound (CPU / cores x wall), and the cores busy in each quarter
+second (the process tree's CPU from ``/proc``: where a core is left idle).
 
 Run: ``python benchmarks/scale_timeline.py INPUT.jsonl OUTPUT WORKERS [PARTITIONS]`` (cl100k_base, megatron, a
 spawned process pool). The stamps wrap private functions of ``tokformats.tokenization.pipeline`` (those that exist
@@ -10,10 +11,12 @@ as their main module, so they are stamped too.
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
 import resource
 import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -22,6 +25,7 @@ from typing import Any
 import tokformats
 from tokformats.tokenization import pipeline
 
+SAMPLE = 0.25  # seconds between two samples of the process tree's CPU
 T0 = float(os.environ.setdefault("TIMELINE_T0", repr(time.time())))  # the parent's start, inherited by workers
 
 
@@ -42,7 +46,8 @@ def stamped(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
 
 
 PHASES = ("load_tokenizer", "_make_plan", "_worker_engine", "_build_worker_engine", "_encode_in_parallel",
-          "_encode_partition", "_write_outputs", "copy_spool")  # fmt: skip
+          "_encode_partition", "_write_outputs", "copy_spool", "join_spool", "_output_summary", "_named_plan",
+          "_tokenizer_for_plan", "_discard", "_warm_workers")  # fmt: skip
 for phase in PHASES:
     if hasattr(pipeline, phase):
         setattr(pipeline, phase, stamped(phase, getattr(pipeline, phase)))
@@ -58,16 +63,56 @@ def first_encode(self: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 pipeline.Encoder.encode = first_encode  # type: ignore[method-assign]
+_fsync = os.fsync
+
+
+def timed_fsync(fd: int) -> None:
+    """``os.fsync`` stamped when it takes 10 ms or more (the outputs' durability at the end of the run)."""
+    started = time.time()
+    _fsync(fd)
+    if time.time() - started >= 0.01:
+        stamp(f"fsync {time.time() - started:.2f}s")
+
+
+os.fsync = timed_fsync
+if hasattr(os, "fdatasync"):  # the outputs written back after each partition
+    _fdatasync = os.fdatasync
+
+    def timed_fdatasync(fd: int) -> None:
+        started = time.time()
+        _fdatasync(fd)
+        if time.time() - started >= 0.01:
+            stamp(f"fdatasync {time.time() - started:.2f}s")
+
+    os.fdatasync = timed_fdatasync
 
 if __name__ == "__main__":
     source, output, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
     partitions = int(sys.argv[4]) if len(sys.argv) > 4 else None
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_scale import cores, tree_cpu
+
+    samples: list[tuple[float, float]] = []  # (wall offset, CPU seconds of the process tree)
+    sampling = threading.Event()
+
+    def sample() -> None:
+        while not sampling.wait(SAMPLE):
+            samples.append((time.time() - T0, tree_cpu()))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     started = time.perf_counter()
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         summary = tokformats.tokenize(source, "cl100k_base", output, "megatron", progress=False, overwrite=True,
                                       executor=pool, partitions=partitions)  # fmt: skip
     wall = time.perf_counter() - started
+    sampling.set()
+    sampler.join()
+    # Cores busy per interval: where the run leaves a core idle (the sampler's own reads of /proc included).
+    busy = [f"{b[0]:.2f}:{(b[1] - a[1]) / (b[0] - a[0]):.1f}" for a, b in itertools.pairwise(samples)]
+    print(f"cores busy per {SAMPLE:.2f} s (interval end: cores):", " ".join(busy), file=sys.stderr)
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     parent, children = me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
     print(f"wall={wall:.2f} parent_cpu={parent:.2f} workers_cpu={children:.2f} "
-          f"cores_busy={(parent + children) / wall:.2f} engine={summary['engine']}")  # fmt: skip
+          f"cores_busy={(parent + children) / wall:.2f} of_bound={(parent + children) / (cores() * wall):.2f} "
+          f"engine={summary['engine']}")  # fmt: skip

@@ -497,6 +497,12 @@ class Writer(ABC, Generic[Item]):
         self.written = self._files.committed
         return self.written
 
+    def write_back(self) -> None:
+        """Write what has been written so far to the disk now (the open temporaries flushed and ``fdatasync``-ed),
+        so that :meth:`close` has only the rest to sync; the writer stays open and nothing is published."""
+        self._check_open()
+        self._files.write_back()
+
     def abort(self) -> None:
         """Discard everything written; nothing appears under a final name."""
         if self._state == "open":
