@@ -129,3 +129,19 @@ def test_a_parallel_runs_outputs_are_written_back_after_each_partition_and_a_sin
     writer.close()
     with pytest.raises(ValueError, match="already committed"):
         writer.write_back()
+
+
+def test_a_run_refused_for_its_tokenizer_leaves_no_folder_it_made(tmp_path: Path, tokenizer_path: Path) -> None:
+    """The tokenizer is loaded once the run owns its work folder (so that the workers start meanwhile): a run that
+    fails there removes the work folder and the folders made for it, as a run refused before any work did."""
+    from tokformats.errors import NoFilesError
+
+    source = _source(tmp_path / "in.jsonl", 10)
+    with pytest.raises(NoFilesError):
+        tokformats.tokenize(source, tmp_path / "missing.json", tmp_path / "new" / "deeper" / "out", "megatron",
+                            progress=False)  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(NoFilesError):
+        tokformats.tokenize(source, tmp_path / "missing.json", tmp_path / "kept" / "out", "megatron", progress=False)
+    assert (tmp_path / "kept").is_dir() and not any((tmp_path / "kept").iterdir())

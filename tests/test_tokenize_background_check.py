@@ -333,3 +333,33 @@ def test_a_chat_batch_started_before_the_first_one_fell_back_is_encoded_again(
     for suffix in ("", ".loss", ".index"):
         got, want = (Path(s["outputs"]["text"]["path"] + suffix) for s in (summary, reference))
         assert got.read_bytes() == want.read_bytes(), suffix
+
+
+class _Crashing(_Wrong):
+    """tokenizers' ids, but it fails on the batch holding document 150."""
+
+    name = "crashing"
+
+    def encode(self, texts: list[str], split_special: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        if any(t.startswith("doc 150:") for t in texts):
+            raise RuntimeError("the engine crashed on doc 150")
+        return self.reference.encode(texts, split_special)
+
+
+@pytest.mark.parametrize("chat", [None, "messages"])
+def test_a_batch_fails_before_a_bad_record_the_reader_found_after_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path, chat: str | None
+) -> None:
+    """The engine fails on batch 1 while batch 2 (read ahead, started or read into turns before batch 1 is finished)
+    holds a bad record: the engine's error is raised, as in a run that takes one batch at a time."""
+    texts = _numbered(300)
+    lines = [json.dumps({"messages": [{"role": "user", "content": t}]} if chat else {"text": t}) for t in texts]
+    lines[250] = "{not json"
+    corpus = tmp_path / "in.jsonl"
+    corpus.write_text("".join(line + "\n" for line in lines))
+    monkeypatch.setattr(pipeline, "select_engine", lambda tokenizer, engine="auto", **gate: (
+        _Crashing(tokenizer, set()), "a test engine"))  # fmt: skip
+    with pytest.raises(RuntimeError, match="crashed on doc 150"):
+        tokformats.tokenize(corpus, tokenizer_path, tmp_path / "out", "datatrove", chat=chat, batch_size=100,
+                            progress=False)  # fmt: skip
+    assert not [t.name for t in threading.enumerate() if t.name.startswith(("tokformats-", "Thread-"))]

@@ -1151,8 +1151,10 @@ class _PartitionRun:
         """A batch's conversations, their message texts' encoding started (None: they have none), with their loss
         masks into the spools."""
         encoder, good, layout = self.chat_encoder, prepared.good, prepared.layout
-        if encoder is None or layout is None:
+        if encoder is None:
             raise ValueError("a text run has no chat encoder")
+        if layout is None:
+            raise ValueError("a chat batch without conversations has nothing to encode")
 
         def content(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
             if encoding is None or encoding.texts is not texts:
@@ -1176,11 +1178,6 @@ class _PartitionRun:
             np.array([r.index for r in good], dtype=np.int64),
             self.fractions,
         )
-
-    def take(self, batch: list[Record], prepared: _ChatBatch | None = None) -> None:
-        """Encode one batch of records into the spools and move the position past it: :meth:`start`, then
-        :meth:`finish`."""
-        self.finish(self.start(batch, prepared))
 
     def start(self, batch: list[Record], prepared: _ChatBatch | None = None) -> _Started:
         """Start encoding one batch of records (a chat run's as :meth:`prepare_chat` made it, made here when not
@@ -1238,38 +1235,43 @@ class _PartitionRun:
             target=_batches, args=(records, batch_size, batches, stop, counters, prepare), daemon=True
         )
         reader.start()
-        last_save = time.perf_counter()
         # The reference encodes the sampled documents in a thread of its own, and the engine each batch in another
         # while this one finishes the batch before (its ids into the spools): the engines release the GIL, so on
         # two cores the check and this thread's Python overlap the encoding instead of following it.
         verifier = ThreadPoolExecutor(1, thread_name_prefix="tokformats-verify")
         encoding = ThreadPoolExecutor(1, thread_name_prefix="tokformats-encode")
         self.encoder.verifier, self.encoder.encoding = verifier, encoding
-        try:
-            started: tuple[_Started, int] | None = None
-            while (item := batches.get()) is not None:
+        with contextlib.ExitStack() as cleanup:  # each step runs even when one before it is interrupted
+            cleanup.callback(_stop_reader, reader, batches, stop)
+            cleanup.callback(verifier.shutdown, wait=True, cancel_futures=True)
+            cleanup.callback(encoding.shutdown, wait=True, cancel_futures=True)
+            cleanup.callback(self.encoder.discard)  # nothing is left after the last save; on an error, no one waits
+            cleanup.callback(setattr, self.encoder, "encoding", None)
+            cleanup.callback(setattr, self.encoder, "verifier", None)
+            self._encode_batches(batches, progress, checkpoint_every)
+            self.save(done=True)
+
+    def _encode_batches(self, batches: queue.Queue[Any], progress: Progress | None, checkpoint_every: float) -> None:
+        """Start each batch the reader passes, then finish the one before it. A batch's own error comes first, as
+        in a serial run: when the reader passes an error, or starting the next batch raises, the batch started
+        before it is finished (and raises if it fails) before that error is raised."""
+        last_save = time.perf_counter()
+        started: tuple[_Started, int] | None = None
+        while True:
+            item = batches.get()
+            try:
                 if isinstance(item, BaseException):
                     raise item
-                batch, read_through, prepared = item
-                following = (self.start(batch, prepared), read_through)
+                following = None if item is None else (self.start(item[0], item[2]), item[1])
+            except Exception:
                 if started is not None:
-                    last_save = self._finish_one(*started, progress, checkpoint_every, last_save)
-                started = following
+                    self._finish_one(*started, progress, checkpoint_every, last_save)
+                raise
             if started is not None:
-                self._finish_one(*started, progress, checkpoint_every, last_save)
-            self.save(done=True)
-        finally:
-            self.encoder.verifier = self.encoder.encoding = None
-            self.encoder.discard()  # nothing is left after the last save; on an error, no one waits for them
-            encoding.shutdown(wait=True, cancel_futures=True)
-            verifier.shutdown(wait=True, cancel_futures=True)
-            stop.set()
-            while reader.is_alive():  # unblock a reader waiting on a full queue
-                try:
-                    batches.get_nowait()
-                except queue.Empty:
-                    reader.join(0.05)
-
+                last_save = self._finish_one(*started, progress, checkpoint_every, last_save)
+            if following is None:
+                return
+            started = following
 
     def _finish_one(
         self, started: _Started, read_through: int, progress: Progress | None, every: float, last_save: float
@@ -1284,6 +1286,16 @@ class _PartitionRun:
             self.save()
             last_save = time.perf_counter()
         return last_save
+
+
+def _stop_reader(reader: threading.Thread, batches: queue.Queue[Any], stop: threading.Event) -> None:
+    """Stop the reader thread, unblocking it if it waits on a full queue."""
+    stop.set()
+    while reader.is_alive():
+        try:
+            batches.get_nowait()
+        except queue.Empty:
+            reader.join(0.05)
 
 
 def _record_name(inputs: list[Input], good: list[Record], n: int) -> str:
@@ -1509,9 +1521,10 @@ def tokenize(
     eos = _eos_mode(eos, writer_class, on_error, verify_fraction, engine)
     resolved = resolve_inputs(inputs)
     work = Path(f"{output}.tokenize")
-    with _owned_work_folder(work), _naming_output(output):  # one run at a time: a second one is refused
+    with _owned_work_folder(work), contextlib.ExitStack() as naming:  # one run at a time: a second one is refused
         _start_workers(executor, resolved, partitions)  # while the tokenizer is loaded here, not after
         loaded = load_tokenizer(tokenizer)
+        naming.enter_context(_naming_output(output))  # the run's own files from here: not the tokenizer's
         plan, serialised = _make_plan(resolved, loaded, format, text_key, eos, eos_id, split, seed, unit, on_error)
         plan, spec = _chat_plan(plan, writer_class, chat, template, train_on, thought, tokenizer, loaded)
         plan.provenance = bool(provenance)
@@ -1700,7 +1713,9 @@ def _make_plan(
 def _owned_work_folder(work: Path) -> Iterator[None]:
     """Own the run's work folder for the block: a second run on the same output is refused at once (naming the
     folder) rather than made to wait, since its work would be the first's to redo; a folder left holding nothing
-    but the lock (a run refused before any work) is removed."""
+    but the lock (a run refused before any work, e.g. for its tokenizer or options) is removed, and so are the
+    folders above it that were made for it and are still empty."""
+    made = [folder for folder in (work, *work.parents) if not folder.exists()]  # the nearest first
     with owned_folder(work, what="tokenize run"):
         try:
             yield
@@ -1709,6 +1724,8 @@ def _owned_work_folder(work: Path) -> Iterator[None]:
                 with contextlib.suppress(OSError):
                     (work / LOCK_NAME).unlink()
                     work.rmdir()
+                    for folder in made[1:]:  # stops at the first that holds anything (rmdir refuses it)
+                        folder.rmdir()
 
 
 @contextlib.contextmanager
@@ -1817,7 +1834,8 @@ def _partition_count(resolved: list[Input], partitions: int | None) -> int:
 def _start_workers(executor: Executor | None, resolved: list[Input], partitions: int | None) -> None:
     """With an ``executor``, start its workers now (:func:`_warm_workers`), before the parent loads the tokenizer.
     Called once the run owns its work folder: a run refused there starts none (a fork-started pool's fork would
-    otherwise race the other run's threads)."""
+    otherwise race the other run's threads); a run refused later (its tokenizer, options or existing outputs) has
+    started them, and they stay the executor's."""
     if executor is not None:
         _warm_workers(executor, _partition_count(resolved, partitions))
 
@@ -1832,7 +1850,10 @@ def _warm_workers(executor: Executor, partitions: int) -> list[Future[int]]:
     submit = getattr(executor, "submit", None)
     if submit is None:
         return []
-    return [submit(_worker_ready) for _ in range(min(partitions, os.cpu_count() or 1))]
+    futures = [submit(_worker_ready) for _ in range(min(partitions, os.cpu_count() or 1))]
+    for future in futures:  # nobody waits for them: their errors are taken here (a dask client logs those never taken)
+        future.add_done_callback(Future.exception)
+    return futures
 
 
 def _worker_ready() -> int:
