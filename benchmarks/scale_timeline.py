@@ -63,28 +63,22 @@ def first_encode(self: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 pipeline.Encoder.submit = first_encode  # type: ignore[method-assign]
-_fsync = os.fsync
+def timed_sync(sync: Any) -> Any:
+    """``sync`` (``os.fsync``, ``os.fdatasync``) stamped when it takes 10 ms or more: the outputs' durability, at
+    the end of the run (fsync) and after each partition's join (fdatasync)."""
 
-
-def timed_fsync(fd: int) -> None:
-    """``os.fsync`` stamped when it takes 10 ms or more (the outputs' durability at the end of the run)."""
-    started = time.time()
-    _fsync(fd)
-    if time.time() - started >= 0.01:
-        stamp(f"fsync {time.time() - started:.2f}s")
-
-
-os.fsync = timed_fsync
-if hasattr(os, "fdatasync"):  # the outputs written back after each partition
-    _fdatasync = os.fdatasync
-
-    def timed_fdatasync(fd: int) -> None:
+    def timed(fd: int) -> None:
         started = time.time()
-        _fdatasync(fd)
+        sync(fd)
         if time.time() - started >= 0.01:
-            stamp(f"fdatasync {time.time() - started:.2f}s")
+            stamp(f"{sync.__name__} {time.time() - started:.2f}s")
 
-    os.fdatasync = timed_fdatasync
+    return timed
+
+
+os.fsync = timed_sync(os.fsync)
+if hasattr(os, "fdatasync"):
+    os.fdatasync = timed_sync(os.fdatasync)
 
 if __name__ == "__main__":
     source, output, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])

@@ -149,6 +149,14 @@ def test_a_difference_the_background_check_finds_raises_before_any_commit(
         assert ours.read_bytes() == theirs.read_bytes(), suffix
 
 
+def _same_as_tokenizers(tmp_path: Path, corpus: Path, tokenizer_path: Path) -> None:
+    """The run written to ``tmp_path / "out"`` equals a ``tokenizers`` run's Megatron files, byte for byte."""
+    tokformats.tokenize(corpus, tokenizer_path, tmp_path / "ref", "megatron", progress=False, engine="tokenizers")
+    for suffix in (".bin", ".idx"):
+        ours, theirs = tmp_path / f"out_text_document{suffix}", tmp_path / f"ref_text_document{suffix}"
+        assert ours.read_bytes() == theirs.read_bytes(), suffix
+
+
 def test_a_run_whose_checks_pass_is_identical_to_the_reference_and_leaves_no_verifier(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path
 ) -> None:
@@ -157,11 +165,8 @@ def test_a_run_whose_checks_pass_is_identical_to_the_reference_and_leaves_no_ver
     _choose_wrong(monkeypatch, set())
     summary = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "out", "megatron", progress=False,
                                   batch_size=100, verify_fraction=1.0, verify_bytes=None)  # fmt: skip
-    tokformats.tokenize(corpus, tokenizer_path, tmp_path / "ref", "megatron", progress=False, engine="tokenizers")
     assert summary["engine"] == "wrong-late" and summary["documents"] == len(texts)
-    for suffix in (".bin", ".idx"):
-        ours, theirs = tmp_path / f"out_text_document{suffix}", tmp_path / f"ref_text_document{suffix}"
-        assert ours.read_bytes() == theirs.read_bytes(), suffix
+    _same_as_tokenizers(tmp_path, corpus, tokenizer_path)
     assert not [t.name for t in threading.enumerate() if t.name.startswith("tokformats-verify")]
 
 
@@ -305,11 +310,8 @@ def test_the_engine_encodes_each_batch_while_the_one_before_is_finished(
     assert events == ["start 0", "start 1", "finish 0", "start 2", "finish 1", "start 3", "finish 2", "start 4",
                       "finish 3", "finish 4"]  # fmt: skip
     assert threads == {"tokformats-encode_0"}
-    tokformats.tokenize(corpus, tokenizer_path, tmp_path / "ref", "megatron", progress=False, engine="tokenizers")
     assert summary["engine"] == "wrong-late" and summary["documents"] == len(texts)
-    for suffix in (".bin", ".idx"):
-        ours, theirs = tmp_path / f"out_text_document{suffix}", tmp_path / f"ref_text_document{suffix}"
-        assert ours.read_bytes() == theirs.read_bytes(), suffix
+    _same_as_tokenizers(tmp_path, corpus, tokenizer_path)
     assert not [t.name for t in threading.enumerate() if t.name.startswith("tokformats-encode")]
 
 
