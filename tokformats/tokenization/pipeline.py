@@ -594,13 +594,6 @@ class Progress:
         sys.stderr.flush()
 
 
-#: Chat records the reader thread reads into turns at a time (:meth:`_PartitionRun.read_chat`), a batch's chunks
-#: joined at its end. orjson makes a dict per message: held for a whole batch, thousands of them outlive the garbage
-#: collector's young generations and set off full collections, which hold the GIL (0.05-0.1 s of a 30 MB run);
-#: read and dropped a chunk at a time, they are freed young (a chunk is about one young generation's 700
-#: allocations). Per chunk, reading costs a few list passes more.
-CHAT_CHUNK = 64
-
 #: Text (characters) per batch at most, whatever the batch size in documents: progress and checkpoints then come
 #: about once a second even when documents are long (a novel by paragraph, whole files).
 MAX_BATCH_TEXT = 1 << 20
@@ -609,55 +602,33 @@ MAX_BATCH_TEXT = 1 << 20
 # -- encoding one partition -----------------------------------------------------------------------------
 
 
-class _Preparing(NamedTuple):
-    """What a reader thread makes of a batch while it reads it: ``read`` of every ``chunk`` records as they come
-    (and of the rest at the batch's end), then ``combine(batch, parts)`` of what ``read`` made."""
-
-    read: Callable[[list[Record]], Any]
-    combine: Callable[[list[Record], list[Any]], Any]
-    chunk: int
-
-
 def _batches(
     records: Iterator[Record],
     size: int,
     out: queue.Queue[Any],
     stop: threading.Event,
     counters: list[Any],
-    prepare: _Preparing | None = None,
+    prepare: Callable[[list[Record]], Any] | None = None,
 ) -> None:
     """The reader thread: groups records into batches of ``size`` documents, each with the input bytes read up to
-    its end (so progress counts what was encoded, not what was read ahead) and, with ``prepare``, what it makes of
-    the batch (None without); passes errors on, in order."""
+    its end (so progress counts what was encoded, not what was read ahead) and, with ``prepare``, what
+    ``prepare(batch)`` makes of it (None without); passes errors on, in order."""
     try:
         batch: list[Record] = []
-        parts: list[Any] = []
-        text = read = 0
+        text = 0
         for record in records:
             if stop.is_set():
                 return
             batch.append(record)
             text += sum(map(len, record.texts)) if record.texts else 0
-            if prepare is not None and len(batch) - read >= prepare.chunk:
-                parts.append(prepare.read(batch[read:]))
-                read = len(batch)
             if len(batch) >= size or text >= MAX_BATCH_TEXT:
-                out.put((batch, sum(c.count for c in counters), _prepared(prepare, batch, parts, read)))
-                batch, parts, text, read = [], [], 0, 0
+                out.put((batch, sum(c.count for c in counters), prepare(batch) if prepare else None))
+                batch, text = [], 0
         if batch:
-            out.put((batch, sum(c.count for c in counters), _prepared(prepare, batch, parts, read)))
+            out.put((batch, sum(c.count for c in counters), prepare(batch) if prepare else None))
         out.put(None)
     except BaseException as exc:  # delivered to the main thread, which raises it
         out.put(exc)
-
-
-def _prepared(prepare: _Preparing | None, batch: list[Record], parts: list[Any], read: int) -> Any:
-    """What ``prepare`` makes of a whole batch, ``parts`` of its first ``read`` records made already."""
-    if prepare is None:
-        return None
-    if read < len(batch):
-        parts.append(prepare.read(batch[read:]))
-    return prepare.combine(batch, parts)
 
 
 #: Gated engines of this process, by (the selecting function, tokenizer hash, engine asked for, chat run): the gate,
@@ -1001,15 +972,6 @@ class _ChatBatch(NamedTuple):
     skipped: list[str]
 
 
-class _ChatPart(NamedTuple):
-    """Some records of a chat batch as :meth:`_PartitionRun.read_chat` read them: the ``good`` ones, their
-    ``turns``, and the errors of those ``skipped``."""
-
-    good: list[Record]
-    turns: Turns
-    skipped: list[str]
-
-
 class _Started(NamedTuple):
     """A batch :meth:`_PartitionRun.start` started: the ``batch``, its ``good`` records, the errors of those
     ``skipped``, the ``chat`` batch (None in a text run), and one encoding per text key (a chat run's: one, None
@@ -1175,32 +1137,17 @@ class _PartitionRun:
         kept, turns = turns_of([r.value for r in good], chat.schema, lambda k: self._where(good[k]), skip)
         return (good if len(kept) == len(good) else [good[k] for k in kept]), turns
 
-    def read_chat(self, records: list[Record]) -> _ChatPart:
-        """Some of a batch's chat records read into turns (a bad one raised, or its error kept with
-        ``on_error="skip"``), and their parsed JSON dropped: a run's reader thread reads a batch
-        :data:`CHAT_CHUNK` records at a time, so that a chunk's message objects are freed while they are young (see
-        :data:`CHAT_CHUNK`)."""
-        skipped: list[str] = []
-        good = self._good_records(records, skipped)
-        good, turns = self._conversations(good, skipped) if good else (good, Turns.of([]))
-        for record in records:  # read into turns: nothing reads the parsed value again
-            record.value = None
-        return _ChatPart(good, turns, skipped)
-
-    def prepare_chat(self, batch: list[Record], parts: list[_ChatPart] | None = None) -> _ChatBatch:
-        """A batch of chat records read into turns (by :meth:`read_chat`, in ``parts`` when read already) and laid
-        out by the template: the Python half of a chat batch, which :meth:`run` has its reader thread do while the
-        engine encodes the batch before (the engine releases the GIL). It changes nothing of the run: the skipped
-        records' errors go with the batch, counted when the batch is taken, so that a checkpoint never counts a
-        batch ahead of its position."""
+    def prepare_chat(self, batch: list[Record]) -> _ChatBatch:
+        """A batch of chat records read into turns and laid out by the template: the Python half of a chat batch,
+        which :meth:`run` has its reader thread do while the engine encodes the batch before (the engine releases
+        the GIL). It changes nothing of the run: the skipped records' errors go with the batch, counted when the
+        batch is taken, so that a checkpoint never counts a batch ahead of its position."""
         encoder = self.chat_encoder
         if encoder is None:
             raise ValueError("a text run has no chat encoder")
-        if parts is None:
-            parts = [self.read_chat(batch)]
-        good = [record for part in parts for record in part.good] if len(parts) > 1 else parts[0].good
-        turns = Turns.joined([part.turns for part in parts]) if len(parts) > 1 else parts[0].turns
-        skipped = [error for part in parts for error in part.skipped]
+        skipped: list[str] = []
+        good = self._good_records(batch, skipped)
+        good, turns = self._conversations(good, skipped) if good else (good, Turns.of([]))
         return _ChatBatch(good, turns, encoder.layout(turns) if good else None, skipped)
 
     def _take_chat(self, prepared: _ChatBatch, encoding: _Encoding | None) -> None:
@@ -1286,7 +1233,7 @@ class _PartitionRun:
         records = iter_records(self.inputs, keys, self.plan.unit, start=local_start, counter=counters)
         batches: queue.Queue[Any] = queue.Queue(maxsize=4)
         stop = threading.Event()
-        prepare = _Preparing(self.read_chat, self.prepare_chat, CHAT_CHUNK) if self.chat is not None else None
+        prepare = self.prepare_chat if self.chat is not None else None
         reader = threading.Thread(
             target=_batches, args=(records, batch_size, batches, stop, counters, prepare), daemon=True
         )
