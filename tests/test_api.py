@@ -252,6 +252,25 @@ def test_a_glob_is_listed_like_glob_and_once_per_open(tmp_path: Path) -> None:
     assert str(tmp_path / "a_9.bin") in expand_path_texts(str(tmp_path / "a_*.bin"))
 
 
+def test_one_star_patterns_match_like_fnmatch_with_overlapping_ends() -> None:
+    # the one-`*` shortcut (a prefix and a suffix test) against fnmatch and glob's hidden-name rule, on names where the
+    # pattern's start and end overlap ("aba" is no match of "ab*ba"), hidden names, and names equal to either end
+    import fnmatch
+    import random
+
+    from tokformats.fs.paths import _matching_names
+
+    rng = random.Random(28)
+    patterns = ["a*b", "*b", "a*", "*", ".*", "ab*ba", "aba*aba", "x_*.b", "*.", "a.*", ".a*a"]
+    for _ in range(500):
+        names = sorted({"".join(rng.choice("ab._x") for _ in range(rng.randint(1, 7))) for _ in range(40)})
+        for pattern in patterns:
+            hidden_ok = pattern.startswith(".") or not pattern.startswith(("*", "?", "["))
+            expected = [n for n in names if fnmatch.fnmatchcase(n, pattern) and (hidden_ok or not n.startswith("."))]
+            assert _matching_names(pattern, names) == expected, (pattern, names)
+    assert _matching_names("ab*ba", ["aba", "abba", "ab_ba", "abxba"]) == ["abba", "ab_ba", "abxba"]
+
+
 def test_detector_table_agrees_with_the_format_modules() -> None:
     import struct
 
