@@ -252,6 +252,22 @@ def test_a_glob_is_listed_like_glob_and_once_per_open(tmp_path: Path) -> None:
     assert str(tmp_path / "a_9.bin") in expand_path_texts(str(tmp_path / "a_*.bin"))
 
 
+def test_a_listing_knows_its_folders_through_links(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the listing's folder flags come from the directory entries (read through the folder's descriptor): a link to
+    # a folder is a folder, a broken link and a file are not, and a relative pattern lists the current folder
+    from tokformats.fs.paths import folders_near
+
+    (tmp_path / "target").mkdir()
+    (tmp_path / "a_1.bin").write_bytes(b"")
+    (tmp_path / "a_dir.bin").mkdir()
+    (tmp_path / "a_link.bin").symlink_to(tmp_path / "target")
+    (tmp_path / "a_broken.bin").symlink_to(tmp_path / "nowhere")
+    expected = [str(tmp_path), str(tmp_path / "a_dir.bin"), str(tmp_path / "a_link.bin")]
+    assert folders_near(str(tmp_path / "a_*.bin")) == expected
+    monkeypatch.chdir(tmp_path)
+    assert folders_near("a_*.bin") == [".", "a_dir.bin", "a_link.bin"]
+
+
 def test_one_star_patterns_match_like_fnmatch_with_overlapping_ends() -> None:
     # the one-`*` shortcut (a prefix and a suffix test) against fnmatch and glob's hidden-name rule, on names where the
     # pattern's start and end overlap ("aba" is no match of "ab*ba"), hidden names, and names equal to either end
