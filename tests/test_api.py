@@ -252,6 +252,41 @@ def test_a_glob_is_listed_like_glob_and_once_per_open(tmp_path: Path) -> None:
     assert str(tmp_path / "a_9.bin") in expand_path_texts(str(tmp_path / "a_*.bin"))
 
 
+def test_a_listing_knows_its_folders_through_links(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the listing's folder flags come from the directory entries (read through the folder's descriptor): a link to
+    # a folder is a folder, a broken link and a file are not, and a relative pattern lists the current folder
+    from tokformats.fs.paths import folders_near
+
+    (tmp_path / "target").mkdir()
+    (tmp_path / "a_1.bin").write_bytes(b"")
+    (tmp_path / "a_dir.bin").mkdir()
+    (tmp_path / "a_link.bin").symlink_to(tmp_path / "target")
+    (tmp_path / "a_broken.bin").symlink_to(tmp_path / "nowhere")
+    expected = [str(tmp_path), str(tmp_path / "a_dir.bin"), str(tmp_path / "a_link.bin")]
+    assert folders_near(str(tmp_path / "a_*.bin")) == expected
+    monkeypatch.chdir(tmp_path)
+    assert folders_near("a_*.bin") == [".", "a_dir.bin", "a_link.bin"]
+
+
+def test_one_star_patterns_match_like_fnmatch_with_overlapping_ends() -> None:
+    # the one-`*` shortcut (a prefix and a suffix test) against fnmatch and glob's hidden-name rule, on names where the
+    # pattern's start and end overlap ("aba" is no match of "ab*ba"), hidden names, and names equal to either end
+    import fnmatch
+    import random
+
+    from tokformats.fs.paths import _matching_names
+
+    rng = random.Random(28)
+    patterns = ["a*b", "*b", "a*", "*", ".*", "ab*ba", "aba*aba", "x_*.b", "*.", "a.*", ".a*a"]
+    for _ in range(500):
+        names = sorted({"".join(rng.choice("ab._x") for _ in range(rng.randint(1, 7))) for _ in range(40)})
+        for pattern in patterns:
+            hidden_ok = pattern.startswith(".") or not pattern.startswith(("*", "?", "["))
+            expected = [n for n in names if fnmatch.fnmatchcase(n, pattern) and (hidden_ok or not n.startswith("."))]
+            assert _matching_names(pattern, names) == expected, (pattern, names)
+    assert _matching_names("ab*ba", ["aba", "abba", "ab_ba", "abxba"]) == ["abba", "ab_ba", "abxba"]
+
+
 def test_detector_table_agrees_with_the_format_modules() -> None:
     import struct
 

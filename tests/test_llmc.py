@@ -276,6 +276,47 @@ def test_token_counts_are_the_same_below_and_above_the_python_check() -> None:
                     assert counts.dtype == np.int64 and counts.tolist() == list(range(len(part)))
 
 
+def test_family_is_a_named_tuple() -> None:
+    # written out by hand (no eval at import), with what collections.namedtuple gives
+    gpt2 = llmc.GPT2
+    assert isinstance(gpt2, tuple) and gpt2 == ("gpt2", 20240520, 1, np.dtype("<u2"), 50256)
+    name, magic, version, dtype, delimiter = gpt2
+    assert (name, magic, version, dtype, delimiter) == (gpt2.name, gpt2.magic, gpt2.version, gpt2.dtype, gpt2.delimiter)
+    assert llmc.Family._fields == ("name", "magic", "version", "dtype", "delimiter")
+    assert gpt2._asdict() == dict(zip(llmc.Family._fields, gpt2)) and gpt2._asdict()["delimiter"] == 50256
+    assert gpt2._replace(delimiter=0) == ("gpt2", 20240520, 1, np.dtype("<u2"), 0) and gpt2.delimiter == 50256
+    assert llmc.Family._make(list(gpt2)) == gpt2 and hash(llmc.Family._make(gpt2)) == hash(gpt2)
+    assert repr(gpt2) == "Family(name='gpt2', magic=20240520, version=1, dtype=dtype('uint16'), delimiter=50256)"
+    assert pickle.loads(pickle.dumps(llmc.LLAMA3)) == llmc.LLAMA3
+    assert type(pickle.loads(pickle.dumps(llmc.LLAMA3))) is llmc.Family
+    with pytest.raises(ValueError, match="Family has no field 'size'"):
+        gpt2._replace(size=2)
+    with pytest.raises(AttributeError):
+        gpt2.extra = 1  # type: ignore[attr-defined]
+    match llmc.LLAMA3:
+        case llmc.Family(name, _, _, dtype, _):
+            assert (name, dtype) == ("llama3", np.dtype("<u4"))
+        case _:
+            pytest.fail("Family does not match positionally")
+
+
+def test_a_glob_pins_each_shard_from_its_one_stat(tmp_path: Path) -> None:
+    # the pins are kept flat (four ints a shard); each is what os.stat said of that shard at open
+    import os
+
+    from tokformats.formats._parts import PartTable
+
+    _, pattern = _shards(tmp_path, 5)
+    with tokformats.open(pattern, bos=0) as reader:
+        table = reader._parts
+        assert isinstance(table, PartTable) and len(table.pins) == 4 * len(table)
+        for k, path in enumerate(table.paths):
+            info = os.stat(path)
+            assert table.pin(k) == (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+    with pytest.raises(ValueError, match=r"2 paths, 2 counts and 1\.5 pins do not match"):
+        PartTable(["a", "b"], 1024, np.zeros(2, dtype=np.int64), np.dtype("<u2"), [0] * 6)
+
+
 def test_a_shard_replaced_after_open_is_refused(tmp_path: Path) -> None:
     stream, pattern = _shards(tmp_path, 5)
     with tokformats.open(pattern, bos=0) as reader:

@@ -69,13 +69,21 @@ Pin = tuple[int, int, int, int]
 class PartTable(Sequence[Part]):
     """Many parts of one dtype at one byte offset (shards of a glob), kept compact: paths as strings, token counts
     and pins (what each file was at open) beside them. A :class:`Part` (and its ``Path``) is made only for the part
-    asked for, so 600,000 shards cost a list of names and an array, not 600,000 ``Path`` objects."""
+    asked for, so 600,000 shards cost a list of names and an array, not 600,000 ``Path`` objects.
 
-    def __init__(self, paths: list[str], offset: int, counts: np.ndarray, dtype: np.dtype, pins: list[Pin]) -> None:
-        if not len(paths) == len(counts) == len(pins):
-            raise ValueError(f"{len(paths)} paths, {len(counts)} counts and {len(pins)} pins do not match")
+    ``pins`` is flat, four ints a part (part ``k``'s pin is ``pins[4 * k : 4 * k + 4]``): no tuple per part, which
+    the cyclic garbage collector would track while the open allocates them (it does not track ints)."""
+
+    def __init__(self, paths: list[str], offset: int, counts: np.ndarray, dtype: np.dtype, pins: list[int]) -> None:
+        if not len(paths) == len(counts) == len(pins) // 4 or len(pins) % 4:
+            raise ValueError(f"{len(paths)} paths, {len(counts)} counts and {len(pins) / 4:g} pins do not match")
         self.paths, self.offset, self.dtype, self.pins = paths, offset, dtype, pins
         self.counts = np.asarray(counts, dtype=np.int64)
+
+    def pin(self, index: int) -> Pin:
+        """Part ``index``'s pin: (device, inode, size, modification time in ns) when it was opened."""
+        device, inode, size, modified = self.pins[4 * index : 4 * index + 4]
+        return device, inode, size, modified
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -180,7 +188,7 @@ class MappedParts(TokenReader):
         """Part ``index``, its pin (taken at open) registered, so that :meth:`_map` refuses it if it changed since."""
         part = self._parts[index]
         if isinstance(self._parts, PartTable):
-            self._files.pin_as(part.path, self._parts.pins[index])
+            self._files.pin_as(part.path, self._parts.pin(index))
         return part
 
     def _open_part(self, index: int) -> np.ndarray:

@@ -27,6 +27,7 @@ Several shards (a glob or a list) read as one corpus in sorted order, the way th
 from __future__ import annotations
 
 import itertools
+import operator
 import os
 import re
 import stat
@@ -34,7 +35,7 @@ import struct
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -77,12 +78,67 @@ HEADER_BYTES = HEADER_INTS * 4
 MAX_SHARD_BYTES = 1 << 31
 
 
-# The functional form with the types as objects (``typing`` compiles a class form's string annotations one by one).
-# A named tuple (public: it compares by value and unpacks), though its ``eval`` costs ~0.05 ms at import.
-Family = NamedTuple(  # noqa: UP014 - see above
-    "Family", [("name", str), ("magic", int), ("version", int), ("dtype", np.dtype), ("delimiter", int)]
-)
-Family.__doc__ = "A model family's shard flavour: its magic, version, token dtype and document delimiter."
+class Family(tuple[str, int, int, np.dtype, int]):
+    """A model family's shard flavour: its magic, version, token dtype and document delimiter.
+
+    A named tuple (it compares by value and unpacks, and has ``_fields``, ``_asdict``, ``_replace`` and ``_make``)
+    written out by hand: ``collections.namedtuple`` and ``typing.NamedTuple`` build ``__new__`` with ``eval``, ~0.1 ms
+    of every process's first llm.c open (this module is imported then).
+    """
+
+    __slots__ = ()
+    _fields = ("name", "magic", "version", "dtype", "delimiter")
+    __match_args__ = ("name", "magic", "version", "dtype", "delimiter")
+
+    def __new__(cls, name: str, magic: int, version: int, dtype: np.dtype, delimiter: int) -> Family:
+        return tuple.__new__(cls, (name, magic, version, dtype, delimiter))
+
+    @property
+    def name(self) -> str:
+        """``"gpt2"`` or ``"llama3"``."""
+        return self[0]
+
+    @property
+    def magic(self) -> int:
+        """Header int 0."""
+        return self[1]
+
+    @property
+    def version(self) -> int:
+        """Header int 1, which goes with the magic."""
+        return self[2]
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The token dtype (``<u2`` or ``<u4``)."""
+        return self[3]
+
+    @property
+    def delimiter(self) -> int:
+        """The id llm.c's scripts put before each document."""
+        return self[4]
+
+    def __repr__(self) -> str:
+        return f"Family({', '.join(f'{field}={value!r}' for field, value in zip(self._fields, self))})"
+
+    def __getnewargs__(self) -> tuple[str, int, int, np.dtype, int]:
+        return (self[0], self[1], self[2], self[3], self[4])
+
+    @classmethod
+    def _make(cls, values: Any) -> Family:
+        """A family from an iterable of its five fields (``namedtuple._make``)."""
+        return cls(*values)
+
+    def _asdict(self) -> dict[str, Any]:
+        """The fields by name (``namedtuple._asdict``)."""
+        return dict(zip(self._fields, self))
+
+    def _replace(self, **changes: Any) -> Family:
+        """A copy with some fields changed (``namedtuple._replace``)."""
+        unknown = set(changes) - set(self._fields)
+        if unknown:
+            raise ValueError(f"Family has no field {sorted(unknown)[0]!r}; its fields are {', '.join(self._fields)}")
+        return self._make(changes.get(field, value) for field, value in zip(self._fields, self))
 
 
 GPT2 = Family("gpt2", 20240520, 1, np.dtype("<u2"), 50256)
@@ -102,6 +158,10 @@ OTHER_MAGICS = {
 
 #: The least ``core.arrays.default_open_maps`` gives: a glob of at most this many shards never unmaps one.
 _FEWEST_OPEN_MAPS = 16
+
+#: A shard's pin from its ``stat`` (what ``core.files`` compares when it maps the shard), taken by ``map`` (a C loop),
+#: not a comprehension that runs bytecode per shard.
+_PIN_FIELDS = operator.attrgetter("st_dev", "st_ino", "st_size", "st_mtime_ns")
 
 #: Tokens the reader looks at to find the delimiter when none is given.
 DELIMITER_PROBE = 1 << 20
@@ -303,11 +363,11 @@ class Reader(MappedParts):
         super().__init__(path, bos=bos, eos=eos, remote=remote)
         self._remote = remote
         if isinstance(path, (str, os.PathLike)) and Path(path).is_dir():
-            texts = [os.fspath(p) for p in folder_shards(Path(path), remote)]
+            texts = sorted(os.fspath(p) for p in folder_shards(Path(path), remote))
         else:
             texts = expand_path_texts(path)
-        if len(texts) > 1:
-            texts = sorted(texts)
+            if len(texts) > 1 and not isinstance(path, (str, os.PathLike)):  # a glob's matches come sorted
+                texts = sorted(texts)
         if open_maps is not None:
             self.open_maps = self._init_kwargs["open_maps"] = int(open_maps)
         elif len(texts) <= _FEWEST_OPEN_MAPS:  # the default bound is never below this: no need to ask the rlimit
@@ -358,21 +418,24 @@ class Reader(MappedParts):
             first = next(infos)
             if not stat.S_ISREG(first.st_mode):
                 require_regular(Path(texts[0]))  # raises: a FIFO would block the header read below
-            pins = [(i.st_dev, i.st_ino, i.st_size, i.st_mtime_ns) for i in itertools.chain((first,), infos)]
+            # four ints a shard in one flat list, all in C loops (PartTable.pins)
+            pins = list(itertools.chain.from_iterable(map(_PIN_FIELDS, itertools.chain((first,), infos))))
         except FileNotFoundError:
             missing = next((text for text in texts if not os.path.exists(text)), texts[0])
             raise NoFilesError(f"{missing} does not exist.") from None
         first_head = _pread_head_or_missing(texts[0])
-        self.family, _ = read_header(Path(texts[0]), first_head, size=pins[0][2])
+        sizes = pins[2::4]
+        self.family, _ = read_header(Path(texts[0]), first_head, size=sizes[0])
         self._headers_checked.add(0)
         itemsize = self.family.dtype.itemsize
-        counts, impossible = _token_counts([pin[2] for pin in pins], itemsize)
+        counts, impossible = _token_counts(sizes, itemsize)
+        table = PartTable(texts, HEADER_BYTES, counts, self.family.dtype, pins)
         if impossible is not None:
             where = Path(texts[impossible])
-            self._files.pin_as(where, pins[impossible])
+            self._files.pin_as(where, table.pin(impossible))
             self._checked_header(where)  # raises: its header says what is wrong with its size
-            raise SizeMismatchError(f"{where}: {pins[impossible][2]:,} bytes is no {itemsize}-byte shard.")
-        return PartTable(texts, HEADER_BYTES, counts, self.family.dtype, pins), first_head
+            raise SizeMismatchError(f"{where}: {sizes[impossible]:,} bytes is no {itemsize}-byte shard.")
+        return table, first_head
 
     def _checked_header(self, path: Path) -> int:
         """Shard ``path``'s header, validated against its pinned size and this corpus's family; its ``ntok``."""
