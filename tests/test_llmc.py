@@ -277,7 +277,7 @@ def test_token_counts_are_the_same_below_and_above_the_python_check() -> None:
 
 
 def test_family_is_a_named_tuple() -> None:
-    # written out by hand (no eval at import), with what collections.namedtuple gives
+    # public: it compares by value, unpacks, matches positionally and pickles
     gpt2 = llmc.GPT2
     assert isinstance(gpt2, tuple) and gpt2 == ("gpt2", 20240520, 1, np.dtype("<u2"), 50256)
     name, magic, version, dtype, delimiter = gpt2
@@ -289,7 +289,7 @@ def test_family_is_a_named_tuple() -> None:
     assert repr(gpt2) == "Family(name='gpt2', magic=20240520, version=1, dtype=dtype('uint16'), delimiter=50256)"
     assert pickle.loads(pickle.dumps(llmc.LLAMA3)) == llmc.LLAMA3
     assert type(pickle.loads(pickle.dumps(llmc.LLAMA3))) is llmc.Family
-    with pytest.raises(ValueError, match="Family has no field 'size'"):
+    with pytest.raises(ValueError, match="size"):
         gpt2._replace(size=2)
     with pytest.raises(AttributeError):
         gpt2.extra = 1  # type: ignore[attr-defined]
