@@ -1,8 +1,8 @@
 """A process pool's workers size their engines' thread pools to their share of the cores: ``max(1, C // N)``
-threads for N workers on C cores (``RAYON_NUM_THREADS``, read by splintr's, fastokens' and ``tokenizers``' rayon
-pools when they start; ``TOKENIZERS_PARALLELISM=false`` at one thread), set in each worker before its first batch,
-never over a value already set; other executors and a pool with a core per thread are left at the default. The
-output is the same whatever the threads."""
+threads for N workers on C cores (``RAYON_NUM_THREADS``, read by splintr's and ``tokenizers``' rayon pools when
+they start; ``FASTOKENS_BPE_THREADS``; ``TOKENIZERS_PARALLELISM=false`` at one thread), set in each worker before
+its first batch, never over a value already set; other executors and a pool with a core per thread are left at
+the default. The output is the same whatever the threads."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from tokformats.tokenization.engines import limit_threads
 from tokformats.tokenization.executors import engine_threads
 from tokformats.tokenization.sample_text import sample_texts
 
-_VARIABLES = ("RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM")
+_VARIABLES = ("RAYON_NUM_THREADS", "FASTOKENS_BPE_THREADS", "TOKENIZERS_PARALLELISM")
 
 
 @pytest.mark.parametrize(
@@ -46,15 +46,17 @@ def test_limit_threads_sets_only_what_is_not_set(monkeypatch: pytest.MonkeyPatch
     for name in _VARIABLES:
         monkeypatch.delenv(name, raising=False)
     assert limit_threads(None) == {}
-    assert limit_threads(2) == {"RAYON_NUM_THREADS": "2"}
+    assert limit_threads(2) == {"RAYON_NUM_THREADS": "2", "FASTOKENS_BPE_THREADS": "2"}
     assert "TOKENIZERS_PARALLELISM" not in os.environ
-    monkeypatch.delenv("RAYON_NUM_THREADS")
-    assert limit_threads(1) == {"RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    assert [os.environ[name] for name in _VARIABLES] == ["1", "false"]
+    for name in _VARIABLES[:2]:
+        monkeypatch.delenv(name)
+    one = {"RAYON_NUM_THREADS": "1", "FASTOKENS_BPE_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    assert limit_threads(1) == one
+    assert [os.environ[name] for name in _VARIABLES] == ["1", "1", "false"]
     monkeypatch.setenv("RAYON_NUM_THREADS", "3")  # the user's (or an earlier run's) value stays
     monkeypatch.delenv("TOKENIZERS_PARALLELISM")
     assert limit_threads(1) == {"TOKENIZERS_PARALLELISM": "false"}
-    assert os.environ["RAYON_NUM_THREADS"] == "3"
+    assert [os.environ[name] for name in _VARIABLES] == ["3", "1", "false"]
 
 
 def _files(summary: dict[str, Any]) -> list[bytes]:
@@ -78,11 +80,11 @@ def test_each_worker_of_a_pool_is_limited_and_the_output_is_unchanged(
     cores = len(os.sched_getaffinity(0))
     assert threads == (max(1, cores // 2) if max(1, cores // 2) < cores else None)
     if threads is None:  # a one-core machine: the engines' default
-        assert seen == {(None, None)}
+        assert seen == {(None, None, None)}
     else:
-        assert seen == {(str(threads), "false" if threads == 1 else None)}
+        assert seen == {(str(threads), str(threads), "false" if threads == 1 else None)}
     assert all(name not in os.environ for name in _VARIABLES)  # the parent's own environment is untouched
 
 
-def _threads_here() -> tuple[str | None, str | None]:
-    return os.environ.get("RAYON_NUM_THREADS"), os.environ.get("TOKENIZERS_PARALLELISM")
+def _threads_here() -> tuple[str | None, ...]:
+    return tuple(os.environ.get(name) for name in _VARIABLES)

@@ -148,13 +148,14 @@ class FastokensEngine(Engine):
 def limit_threads(threads: int | None) -> dict[str, str]:
     """In a pool worker, before its first batch: size the engines' thread pools to ``threads`` (None: leave them at
     their default, one thread per core), so that several worker processes do not each start a pool as large as the
-    machine. splintr's, fastokens' and ``tokenizers``' pools are rayon's, which reads ``RAYON_NUM_THREADS`` when it
-    starts (the process's first batch call: setting it later changes nothing, and a variable already set, by the
-    user or an earlier run, is left as it is); with one thread, ``TOKENIZERS_PARALLELISM=false`` has ``tokenizers``
-    encode on the calling thread. The ids do not depend on the threads. The variables this set."""
+    machine. splintr's and ``tokenizers``' pools are rayon's, which reads ``RAYON_NUM_THREADS`` when it starts (the
+    process's first batch call: setting it later changes nothing); fastokens' batch threads are counted by
+    ``FASTOKENS_BPE_THREADS`` (1: the calling thread alone); with one thread, ``TOKENIZERS_PARALLELISM=false`` has
+    ``tokenizers`` encode on the calling thread. A variable already set, by the user or an earlier run, is left as
+    it is. The ids do not depend on the threads. The variables this set."""
     if threads is None or threads < 1:
         return {}
-    wanted = {"RAYON_NUM_THREADS": str(threads)}
+    wanted = {"RAYON_NUM_THREADS": str(threads), "FASTOKENS_BPE_THREADS": str(threads)}
     if threads == 1:
         wanted["TOKENIZERS_PARALLELISM"] = "false"
     set_here = {name: value for name, value in wanted.items() if name not in os.environ}
