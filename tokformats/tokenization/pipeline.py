@@ -1486,6 +1486,8 @@ def tokenize(
             encode partitions of the inputs in parallel; the result equals a single-process run. Each worker
             process gates ``engine`` itself (the summary's ``engine`` is the first partition's). Its workers are
             started (one small job per core) as soon as the run owns its work folder, while the tokenizer loads.
+            A standard-library process pool's workers each give their engine ``max(1, C // N)`` threads (N workers,
+            C cores; :func:`~.executors.engine_threads`, :func:`~.engines.limit_threads`).
         partitions: how many partitions (default: one per input file, and one per 64 MiB where the inputs are
             larger). Large files are cut at line starts (JSON Lines, text per line) or row groups (Parquet); the
             output is byte-identical to a single-process run whatever the partitioning
