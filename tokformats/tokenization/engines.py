@@ -48,6 +48,7 @@ __all__ = [
     "ReferenceIds",
     "calibration_texts",
     "encoded",
+    "limit_threads",
 ]
 
 #: The values of ``tokenize(engine=...)``.
@@ -142,6 +143,24 @@ class FastokensEngine(Engine):
         flat = np.frombuffer(ids, dtype="<u4")
         bounds = np.frombuffer(offsets, dtype="<u8").astype(np.int64)
         return flat, np.diff(bounds)
+
+
+def limit_threads(threads: int | None) -> dict[str, str]:
+    """In a pool worker, before its first batch: size the engines' thread pools to ``threads`` (None: leave them at
+    their default, one thread per core), so that several worker processes do not each start a pool as large as the
+    machine. splintr's and ``tokenizers``' pools are rayon's, which reads ``RAYON_NUM_THREADS`` when it starts (the
+    process's first batch call: setting it later changes nothing); fastokens' batch threads are counted by
+    ``FASTOKENS_BPE_THREADS`` (1: the calling thread alone); with one thread, ``TOKENIZERS_PARALLELISM=false`` has
+    ``tokenizers`` encode on the calling thread. A variable already set, by the user or an earlier run, is left as
+    it is. The ids do not depend on the threads. The variables this set."""
+    if threads is None or threads < 1:
+        return {}
+    wanted = {"RAYON_NUM_THREADS": str(threads), "FASTOKENS_BPE_THREADS": str(threads)}
+    if threads == 1:
+        wanted["TOKENIZERS_PARALLELISM"] = "false"
+    set_here = {name: value for name, value in wanted.items() if name not in os.environ}
+    os.environ.update(set_here)
+    return set_here
 
 
 #: Whether this process used splintr's thread pool, and whether it is a child forked after that: rayon's threads do

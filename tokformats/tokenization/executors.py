@@ -9,13 +9,30 @@ folder at the same paths (a shared file system), as with dask.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["RayExecutor"]
+__all__ = ["RayExecutor", "engine_threads"]
+
+
+def engine_threads(executor: Executor) -> int | None:
+    """How many threads each of ``executor``'s worker processes may give its engine so that the workers together do
+    not run more encoding threads than this machine has cores: ``max(1, C // N)`` for a standard-library process
+    pool of ``N`` workers on ``C`` cores (those this process may run on), when that is fewer than ``C``; else None
+    (the engines' default). None for any other executor: a thread pool's workers share this process's engines,
+    and dask's or Ray's workers may run on other machines, with other cores and other neighbours."""
+    if not isinstance(executor, ProcessPoolExecutor):
+        return None
+    workers = getattr(executor, "_max_workers", None)  # the pool's size: no public accessor
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if not isinstance(workers, int) or workers < 1:
+        return None
+    threads = max(1, cores // workers)
+    return threads if threads < cores else None
 
 
 def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

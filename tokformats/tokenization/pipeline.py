@@ -69,8 +69,10 @@ from .engines import (
     TokenizersEngine,
     differing_text,
     encoded,
+    limit_threads,
     select_engine,
 )
+from .executors import engine_threads
 from .partitions import PARTITION_BYTES, iter_partitions
 from .sources import Input, Record, SourceError, iter_records, resolve_inputs
 from .templates import THOUGHT, TRAIN_ON, Layout, load_template
@@ -1403,10 +1405,11 @@ def _partition_job(args: tuple[Any, ...]) -> dict[str, Any]:
     """Run in an executor worker: encode one partition; its counters, and the engine that encoded it and why.
     Module-level, so that it pickles by reference."""
     plan_dict, tokenizer_path, pieces, first_input, ordinal, folder, settings, engine = args[:8]
-    origin, chat = args[8:]
+    origin, chat, threads = args[8:]
     batch_size, resume, checkpoint_every = settings
     plan = Plan(**plan_dict)
     name, fraction = engine
+    limit_threads(threads)  # before the engine's first batch starts its thread pool
     with parent_watch(origin):  # an orphan of a killed run stops at once instead of writing on into its spools
         tokenizer, chosen = _worker_engine(tokenizer_path, plan.tokenizer_hash, name, chat is not None)
         encoder = Encoder(tokenizer, name, fraction, seed=plan.seed, partition=ordinal, chosen=chosen,
@@ -1486,6 +1489,8 @@ def tokenize(
             encode partitions of the inputs in parallel; the result equals a single-process run. Each worker
             process gates ``engine`` itself (the summary's ``engine`` is the first partition's). Its workers are
             started (one small job per core) as soon as the run owns its work folder, while the tokenizer loads.
+            A standard-library process pool's workers each give their engine ``max(1, C // N)`` threads (N workers,
+            C cores; :func:`~.executors.engine_threads`, :func:`~.engines.limit_threads`).
         partitions: how many partitions (default: one per input file, and one per 64 MiB where the inputs are
             larger). Large files are cut at line starts (JSON Lines, text per line) or row groups (Parquet); the
             output is byte-identical to a single-process run whatever the partitioning
@@ -1801,13 +1806,15 @@ def _encode_in_parallel(
     work.mkdir(parents=True, exist_ok=True)
     _write_bytes_atomically(tokenizer_file, serialised.encode("utf-8"))
     shipped = asdict(plan)
+    threads = engine_threads(executor)
     parts: list[Path] = []
 
     def jobs() -> Iterator[tuple[Any, ...]]:
         for ordinal, (first, group) in enumerate(groups):
             parts.append(work / f"part-{ordinal:04d}")
             pieces = [(str(i.path), i.start, i.stop, i.first_record) for i in group]
-            yield shipped, str(tokenizer_file), pieces, first, ordinal, str(parts[-1]), settings, engine, origin, chat
+            yield (shipped, str(tokenizer_file), pieces, first, ordinal, str(parts[-1]), settings, engine, origin,
+                   chat, threads)  # fmt: skip
 
     submit = getattr(executor, "submit", None)
     if submit is None:
@@ -1853,17 +1860,20 @@ def _warm_workers(executor: Executor, partitions: int) -> list[Future[int]]:
     submit = getattr(executor, "submit", None)
     if submit is None:
         return []
-    futures = [submit(_worker_ready) for _ in range(min(partitions, os.cpu_count() or 1))]
+    threads = engine_threads(executor)
+    futures = [submit(_worker_ready, threads) for _ in range(min(partitions, os.cpu_count() or 1))]
     for future in futures:  # nobody waits for them: their errors are taken here (a dask client logs those never taken)
         future.add_done_callback(Future.exception)
     return futures
 
 
-def _worker_ready() -> int:
+def _worker_ready(threads: int | None = None) -> int:
     """Run in an executor worker at the start of a parallel run: by the time it runs, the worker process has
     started and imported this module (the job is pickled by reference), which is most of what it does before its
-    first partition other than loading the tokenizer (the fast engines' imports take milliseconds). Its process id.
+    first partition other than loading the tokenizer (the fast engines' imports take milliseconds). Sizes the
+    engines' thread pools to ``threads`` (:func:`~.engines.limit_threads`). Its process id.
     """
+    limit_threads(threads)
     return os.getpid()
 
 
