@@ -152,7 +152,9 @@ def limit_threads(threads: int | None) -> dict[str, str]:
     process's first batch call: setting it later changes nothing); fastokens' batch threads are counted by
     ``FASTOKENS_BPE_THREADS`` (1: the calling thread alone); with one thread, ``TOKENIZERS_PARALLELISM=false`` has
     ``tokenizers`` encode on the calling thread. A variable already set, by the user or an earlier run, is left as
-    it is. The ids do not depend on the threads. The variables this set."""
+    it is, and what this sets stays set in the worker after the run (a later run in the same pool finds it set;
+    another rayon library run in that worker sees it too). The ids do not depend on the threads. The variables this
+    set."""
     if threads is None or threads < 1:
         return {}
     wanted = {"RAYON_NUM_THREADS": str(threads), "FASTOKENS_BPE_THREADS": str(threads)}
