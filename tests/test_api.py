@@ -252,10 +252,17 @@ def test_a_glob_is_listed_like_glob_and_once_per_open(tmp_path: Path) -> None:
     assert str(tmp_path / "a_9.bin") in expand_path_texts(str(tmp_path / "a_*.bin"))
 
 
-def test_a_listing_knows_its_folders_through_links(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # the listing's folder flags come from the directory entries (read through the folder's descriptor): a link to
-    # a folder is a folder, a broken link and a file are not, and a relative pattern lists the current folder
+@pytest.mark.parametrize("by_descriptor", [True, False])
+def test_a_listing_knows_its_folders_through_links(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, by_descriptor: bool
+) -> None:
+    # the listing's folder flags come from the directory entries (read through the folder's descriptor, or by its
+    # name where scandir takes no descriptor): a link to a folder is a folder, a broken link and a file are not, and
+    # a relative pattern lists the current folder
+    from tokformats.fs import paths
     from tokformats.fs.paths import folders_near
+
+    monkeypatch.setattr(paths, "_SCAN_BY_DESCRIPTOR", by_descriptor)
 
     (tmp_path / "target").mkdir()
     (tmp_path / "a_1.bin").write_bytes(b"")
@@ -285,6 +292,24 @@ def test_one_star_patterns_match_like_fnmatch_with_overlapping_ends() -> None:
             expected = [n for n in names if fnmatch.fnmatchcase(n, pattern) and (hidden_ok or not n.startswith("."))]
             assert _matching_names(pattern, names) == expected, (pattern, names)
     assert _matching_names("ab*ba", ["aba", "abba", "ab_ba", "abxba"]) == ["abba", "ab_ba", "abxba"]
+
+
+def test_one_star_globs_match_what_glob_finds(tmp_path: Path) -> None:
+    # the whole listing (scandir, the one-`*` shortcut, the folder joined) against glob.glob on a real folder
+    import glob
+    import random
+
+    from tokformats.fs.paths import expand_paths
+
+    rng = random.Random(29)
+    names = {"".join(rng.choice("ab._x") for _ in range(rng.randint(1, 7))) for _ in range(300)} - {".", ".."}
+    for name in names:
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "ab_dir.b").mkdir()
+    for pattern in ["a*b", "*b", "a*", "*", ".*", "ab*ba", "aba*aba", "x_*.b", "*.", "a.*", ".a*a", "ab*.b"]:
+        found = sorted(glob.glob(str(tmp_path / pattern)))
+        if found:
+            assert [str(p) for p in expand_paths(str(tmp_path / pattern))] == found, pattern
 
 
 def test_detector_table_agrees_with_the_format_modules() -> None:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+import time
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +17,19 @@ import pytest
 
 import tokformats
 from tokformats.tokenization.engines import limit_threads
+from tokformats.tokenization import executors
 from tokformats.tokenization.executors import engine_threads
 from tokformats.tokenization.sample_text import sample_texts
 
 _VARIABLES = ("RAYON_NUM_THREADS", "FASTOKENS_BPE_THREADS", "TOKENIZERS_PARALLELISM")
+
+
+def _unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unset the variables for this test and restore their state after it, whatever the code under test sets
+    (``delenv`` of an unset variable records nothing, so a value set later would outlive the test)."""
+    for name in _VARIABLES:
+        monkeypatch.setenv(name, "recorded")
+        monkeypatch.delenv(name)
 
 
 @pytest.mark.parametrize(
@@ -30,6 +40,7 @@ def test_a_process_pool_gets_its_share_of_the_cores(
     monkeypatch: pytest.MonkeyPatch, cores: int, workers: int, threads: int | None
 ) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    monkeypatch.setattr(executors, "_cgroup_quota", lambda: None)
     pool = ProcessPoolExecutor(workers)  # no job submitted: no process started
     try:
         assert engine_threads(pool) == threads
@@ -37,14 +48,65 @@ def test_a_process_pool_gets_its_share_of_the_cores(
         pool.shutdown()
 
 
+def test_the_cores_without_an_affinity_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    # macOS and Windows have no sched_getaffinity: the cores are os.cpu_count()'s
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(executors, "_cgroup_quota", lambda: None)
+    with ProcessPoolExecutor(4) as pool:
+        assert engine_threads(pool) == 2
+
+
+@pytest.mark.parametrize(
+    ("cpu_max", "v1", "quota"),
+    [
+        ("200000 100000\n", ("", ""), 2),  # cgroup v2: two cores
+        ("150000 100000\n", ("", ""), 1),  # 1.5 cores: whole cores, as Rust's available_parallelism counts
+        ("50000 100000\n", ("", ""), 1),  # half a core: at least one
+        ("max 100000\n", ("", ""), None),  # no quota
+        ("", ("400000\n", "100000\n"), 4),  # cgroup v1
+        ("", ("-1\n", "100000\n"), None),  # v1, no quota
+        ("", ("", ""), None),  # no cgroup file system
+        ("12 0\n", ("", ""), None),  # a zero period: nonsense, no quota
+        ("\x00\xff garbage", ("", ""), None),
+    ],
+)
+def test_a_cgroup_cpu_quota_lowers_the_cores(
+    monkeypatch: pytest.MonkeyPatch, cpu_max: str, v1: tuple[str, str], quota: int | None
+) -> None:
+    files = {executors._CPU_MAX: cpu_max, executors._CFS_QUOTA: v1[0], executors._CFS_PERIOD: v1[1]}
+    monkeypatch.setattr(executors, "_small_text", files.__getitem__)
+    assert executors._cgroup_quota() == quota
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(32)))  # a container on a 32-core node
+    with ProcessPoolExecutor(2) as pool:
+        expected = 32 // 2 if quota is None else (max(1, quota // 2) if max(1, quota // 2) < quota else None)
+        assert engine_threads(pool) == expected
+
+
+class _InlineExecutor(Executor):
+    """Runs each job where it is submitted."""
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        future.set_result(fn(*args, **kwargs))
+        return future
+
+
 def test_other_executors_keep_the_engines_default() -> None:
     with ThreadPoolExecutor(2) as pool:  # its workers share this process's engines
         assert engine_threads(pool) is None
+    assert engine_threads(_InlineExecutor()) is None
+
+
+def test_nothing_is_set_in_the_submitting_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a process pool (or a subclass) that runs a job in the caller's own process leaves the caller's environment
+    _unset(monkeypatch)
+    assert limit_threads(1, os.getpid()) == {}
+    assert all(name not in os.environ for name in _VARIABLES)
 
 
 def test_limit_threads_sets_only_what_is_not_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in _VARIABLES:
-        monkeypatch.delenv(name, raising=False)
+    _unset(monkeypatch)
     assert limit_threads(None) == {}
     assert limit_threads(2) == {"RAYON_NUM_THREADS": "2", "FASTOKENS_BPE_THREADS": "2"}
     assert "TOKENIZERS_PARALLELISM" not in os.environ
@@ -66,8 +128,7 @@ def _files(summary: dict[str, Any]) -> list[bytes]:
 def test_each_worker_of_a_pool_is_limited_and_the_output_is_unchanged(
     tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name in _VARIABLES:  # the workers inherit this process's environment
-        monkeypatch.delenv(name, raising=False)
+    _unset(monkeypatch)  # the workers inherit this process's environment
     source = tmp_path / "a.jsonl"
     source.write_text("".join(json.dumps({"text": t}) + "\n" for t in sample_texts(1500)), encoding="utf-8")
     single = tokformats.tokenize(source, tokenizer_path, tmp_path / "one", "megatron", progress=False)
@@ -75,16 +136,19 @@ def test_each_worker_of_a_pool_is_limited_and_the_output_is_unchanged(
         threads = engine_threads(pool)
         summary = tokformats.tokenize(source, tokenizer_path, tmp_path / "p", "megatron", progress=False,
                                       executor=pool, partitions=6)  # fmt: skip
-        seen = {pool.submit(_threads_here).result() for _ in range(8)}
+        # four jobs that outlast their submission: each of the two workers takes at least one
+        seen = dict(future.result() for future in [pool.submit(_threads_here) for _ in range(4)])
     assert _files(summary) == _files(single)
-    cores = len(os.sched_getaffinity(0))
+    cores = executors._cores()
     assert threads == (max(1, cores // 2) if max(1, cores // 2) < cores else None)
+    assert len(seen) == 2 and os.getpid() not in seen
     if threads is None:  # a one-core machine: the engines' default
-        assert seen == {(None, None, None)}
+        assert set(seen.values()) == {(None, None, None)}
     else:
-        assert seen == {(str(threads), str(threads), "false" if threads == 1 else None)}
+        assert set(seen.values()) == {(str(threads), str(threads), "false" if threads == 1 else None)}
     assert all(name not in os.environ for name in _VARIABLES)  # the parent's own environment is untouched
 
 
-def _threads_here() -> tuple[str | None, ...]:
-    return tuple(os.environ.get(name) for name in _VARIABLES)
+def _threads_here() -> tuple[int, tuple[str | None, ...]]:
+    time.sleep(0.5)
+    return os.getpid(), tuple(os.environ.get(name) for name in _VARIABLES)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tokformats
-from tokformats import DataWarning, HeaderError, NoFilesError, SizeMismatchError
+from tokformats import DataWarning, FormatError, HeaderError, NoFilesError, SizeMismatchError
 from tokformats.formats import llmc
 from tokformats.testing import TokenFormatTests
 
@@ -216,6 +216,30 @@ def _shards(folder: Path, count: int, tokens: int = 10, *, seed: int = 0) -> tup
     for k in range(count):
         (folder / f"c_train_{k:06d}.bin").write_bytes(shard_bytes(stream[k * tokens : (k + 1) * tokens].tolist()))
     return stream, str(folder / "c_train_*.bin")
+
+
+def test_a_fifo_or_a_folder_among_a_globs_shards_is_refused(tmp_path: Path) -> None:
+    # a FIFO past the first shard (size 0: no shard) is refused without waiting for a writer; a folder named like a
+    # shard is refused when its header would be read, as a FormatError naming it (not an IsADirectoryError)
+    import os
+    import subprocess
+    import sys
+
+    _, pattern = _shards(tmp_path, 5)
+    fifo = tmp_path / "c_train_000003.bin"
+    fifo.unlink()
+    os.mkfifo(fifo)
+    script = f"import tokformats; tokformats.open({pattern!r}, bos=0)"
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and f"FormatError: {fifo} is a FIFO" in run.stderr, run.stderr
+    fifo.unlink()
+    folder = tmp_path / "c_train_000002.bin"
+    folder.unlink()
+    folder.mkdir()
+    (tmp_path / "c_train_000003.bin").write_bytes(shard_bytes([0, 1, 2]))
+    with pytest.raises(FormatError, match=f"{folder} is a folder"):
+        with tokformats.open(pattern, bos=0) as reader:
+            np.asarray(reader.tokens)
 
 
 def test_glob_maps_shards_only_as_they_are_read(tmp_path: Path) -> None:

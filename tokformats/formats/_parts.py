@@ -82,7 +82,8 @@ class PartTable(Sequence[Part]):
 
     def pin(self, index: int) -> Pin:
         """Part ``index``'s pin: (device, inode, size, modification time in ns) when it was opened."""
-        device, inode, size, modified = self.pins[4 * index : 4 * index + 4]
+        start = 4 * range(len(self.paths))[index]  # IndexError out of range; -1 is the last part
+        device, inode, size, modified = self.pins[start : start + 4]
         return device, inode, size, modified
 
     def __len__(self) -> int:

@@ -45,7 +45,7 @@ from ..core.protocol import PathLike, TokenWriter
 from ..core.registry import FormatDescriptor, Probe
 from ..errors import ConfigError, DataWarning, FormatError, HeaderError, NoFilesError, SizeMismatchError, option
 from ..fs.paths import expand_path_texts
-from ..fs.untrusted import existing_regular, require_regular
+from ..fs.untrusted import existing_regular, require_regular, require_regular_mode
 from ._parts import MappedParts, Part, PartTable
 
 if TYPE_CHECKING:
@@ -140,9 +140,12 @@ _INDEX_GLOB = "[0-9]" * 6
 
 
 def _pread_head(path: Path | str) -> bytes:
-    """The first ``HEADER_BYTES`` of a file: one ``open``, one ``pread``, one ``close`` (no buffered file object)."""
-    descriptor = os.open(path, os.O_RDONLY)
+    """The first ``HEADER_BYTES`` of a regular file: one ``open``, ``fstat`` and ``pread`` (no buffered file
+    object). Opened without blocking: a FIFO matched by a glob is refused instead of waiting for a writer, a folder
+    named like a shard is refused with a :class:`FormatError` (not an ``IsADirectoryError`` from the read)."""
+    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     try:
+        require_regular_mode(path, os.fstat(descriptor).st_mode)
         return os.pread(descriptor, HEADER_BYTES, 0)
     finally:
         os.close(descriptor)

@@ -182,7 +182,8 @@ def _scan(folder: str) -> tuple[list[str], list[str]]:
     """The names of ``folder``'s entries, and those of its entries that are folders (links to folders included), by one
     ``scandir``: the entries' types come with the listing, no ``stat`` per entry. C loops, and no tuple per entry (the
     cyclic collector tracks tuples, not names or entries)."""
-    descriptor = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)) if _SCAN_BY_DESCRIPTOR else None
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NONBLOCK", 0)  # a FIFO never blocks it
+    descriptor = os.open(folder, flags) if _SCAN_BY_DESCRIPTOR else None
     try:
         with os.scandir(folder if descriptor is None else descriptor) as listing:
             entries = list(listing)

@@ -58,7 +58,13 @@ def require_regular(path: Path) -> int:
     """The size of regular file ``path``; :class:`FormatError` for a FIFO, device or socket (which would block or
     never end), ``FileNotFoundError`` when it does not exist."""
     info = os.stat(path)
-    mode = info.st_mode
+    require_regular_mode(path, info.st_mode)
+    return info.st_size
+
+
+def require_regular_mode(path: Path | str, mode: int) -> None:
+    """:class:`FormatError` unless ``mode`` (``path``'s, from a ``stat`` or the ``fstat`` of a descriptor opened
+    on it) is a regular file's: the error says what it is instead."""
     if not stat.S_ISREG(mode):
         kind = (
             "a FIFO"
@@ -72,7 +78,6 @@ def require_regular(path: Path) -> int:
             else "not a regular file"
         )
         raise FormatError(f"{path} is {kind}; tokformats reads datasets from regular files.")
-    return info.st_size
 
 
 def existing_regular(path: Path | str, why: str = "") -> int:

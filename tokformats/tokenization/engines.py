@@ -145,17 +145,21 @@ class FastokensEngine(Engine):
         return flat, np.diff(bounds)
 
 
-def limit_threads(threads: int | None) -> dict[str, str]:
+def limit_threads(threads: int | None, submitter: int | None = None) -> dict[str, str]:
     """In a pool worker, before its first batch: size the engines' thread pools to ``threads`` (None: leave them at
     their default, one thread per core), so that several worker processes do not each start a pool as large as the
     machine. splintr's and ``tokenizers``' pools are rayon's, which reads ``RAYON_NUM_THREADS`` when it starts (the
-    process's first batch call: setting it later changes nothing); fastokens' batch threads are counted by
-    ``FASTOKENS_BPE_THREADS`` (1: the calling thread alone); with one thread, ``TOKENIZERS_PARALLELISM=false`` has
-    ``tokenizers`` encode on the calling thread. A variable already set, by the user or an earlier run, is left as
-    it is, and what this sets stays set in the worker after the run (a later run in the same pool finds it set;
-    another rayon library run in that worker sees it too). The ids do not depend on the threads. The variables this
-    set."""
-    if threads is None or threads < 1:
+    process's first batch call: setting it later changes nothing; in a worker forked after the parent's engines
+    ran, the pools did not survive the fork and the engines encode on the calling thread whatever is set);
+    fastokens' batch threads are counted by ``FASTOKENS_BPE_THREADS`` (1: the calling thread alone); with one
+    thread, ``TOKENIZERS_PARALLELISM=false`` has ``tokenizers`` encode on the calling thread. The ids do not
+    depend on the threads.
+
+    A variable already set, by the user or an earlier run, is left as it is, and what this sets stays set in the
+    worker after the run (a later run in the same pool finds it; another rayon library in that worker sees it).
+    ``submitter``: the id of the process that submitted the job; in that process itself (an executor that runs
+    jobs where they are submitted) nothing is set, its environment being the caller's. The variables this set."""
+    if threads is None or threads < 1 or os.getpid() == submitter:
         return {}
     wanted = {"RAYON_NUM_THREADS": str(threads), "FASTOKENS_BPE_THREADS": str(threads)}
     if threads == 1:

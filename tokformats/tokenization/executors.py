@@ -22,17 +22,53 @@ __all__ = ["RayExecutor", "engine_threads"]
 def engine_threads(executor: Executor) -> int | None:
     """How many threads each of ``executor``'s worker processes may give its engine so that the workers together do
     not run more encoding threads than this machine has cores: ``max(1, C // N)`` for a standard-library process
-    pool of ``N`` workers on ``C`` cores (those this process may run on), when that is fewer than ``C``; else None
-    (the engines' default). None for any other executor: a thread pool's workers share this process's engines,
-    and dask's or Ray's workers may run on other machines, with other cores and other neighbours."""
+    pool of ``N`` workers on ``C`` cores (:func:`_cores`), when that is fewer than ``C``; else None (the engines'
+    default: a pool of one worker, or any pool on one core). None for any other executor: a thread pool's workers
+    share this process's engines, and dask's or Ray's workers may run on other machines, with other cores and
+    other neighbours."""
     if not isinstance(executor, ProcessPoolExecutor):
         return None
     workers = getattr(executor, "_max_workers", None)  # the pool's size: no public accessor
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if not isinstance(workers, int) or workers < 1:
         return None
+    cores = _cores()
     threads = max(1, cores // workers)
     return threads if threads < cores else None
+
+
+def _cores() -> int:
+    """The cores this process may run on, counted as the engines' thread pools count them by default (Rust's
+    ``available_parallelism``): those its CPU affinity allows, fewer under a cgroup CPU quota (a container's
+    ``--cpus``: quota // period, at least one)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = _cgroup_quota()
+    return min(cores, quota) if quota is not None else cores
+
+
+#: Where a container's CPU quota is: cgroup v2's ``cpu.max`` ("QUOTA PERIOD", or "max PERIOD"), else cgroup v1's.
+_CPU_MAX = "/sys/fs/cgroup/cpu.max"
+_CFS_QUOTA, _CFS_PERIOD = "/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.cfs_period_us"
+
+
+def _cgroup_quota() -> int | None:
+    """Whole cores this process's cgroup allows (at least one), or None: no quota, or none readable (not Linux, no
+    cgroup file system). Each file read is bounded and parsed as untrusted: anything unexpected means no quota."""
+    fields = _small_text(_CPU_MAX).split()
+    if len(fields) != 2:
+        fields = [_small_text(_CFS_QUOTA).strip(), _small_text(_CFS_PERIOD).strip()]
+    quota, period = fields
+    if not (quota.isdigit() and period.isdigit()) or int(period) == 0:  # "max", "-1" or unreadable: no quota
+        return None
+    return max(1, int(quota) // int(period))
+
+
+def _small_text(path: str) -> str:
+    """The first 64 bytes of ``path`` as ASCII text; "" when it cannot be read."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(64).decode("ascii", errors="replace")
+    except OSError:
+        return ""
 
 
 def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

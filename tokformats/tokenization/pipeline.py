@@ -1409,7 +1409,7 @@ def _partition_job(args: tuple[Any, ...]) -> dict[str, Any]:
     batch_size, resume, checkpoint_every = settings
     plan = Plan(**plan_dict)
     name, fraction = engine
-    limit_threads(threads)  # before the engine's first batch starts its thread pool
+    limit_threads(threads, origin[1])  # before the engine's first batch starts its thread pool
     with parent_watch(origin):  # an orphan of a killed run stops at once instead of writing on into its spools
         tokenizer, chosen = _worker_engine(tokenizer_path, plan.tokenizer_hash, name, chat is not None)
         encoder = Encoder(tokenizer, name, fraction, seed=plan.seed, partition=ordinal, chosen=chosen,
@@ -1861,19 +1861,20 @@ def _warm_workers(executor: Executor, partitions: int) -> list[Future[int]]:
     if submit is None:
         return []
     threads = engine_threads(executor)
-    futures = [submit(_worker_ready, threads) for _ in range(min(partitions, os.cpu_count() or 1))]
+    futures = [submit(_worker_ready, threads, os.getpid()) for _ in range(min(partitions, os.cpu_count() or 1))]
     for future in futures:  # nobody waits for them: their errors are taken here (a dask client logs those never taken)
         future.add_done_callback(Future.exception)
     return futures
 
 
-def _worker_ready(threads: int | None = None) -> int:
+def _worker_ready(threads: int | None = None, submitter: int | None = None) -> int:
     """Run in an executor worker at the start of a parallel run: by the time it runs, the worker process has
     started and imported this module (the job is pickled by reference), which is most of what it does before its
     first partition other than loading the tokenizer (the fast engines' imports take milliseconds). Sizes the
-    engines' thread pools to ``threads`` (:func:`~.engines.limit_threads`). Its process id.
+    engines' thread pools to ``threads`` (:func:`~.engines.limit_threads`; not in the ``submitter`` process
+    itself). Its process id.
     """
-    limit_threads(threads)
+    limit_threads(threads, submitter)
     return os.getpid()
 
 
