@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 import tokformats
-from tokformats.tokenization.engines import limit_threads
 from tokformats.tokenization import executors
+from tokformats.tokenization.engines import limit_threads
 from tokformats.tokenization.executors import engine_threads
 from tokformats.tokenization.sample_text import sample_texts
 

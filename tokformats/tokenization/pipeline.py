@@ -897,6 +897,8 @@ class _Check(NamedTuple):
         flat: np.ndarray,
         lengths: np.ndarray,
     ) -> _Check:
+        """The check of the texts ``chosen`` (ascending, distinct: :meth:`Encoder._sample`'s) of a batch the engine
+        encoded as ``flat``/``lengths``, against the ``reference``'s ids of them."""
         picked = chosen.tolist()
         offsets = offsets_from_lengths(lengths)
         if picked and picked[-1] == len(picked) - 1:  # the batch's first texts (the first sample): one slice
