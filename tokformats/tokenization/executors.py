@@ -51,8 +51,10 @@ _CFS_QUOTA, _CFS_PERIOD = "/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup
 
 
 def _cgroup_quota() -> int | None:
-    """Whole cores this process's cgroup allows (at least one), or None: no quota, or none readable (not Linux, no
-    cgroup file system). Each file read is bounded and parsed as untrusted: anything unexpected means no quota."""
+    """Whole cores the cgroup file system's root allows (at least one), or None: no quota, or none readable (not
+    Linux, no cgroup file system). In a container (its own cgroup namespace, as Docker and Kubernetes give it) the
+    root is the container's cgroup; a quota set on a cgroup nested below it is not seen. Each file read is bounded
+    and parsed as untrusted: anything unexpected means no quota."""
     fields = _small_text(_CPU_MAX).split()
     if len(fields) != 2:
         fields = [_small_text(_CFS_QUOTA).strip(), _small_text(_CFS_PERIOD).strip()]
