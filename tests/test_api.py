@@ -303,13 +303,19 @@ def test_one_star_globs_match_what_glob_finds(tmp_path: Path) -> None:
 
     rng = random.Random(29)
     names = {"".join(rng.choice("ab._x") for _ in range(rng.randint(1, 7))) for _ in range(300)} - {".", ".."}
+    names |= {"aba", "abaaba", "ababa", "abba"}  # the overlapping ends of "aba*aba" and "ab*ba"
     for name in names:
         (tmp_path / name).write_bytes(b"")
     (tmp_path / "ab_dir.b").mkdir()
-    for pattern in ["a*b", "*b", "a*", "*", ".*", "ab*ba", "aba*aba", "x_*.b", "*.", "a.*", ".a*a", "ab*.b"]:
+    for pattern in ["a*b", "*b", "a*", "*", ".*", "ab*ba", "aba*aba", "x_*.b", "*.", "a.*", ".a*a", "ab*.b", "zz*"]:
         found = sorted(glob.glob(str(tmp_path / pattern)))
         if found:
             assert [str(p) for p in expand_paths(str(tmp_path / pattern))] == found, pattern
+        else:
+            with pytest.raises(NoFilesError):
+                expand_paths(str(tmp_path / pattern))
+    overlapping = [str(p) for p in expand_paths(str(tmp_path / "aba*aba"))]
+    assert str(tmp_path / "abaaba") in overlapping and str(tmp_path / "ababa") not in overlapping
 
 
 def test_detector_table_agrees_with_the_format_modules() -> None:

@@ -218,10 +218,11 @@ def _shards(folder: Path, count: int, tokens: int = 10, *, seed: int = 0) -> tup
     return stream, str(folder / "c_train_*.bin")
 
 
-def test_a_fifo_or_a_folder_among_a_globs_shards_is_refused(tmp_path: Path) -> None:
+def test_a_fifo_or_a_folder_among_a_globs_shards_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # a FIFO past the first shard (size 0: no shard) is refused without waiting for a writer; a folder named like a
     # shard is refused when its header would be read, as a FormatError naming it (not an IsADirectoryError)
     import os
+    import socket
     import subprocess
     import sys
 
@@ -230,8 +231,15 @@ def test_a_fifo_or_a_folder_among_a_globs_shards_is_refused(tmp_path: Path) -> N
     fifo.unlink()
     os.mkfifo(fifo)
     script = f"import tokformats; tokformats.open({pattern!r}, bos=0)"
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    env = {**os.environ, "PYTHONPATH": str(Path(tokformats.__file__).parents[1])}  # this checkout's code
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
     assert run.returncode == 1 and f"FormatError: {fifo} is a FIFO" in run.stderr, run.stderr
+    fifo.unlink()
+    monkeypatch.chdir(tmp_path)  # a socket's path is short (108 bytes at most): bound by its name
+    with socket.socket(socket.AF_UNIX) as server:  # a socket cannot even be opened: still a FormatError naming it
+        server.bind(fifo.name)
+        with pytest.raises(FormatError, match=f"{fifo} is a socket"):
+            tokformats.open(pattern, bos=0)
     fifo.unlink()
     folder = tmp_path / "c_train_000002.bin"
     folder.unlink()
@@ -337,6 +345,10 @@ def test_a_glob_pins_each_shard_from_its_one_stat(tmp_path: Path) -> None:
         for k, path in enumerate(table.paths):
             info = os.stat(path)
             assert table.pin(k) == (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+        assert table.pin(-1) == table.pin(len(table) - 1) and table.pin(np.int64(2)) == table.pin(2)
+        for outside in (len(table), -len(table) - 1):
+            with pytest.raises(IndexError):
+                table.pin(outside)
     with pytest.raises(ValueError, match=r"2 paths, 2 counts and 1\.5 pins do not match"):
         PartTable(["a", "b"], 1024, np.zeros(2, dtype=np.int64), np.dtype("<u2"), [0] * 6)
 

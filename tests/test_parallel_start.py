@@ -25,9 +25,12 @@ class _Recording(ThreadPoolExecutor):
     def __init__(self, events: list[str]) -> None:
         super().__init__(2)
         self.events = events
+        self.warm_ups: list[tuple[Any, ...]] = []
 
     def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
         self.events.append(fn.__name__)
+        if fn is pipeline._worker_ready:
+            self.warm_ups.append(args)
         return super().submit(fn, *args, **kwargs)
 
 
@@ -60,6 +63,8 @@ def test_the_workers_are_started_before_the_tokenizer_is_loaded_and_the_output_i
                                       executor=pool, partitions=5)  # fmt: skip
     # one warm-up per core (3 here), all before the tokenizer is loaded, then the 5 partitions in order
     assert events == ["_worker_ready"] * 3 + ["load_tokenizer"] + ["_partition_job"] * 5
+    # distinct arguments: dask's submit merges equal calls of a pure function into one task (one worker warmed)
+    assert len(set(pool.warm_ups)) == 3
     assert _files(summary) == _files(single)
     events.clear()
     with _Recording(events) as pool:  # no more warm-ups than partitions

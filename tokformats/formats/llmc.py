@@ -141,9 +141,16 @@ _INDEX_GLOB = "[0-9]" * 6
 
 def _pread_head(path: Path | str) -> bytes:
     """The first ``HEADER_BYTES`` of a regular file: one ``open``, ``fstat`` and ``pread`` (no buffered file
-    object). Opened without blocking: a FIFO matched by a glob is refused instead of waiting for a writer, a folder
-    named like a shard is refused with a :class:`FormatError` (not an ``IsADirectoryError`` from the read)."""
-    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    object). Opened without blocking: a FIFO matched by a glob is refused instead of waiting for a writer, and a
+    folder, socket or device named like a shard is refused with a :class:`FormatError` (not an ``OSError`` from the
+    open or the read)."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise
+    except OSError:  # a socket cannot be opened at all (ENXIO): say what it is if it is not a file
+        require_regular(Path(path))
+        raise
     try:
         require_regular_mode(path, os.fstat(descriptor).st_mode)
         return os.pread(descriptor, HEADER_BYTES, 0)

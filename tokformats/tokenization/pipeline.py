@@ -1863,18 +1863,19 @@ def _warm_workers(executor: Executor, partitions: int) -> list[Future[int]]:
     if submit is None:
         return []
     threads = engine_threads(executor)
-    futures = [submit(_worker_ready, threads, os.getpid()) for _ in range(min(partitions, os.cpu_count() or 1))]
+    # each job's arguments differ (its ordinal): dask merges the submissions of a pure function with equal arguments
+    futures = [submit(_worker_ready, threads, os.getpid(), k) for k in range(min(partitions, os.cpu_count() or 1))]
     for future in futures:  # nobody waits for them: their errors are taken here (a dask client logs those never taken)
         future.add_done_callback(Future.exception)
     return futures
 
 
-def _worker_ready(threads: int | None = None, submitter: int | None = None) -> int:
+def _worker_ready(threads: int | None = None, submitter: int | None = None, ordinal: int = 0) -> int:
     """Run in an executor worker at the start of a parallel run: by the time it runs, the worker process has
     started and imported this module (the job is pickled by reference), which is most of what it does before its
     first partition other than loading the tokenizer (the fast engines' imports take milliseconds). Sizes the
     engines' thread pools to ``threads`` (:func:`~.engines.limit_threads`; not in the ``submitter`` process
-    itself). Its process id.
+    itself). ``ordinal``: which warm-up job it is (unused: it keeps the jobs distinct). Its process id.
     """
     limit_threads(threads, submitter)
     return os.getpid()
