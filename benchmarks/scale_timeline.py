@@ -47,7 +47,7 @@ def stamped(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
 
 PHASES = ("load_tokenizer", "_make_plan", "_worker_engine", "_build_worker_engine", "_encode_in_parallel",
           "_encode_partition", "_write_outputs", "copy_spool", "join_spool", "_output_summary", "_named_plan",
-          "_tokenizer_for_plan", "_discard", "_warm_workers")  # fmt: skip
+          "_tokenizer_for_plan", "_discard", "_start_workers")  # fmt: skip
 for phase in PHASES:
     if hasattr(pipeline, phase):
         setattr(pipeline, phase, stamped(phase, getattr(pipeline, phase)))

@@ -30,7 +30,6 @@ import itertools
 import operator
 import os
 import re
-import stat
 import struct
 import warnings
 from collections.abc import Iterator
@@ -171,7 +170,7 @@ def read_header(path: Path, head: bytes | None = None, size: int | None = None) 
     ``size``: the header bytes and the file size when they come from elsewhere (a shard opened by URL, or a header
     read once at open)."""
     try:
-        size = require_regular(path) if size is None else size  # a FIFO would block the read below
+        size = require_regular(path) if size is None else size
         if head is None:
             head = _pread_head(path)
     except FileNotFoundError:
@@ -370,11 +369,9 @@ class Reader(MappedParts):
         refused now, with its header's message. Returns the table and the first shard's header."""
         try:
             infos = map(os.stat, texts)  # each result dropped once its pin is taken: no list of 600,000 of them
-            first = next(infos)
-            if not stat.S_ISREG(first.st_mode):
-                require_regular(Path(texts[0]))  # raises: a FIFO would block the header read below
-            # four ints a shard in one flat list, all in C loops (PartTable.pins)
-            pins = list(itertools.chain.from_iterable(map(_PIN_FIELDS, itertools.chain((first,), infos))))
+            # four ints a shard in one flat list, all in C loops (PartTable.pins); a first shard that is no regular
+            # file is refused by its header's read just below (_pread_head)
+            pins = list(itertools.chain.from_iterable(map(_PIN_FIELDS, infos)))
         except FileNotFoundError:
             missing = next((text for text in texts if not os.path.exists(text)), texts[0])
             raise NoFilesError(f"{missing} does not exist.") from None

@@ -1844,30 +1844,24 @@ def _partition_count(resolved: list[Input], partitions: int | None) -> int:
 
 
 def _start_workers(executor: Executor | None, resolved: list[Input], partitions: int | None) -> None:
-    """With an ``executor``, start its workers now (:func:`_warm_workers`), before the parent loads the tokenizer.
-    Called once the run owns its work folder: a run refused there starts none (a fork-started pool's fork would
-    otherwise race the other run's threads); a run refused later (its tokenizer, options or existing outputs) has
-    started them, and they stay the executor's."""
-    if executor is not None:
-        _warm_workers(executor, _partition_count(resolved, partitions))
-
-
-def _warm_workers(executor: Executor, partitions: int) -> list[Future[int]]:
-    """Start ``executor``'s workers before the parent has the run's tokenizer (0.6-0.9 s for a named vocabulary):
-    one :func:`_worker_ready` per core (at most one per partition), so that a process pool's workers are spawned and
-    have imported what a partition needs by the time the first partition is submitted (a spawned pool starts a
-    process per submission, so the first jobs would otherwise wait for that). Nothing depends on them: a worker
-    that fails here fails the same way on its first partition. An executor without ``submit`` (Ray's ``Pool``)
-    gets none."""
+    """With an ``executor``, start its workers before the parent has the run's tokenizer (0.6-0.9 s for a named
+    vocabulary): one :func:`_worker_ready` per core (at most one per partition), so that a process pool's workers
+    are spawned and have imported what a partition needs by the time the first partition is submitted (a spawned
+    pool starts a process per submission, so the first jobs would otherwise wait for that). Nothing depends on
+    them: a worker that fails here fails the same way on its first partition. An executor without ``submit``
+    (Ray's ``Pool``) gets none. Called once the run owns its work folder: a run refused there starts none (a
+    fork-started pool's fork would otherwise race the other run's threads); a run refused later (its tokenizer,
+    options or existing outputs) has started them, and they stay the executor's."""
+    if executor is None:
+        return
+    jobs = min(_partition_count(resolved, partitions), os.cpu_count() or 1)  # checks the inputs and partitions
     submit = getattr(executor, "submit", None)
     if submit is None:
-        return []
+        return
     threads = engine_threads(executor)
     # each job's arguments differ (its ordinal): dask merges the submissions of a pure function with equal arguments
-    futures = [submit(_worker_ready, threads, os.getpid(), k) for k in range(min(partitions, os.cpu_count() or 1))]
-    for future in futures:  # nobody waits for them: their errors are taken here (a dask client logs those never taken)
-        future.add_done_callback(Future.exception)
-    return futures
+    for k in range(jobs):  # nobody waits for them: their errors are taken here (a dask client logs those never taken)
+        submit(_worker_ready, threads, os.getpid(), k).add_done_callback(Future.exception)
 
 
 def _worker_ready(threads: int | None = None, submitter: int | None = None, ordinal: int = 0) -> int:
