@@ -27,14 +27,25 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Sequence
-from itertools import chain, repeat
+from itertools import chain, compress, repeat
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from .sources import SourceError
 
-__all__ = ["Message", "Turns", "ChatError", "SCHEMAS", "ROLES", "messages_of", "turns_of", "role_codes", "schema_name"]
+__all__ = [
+    "Message",
+    "Turns",
+    "TurnsReader",
+    "ChatError",
+    "SCHEMAS",
+    "ROLES",
+    "messages_of",
+    "turns_of",
+    "role_codes",
+    "schema_name",
+]
 
 #: The roles a message may have.
 ROLES = ("system", "user", "assistant", "tool")
@@ -326,6 +337,108 @@ def turns_of(
             kept.append(k)
         first = k + 1
     return kept, Turns.joined(parts)
+
+
+class TurnsReader:
+    """A batch of records read into :class:`Turns` a chunk at a time, by schema ``chat``: :meth:`add` reads a chunk
+    (as :func:`turns_of` does, the same turns), so that the caller can drop the chunk's parsed JSON at once;
+    :meth:`turns` joins the chunks read. A chunk of ``messages`` records all in the common form (see
+    :func:`_common_messages`) is only gathered into lists here, with no NumPy call, its arrays made once for the
+    batch: a chunk of a few dozen records then costs a few list passes, not a batch's fixed costs."""
+
+    def __init__(self, chat: str | Callable[[Any], Any]) -> None:
+        self.chat = chat
+        self._parts: list[Turns | _Gathered] = []
+
+    def add(
+        self, values: Sequence[Any], where: Callable[[int], Any], skip: Callable[[ChatError], None] | None = None
+    ) -> list[int]:
+        """Read the records ``values`` (after those read before) as :func:`turns_of` reads them: which of them hold
+        a conversation (indices into ``values``, ascending); a record that does not fit raises, or goes to
+        ``skip``."""
+        gathered = None if callable(self.chat) or self.chat != "messages" else _gathered(values)
+        if gathered is not None:
+            self._parts.append(gathered)
+            return list(range(len(values)))
+        kept, turns = turns_of(values, self.chat, where, skip)
+        self._parts.append(turns)
+        return kept
+
+    def turns(self) -> Turns:
+        """The conversations of every chunk read, one after another."""
+        joined: list[Turns] = []
+        run: list[_Gathered] = []
+        for part in [*self._parts, None]:  # runs of gathered chunks, each made Turns at once
+            if isinstance(part, _Gathered):
+                run.append(part)
+                continue
+            if run:
+                joined.append(_gathered_turns(run))
+                run = []
+            if part is not None:
+                joined.append(part)
+        return joined[0] if len(joined) == 1 else Turns.joined(joined)
+
+
+class _Gathered(NamedTuple):
+    """A chunk of ``messages`` records in the common form, gathered: each record's message ``counts``, every
+    message's ``roles`` and ``contents``, and the messages with a thought (``thought_at``, ascending, in the
+    chunk) with their ``thoughts``."""
+
+    counts: list[int]
+    roles: list[str]
+    contents: list[str]
+    thought_at: list[int]
+    thoughts: list[str]
+
+
+_TWO_OR_THREE = frozenset((2, 3))
+
+
+def _gathered(values: Sequence[Any]) -> _Gathered | None:
+    """A chunk of ``messages`` records gathered, when every record is in the common form :func:`_common_messages`
+    reads (each a ``dict`` whose ``messages`` is a ``list`` of ``dict`` s, each of a ``role`` of :data:`ROLES` and
+    a ``str`` ``content``, or an assistant's with a ``str`` ``reasoning_content`` too); else None (the chunk is
+    read by :func:`turns_of`). Only list passes and set tests, no NumPy: a chunk is small."""
+    lists: list[Any] = [v.get("messages") if type(v) is dict else None for v in values]
+    if set(map(type, lists)) - {list}:
+        return None
+    items: list[Any] = list(chain.from_iterable(lists))
+    if set(map(type, items)) - {dict}:
+        return None
+    sizes = list(map(len, items))
+    roles: list[Any] = list(map(dict.get, items, repeat("role")))
+    contents: list[Any] = list(map(dict.get, items, repeat("content")))
+    if set(sizes) - _TWO_OR_THREE or set(map(type, roles)) - {str} or set(map(type, contents)) - {str}:
+        return None
+    if set(roles) - _ROLE_SET:
+        return None
+    thought_at = list(compress(range(len(items)), map((3).__eq__, sizes)))
+    thoughts: list[Any] = list(map(dict.get, map(items.__getitem__, thought_at), repeat("reasoning_content")))
+    if thoughts and (set(map(type, thoughts)) - {str} or set(map(roles.__getitem__, thought_at)) - {_ASSISTANT}):
+        return None
+    return _Gathered(list(map(len, lists)), roles, contents, thought_at, thoughts)
+
+
+def _gathered_turns(chunks: Sequence[_Gathered]) -> Turns:
+    """The :class:`Turns` of gathered chunks, one after another."""
+    roles = list(chain.from_iterable(chunk.roles for chunk in chunks))
+    counts = list(chain.from_iterable(chunk.counts for chunk in chunks))
+    starts = np.cumsum([0, *(len(chunk.roles) for chunk in chunks)]).tolist()
+    thought_at = list(chain.from_iterable(map(_shifted, (chunk.thought_at for chunk in chunks), starts)))
+    return Turns(
+        roles,
+        list(chain.from_iterable(chunk.contents for chunk in chunks)),
+        np.array(counts, dtype=np.int64),
+        np.array(thought_at, dtype=np.int64),
+        list(chain.from_iterable(chunk.thoughts for chunk in chunks)),
+        role_codes(roles),
+    )
+
+
+def _shifted(positions: list[int], start: int) -> Any:
+    """``positions`` each plus ``start``."""
+    return map(start.__add__, positions) if start else positions
 
 
 def _read_one(

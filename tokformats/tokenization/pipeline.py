@@ -60,7 +60,7 @@ from ..fs.atomic import AtomicFiles, naming_output
 from ..fs.owner import LOCK_NAME, owned_folder
 from ..fs.pins import pin_file, pinned
 from ..fs.untrusted import read_json_object
-from .chat import ChatError, Turns, schema_name, turns_of
+from .chat import ChatError, Turns, TurnsReader, schema_name
 from .chat_encoding import ChatSpec, EndOfDocument
 from .engines import (
     ENGINES,
@@ -610,27 +610,41 @@ def _batches(
     out: queue.Queue[Any],
     stop: threading.Event,
     counters: list[Any],
-    prepare: Callable[[list[Record]], Any] | None = None,
+    prepare: Callable[[], _Preparing] | None = None,
 ) -> None:
     """The reader thread: groups records into batches of ``size`` documents, each with the input bytes read up to
-    its end (so progress counts what was encoded, not what was read ahead) and, with ``prepare``, what
-    ``prepare(batch)`` makes of it (None without); passes errors on, in order."""
+    its end (so progress counts what was encoded, not what was read ahead) and, with ``prepare``, what a new
+    :class:`_Preparing` makes of it (None without): it is given the batch every :data:`CHAT_CHUNK` records, as they
+    are read, and at its end; passes errors on, in order."""
     try:
         batch: list[Record] = []
         text = 0
+        preparing = prepare() if prepare else None
         for record in records:
             if stop.is_set():
                 return
             batch.append(record)
             text += sum(map(len, record.texts)) if record.texts else 0
             if len(batch) >= size or text >= MAX_BATCH_TEXT:
-                out.put((batch, sum(c.count for c in counters), prepare(batch) if prepare else None))
+                out.put((batch, sum(c.count for c in counters), preparing.batch(batch) if preparing else None))
                 batch, text = [], 0
+                preparing = prepare() if prepare else None
+            elif preparing is not None and not len(batch) % CHAT_CHUNK:
+                preparing.add(batch)
         if batch:
-            out.put((batch, sum(c.count for c in counters), prepare(batch) if prepare else None))
+            out.put((batch, sum(c.count for c in counters), preparing.batch(batch) if preparing else None))
         out.put(None)
     except BaseException as exc:  # delivered to the main thread, which raises it
         out.put(exc)
+
+
+#: Chat records read into turns at a time, as the reader thread reads them (:class:`_Preparing`): their parsed JSON
+#: (an object and a list per record, an object per message: about 8 objects per record with the record's own) is
+#: dropped at once, so that what a chunk allocates is freed before the garbage collector's next young collection
+#: (every 700 allocations not freed) instead of living until the batch is finished. Held a batch long, those objects
+#: set off 4-5x as many young collections and, through them, older ones, full ones included: about 0.05 s of the
+#: 30 MB chat row's CPU (`benchmarks/README.md`), all of it holding the GIL.
+CHAT_CHUNK = 32
 
 
 #: Gated engines of this process, by (the selecting function, tokenizer hash, engine asked for, chat run): the gate,
@@ -1125,9 +1139,9 @@ class _PartitionRun:
         """A record's place for messages: its file and line (an iterable's item), worded only when an error is."""
         return _Place(self.inputs[record.input], record.index)
 
-    def _conversations(self, good: list[Record], skipped: list[str]) -> tuple[list[Record], Turns]:
-        """The records that hold a conversation of the run's schema, and their messages (read a batch at a time);
-        a record that does not is raised, or its error goes to ``skipped`` with ``on_error="skip"``."""
+    def _conversations(self, good: list[Record], skipped: list[str], reader: TurnsReader) -> list[Record]:
+        """The records that hold a conversation of the run's schema, their messages read into ``reader``; a record
+        that does not is raised, or its error goes to ``skipped`` with ``on_error="skip"``."""
         chat = self.chat
         if chat is None:
             raise ValueError("a text run has no conversations")
@@ -1138,21 +1152,16 @@ class _PartitionRun:
                 raise ChatError(f"{error} {hint}") from None
             skipped.append(str(error))
 
-        kept, turns = turns_of([r.value for r in good], chat.schema, lambda k: self._where(good[k]), skip)
-        return (good if len(kept) == len(good) else [good[k] for k in kept]), turns
+        kept = reader.add([r.value for r in good], lambda k: self._where(good[k]), skip)
+        return good if len(kept) == len(good) else [good[k] for k in kept]
 
     def prepare_chat(self, batch: list[Record]) -> _ChatBatch:
         """A batch of chat records read into turns and laid out by the template: the Python half of a chat batch,
         which :meth:`run` has its reader thread do while the engine encodes the batch before (the engine releases
-        the GIL). It changes nothing of the run: the skipped records' errors go with the batch, counted when the
-        batch is taken, so that a checkpoint never counts a batch ahead of its position."""
-        encoder = self.chat_encoder
-        if encoder is None:
-            raise ValueError("a text run has no chat encoder")
-        skipped: list[str] = []
-        good = self._good_records(batch, skipped)
-        good, turns = self._conversations(good, skipped) if good else (good, Turns.of([]))
-        return _ChatBatch(good, turns, encoder.layout(turns) if good else None, skipped)
+        the GIL), a chunk of records at a time as they are read (:class:`_Preparing`). It changes nothing of the
+        run: the skipped records' errors go with the batch, counted when the batch is taken, so that a checkpoint
+        never counts a batch ahead of its position. The records' parsed JSON is dropped (read into the turns)."""
+        return _Preparing(self).batch(batch)
 
     def _take_chat(self, prepared: _ChatBatch, encoding: _Encoding | None) -> None:
         """A batch's conversations, their message texts' encoding started (None: they have none), with their loss
@@ -1237,7 +1246,7 @@ class _PartitionRun:
         records = iter_records(self.inputs, keys, self.plan.unit, start=local_start, counter=counters)
         batches: queue.Queue[Any] = queue.Queue(maxsize=4)
         stop = threading.Event()
-        prepare = self.prepare_chat if self.chat is not None else None
+        prepare = partial(_Preparing, self) if self.chat is not None else None
         reader = threading.Thread(
             target=_batches, args=(records, batch_size, batches, stop, counters, prepare), daemon=True
         )
@@ -1293,6 +1302,37 @@ class _PartitionRun:
             self.save()
             last_save = time.perf_counter()
         return last_save
+
+
+class _Preparing:
+    """A chat batch read into turns as the reader thread reads its records: :meth:`add` is given the batch so far and
+    reads the records not read yet (their parsed JSON dropped once read: see :data:`CHAT_CHUNK`); :meth:`batch`
+    reads the rest, joins the turns and lays them out (:meth:`_PartitionRun.prepare_chat`). A bad record raises
+    (or is skipped) when its records are read, as the batch's would."""
+
+    def __init__(self, run: _PartitionRun) -> None:
+        if run.chat is None or run.chat_encoder is None:
+            raise ValueError("a text run has no conversations")
+        self.run, self.encoder = run, run.chat_encoder
+        self.read = 0
+        self.good: list[Record] = []
+        self.turns = TurnsReader(run.chat.schema)
+        self.skipped: list[str] = []
+
+    def add(self, batch: list[Record]) -> None:
+        """Read the records of ``batch`` after those read already."""
+        records, self.read = batch[self.read :], len(batch)
+        good = self.run._good_records(records, self.skipped)
+        if good:
+            self.good += self.run._conversations(good, self.skipped, self.turns)
+        for record in records:  # read into the turns: the objects orjson made for it can go now
+            record.value = None
+
+    def batch(self, batch: list[Record]) -> _ChatBatch:
+        """The whole ``batch``, read and laid out."""
+        self.add(batch)  # the records after the last chunk
+        turns = self.turns.turns()
+        return _ChatBatch(self.good, turns, self.encoder.layout(turns) if self.good else None, self.skipped)
 
 
 def _stop_reader(reader: threading.Thread, batches: queue.Queue[Any], stop: threading.Event) -> None:
