@@ -12,7 +12,16 @@ import numpy as np
 import pytest
 
 import tokformats
-from tokformats.tokenization.chat import ROLES, ChatError, Message, Turns, messages_of, role_codes, turns_of
+from tokformats.tokenization.chat import (
+    ROLES,
+    ChatError,
+    Message,
+    Turns,
+    TurnsReader,
+    messages_of,
+    role_codes,
+    turns_of,
+)
 from tokformats.tokenization.chat_encoding import ChatEncoder, EndOfDocument
 from tokformats.tokenization.engines import TokenizersEngine
 from tokformats.tokenization.sample_text import sample_texts
@@ -137,6 +146,72 @@ def test_a_bad_record_in_the_middle_of_a_batch_names_its_place_and_field(bad: An
     assert kept == [0, 1, 3]
     assert [e.split(":")[0] for e in skipped] == ["line 3", "line 5"]
     assert turns.conversations() == [messages_of(good, "messages", "w")] * 3
+
+
+def _same_turns(got: Turns, want: Turns) -> None:
+    assert got.roles == want.roles and got.contents == want.contents and got.thoughts == want.thoughts
+    for name in ("counts", "thought_at", "codes"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert a.dtype == b.dtype and a.tolist() == b.tolist(), name
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 5, 16, 100])
+def test_a_batch_read_a_chunk_at_a_time_has_the_turns_read_at_once(chunk: int) -> None:
+    """Chunks of common records only (gathered), of others, and mixed, in every order: the batch's turns."""
+    common = [{"messages": [_user(f"q{k}"), _assistant(f"a{k}", reasoning_content=f"t{k}")]} for k in range(6)]
+    common += [{"messages": []}, {"messages": [{"role": "tool", "content": "<|im_end|> spelled"}, _user("")]}]
+    records = [*common, *_mixed_records(), *common[::-1]]
+    reader = TurnsReader("messages")
+    kept = []
+    for first in range(0, len(records), chunk):
+        kept += [first + k for k in reader.add(records[first : first + chunk], lambda k: f"line {k + 1}")]
+    want_kept, want = turns_of(records, "messages", lambda k: f"line {k + 1}")
+    assert kept == want_kept == list(range(len(records)))
+    _same_turns(reader.turns(), want)
+    assert reader.turns().conversations() == [messages_of(r, "messages", "w") for r in records]
+
+
+def test_a_chunk_of_common_records_is_gathered_and_any_other_read_by_turns_of(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tokformats.tokenization import chat
+
+    calls: list[int] = []
+
+    def counting(values: Any, *args: Any) -> Any:
+        calls.append(len(values))
+        return turns_of(values, *args)
+
+    monkeypatch.setattr(chat, "turns_of", counting)
+    common = [{"messages": [_user("q"), _assistant("a", reasoning_content="t")]}] * 3
+    for other in ([_user("q"), _assistant("a", reasoning_content=None)], [_user("q"), {"role": "bot", "content": "x"}],
+                  [{"role": "user", "content": "q", "reasoning_content": "a user's"}], [_user(_Text("q"))],
+                  [_assistant("a", name="bot")], [_user("q"), "not a message"]):  # fmt: skip
+        calls.clear()
+        reader = TurnsReader("messages")
+        reader.add(common, str)
+        kept = reader.add([*common, {"messages": other}], str, lambda error: None)  # a bad one skipped
+        assert calls == [4], other  # the common chunk gathered, the other read as turns_of reads it
+        assert reader.turns().conversations()[:-1] == [messages_of(common[0], "messages", "w")] * (2 + len(kept))
+    sharegpt = TurnsReader("sharegpt")
+    sharegpt.add([{"conversations": [{"from": "human", "value": "q"}]}], str)
+    assert calls == [4, 1] and sharegpt.turns().roles == ["user"]
+    assert TurnsReader("messages").turns().conversations() == []
+
+
+def test_a_bad_record_in_a_later_chunk_names_its_place_or_is_skipped() -> None:
+    good = {"messages": [_user("q"), _assistant("a")]}
+    bad = {"messages": [_user("x"), {"role": "user", "content": 3}]}
+    reader = TurnsReader("messages")
+    assert reader.add([good, good], lambda k: f"line {k + 1}") == [0, 1]
+    with pytest.raises(ChatError, match=r"^line 4: field 'messages\[1\].content'"):
+        reader.add([good, bad, good], lambda k: f"line {k + 3}")
+    skipped: list[str] = []
+    reader = TurnsReader("messages")
+    reader.add([good, good], str)
+    assert reader.add([good, bad, good], lambda k: f"line {k + 3}", lambda e: skipped.append(str(e))) == [0, 2]
+    assert [e.split(":")[0] for e in skipped] == ["line 4"]
+    assert reader.turns().conversations() == [messages_of(good, "messages", "w")] * 4
 
 
 def test_turns_cut_and_join_back() -> None:
@@ -364,4 +439,43 @@ def test_skips_read_ahead_are_counted_with_their_batch_across_a_resume(
     assert resumed["errors"] == whole["errors"]
     for suffix in ("", ".loss", ".index"):
         got, want = (Path(s["outputs"]["text"]["path"] + suffix) for s in (resumed, whole))
+        assert got.read_bytes() == want.read_bytes(), suffix
+
+
+@pytest.mark.parametrize("chunk", [2, 7, 10_000])
+def test_a_run_reading_chat_records_in_chunks_writes_what_it_writes_read_whole(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path, chunk: int
+) -> None:
+    """Chunks that cut batches anywhere (``CHAT_CHUNK`` 2 and 7 against batches of 20), bad records skipped in
+    them, blank lines: the files, counts and errors of a run that reads each batch whole, and the records' parsed
+    JSON is dropped once read."""
+    from tokformats.tokenization import pipeline
+
+    records: list[Any] = [r for r in _mixed_records() if type(r) is not OrderedDict and "subclassed" not in str(r)]
+    records = [records[k % len(records)] for k in range(90)]
+    for k in range(5, 90, 13):
+        records[k] = {"messages": [_user("x"), {"role": "robot", "content": "x"}]}
+    lines = [json.dumps(r, ensure_ascii=False) for r in records]
+    lines[40:40] = ["", "{not json"]
+    source = tmp_path / "chats.jsonl"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    options: dict[str, Any] = {"chat": "messages", "on_error": "skip", "batch_size": 20, "progress": False}
+    monkeypatch.setattr(pipeline, "CHAT_CHUNK", 10_000)
+    whole = tokformats.tokenize(source, tokenizer_path, tmp_path / "whole", "datatrove", **options)
+    monkeypatch.setattr(pipeline, "CHAT_CHUNK", chunk)
+    dropped: list[bool] = []
+    add = pipeline._Preparing.add
+
+    def checking(self: Any, batch: list[Any]) -> None:
+        add(self, batch)
+        dropped.append(all(r.value is None for r in batch))
+
+    monkeypatch.setattr(pipeline._Preparing, "add", checking)
+    chunked = tokformats.tokenize(source, tokenizer_path, tmp_path / "chunked", "datatrove", **options)
+    assert dropped and all(dropped)
+    assert len(dropped) == {2: 47, 7: 14, 10_000: 5}[chunk]  # 92 records: 4 batches of 20 and one of 12
+    assert chunked["documents"] == whole["documents"] == 83 and chunked["skipped"] == whole["skipped"] == 8
+    assert chunked["errors"] == whole["errors"]
+    for suffix in ("", ".loss", ".index"):
+        got, want = (Path(s["outputs"]["text"]["path"] + suffix) for s in (chunked, whole))
         assert got.read_bytes() == want.read_bytes(), suffix
