@@ -382,11 +382,12 @@ class TurnsReader:
 
 class _Gathered(NamedTuple):
     """A chunk of ``messages`` records in the common form, gathered: each record's message ``counts``, every
-    message's ``roles`` and ``contents``, and the messages with a thought (``thought_at``, ascending, in the
-    chunk) with their ``thoughts``."""
+    message's ``roles``, their ``codes`` (each role's index in :data:`ROLES`, one byte each) and ``contents``, and
+    the messages with a thought (``thought_at``, ascending, in the chunk) with their ``thoughts``."""
 
     counts: list[int]
     roles: list[str]
+    codes: bytes
     contents: list[str]
     thought_at: list[int]
     thoughts: list[str]
@@ -406,33 +407,36 @@ def _gathered(values: Sequence[Any]) -> _Gathered | None:
     items: list[Any] = list(chain.from_iterable(lists))
     if set(map(type, items)) - {dict}:
         return None
-    sizes = list(map(len, items))
+    sizes = set(map(len, items))
     roles: list[Any] = list(map(dict.get, items, repeat("role")))
     contents: list[Any] = list(map(dict.get, items, repeat("content")))
-    if set(sizes) - _TWO_OR_THREE or set(map(type, roles)) - {str} or set(map(type, contents)) - {str}:
+    if sizes - _TWO_OR_THREE or set(map(type, roles)) - {str} or set(map(type, contents)) - {str}:
         return None
-    if set(roles) - _ROLE_SET:
+    try:
+        codes = bytes(map(_ROLE_CODES.__getitem__, roles))
+    except KeyError:  # another role
         return None
-    thought_at = list(compress(range(len(items)), map((3).__eq__, sizes)))
-    thoughts: list[Any] = list(map(dict.get, map(items.__getitem__, thought_at), repeat("reasoning_content")))
-    if thoughts and (set(map(type, thoughts)) - {str} or set(map(roles.__getitem__, thought_at)) - {_ASSISTANT}):
-        return None
-    return _Gathered(list(map(len, lists)), roles, contents, thought_at, thoughts)
+    thought_at: list[int] = []
+    thoughts: list[Any] = []
+    if 3 in sizes:
+        thought_at = list(compress(range(len(items)), map((3).__eq__, map(len, items))))
+        thoughts = list(map(dict.get, map(items.__getitem__, thought_at), repeat("reasoning_content")))
+        if set(map(type, thoughts)) - {str} or set(map(roles.__getitem__, thought_at)) - {_ASSISTANT}:
+            return None
+    return _Gathered(list(map(len, lists)), roles, codes, contents, thought_at, thoughts)
 
 
 def _gathered_turns(chunks: Sequence[_Gathered]) -> Turns:
     """The :class:`Turns` of gathered chunks, one after another."""
-    roles = list(chain.from_iterable(chunk.roles for chunk in chunks))
-    counts = list(chain.from_iterable(chunk.counts for chunk in chunks))
     starts = np.cumsum([0, *(len(chunk.roles) for chunk in chunks)]).tolist()
     thought_at = list(chain.from_iterable(map(_shifted, (chunk.thought_at for chunk in chunks), starts)))
     return Turns(
-        roles,
+        list(chain.from_iterable(chunk.roles for chunk in chunks)),
         list(chain.from_iterable(chunk.contents for chunk in chunks)),
-        np.array(counts, dtype=np.int64),
+        np.fromiter(chain.from_iterable(chunk.counts for chunk in chunks), np.int64),
         np.array(thought_at, dtype=np.int64),
         list(chain.from_iterable(chunk.thoughts for chunk in chunks)),
-        role_codes(roles),
+        np.frombuffer(b"".join(chunk.codes for chunk in chunks), dtype=np.int8).copy(),
     )
 
 
