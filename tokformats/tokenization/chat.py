@@ -19,7 +19,8 @@ A record that does not fit raises :class:`ChatError` naming where (file and line
 ``messages`` schema's common form (each message an object of a role and a text, and an assistant's
 ``reasoning_content``) is checked and read one field at a time over the whole batch, so a batch costs a few list
 passes rather than Python work per message; every other record is read by :func:`messages_of`, one by one, exactly
-as alone (so its error, or its skipping, is the same).
+as alone (so its error, or its skipping, is the same). :class:`TurnsReader` reads a batch the same way a chunk of
+records at a time, so that a reader can drop each chunk's parsed JSON as soon as it is read.
 """
 
 from __future__ import annotations

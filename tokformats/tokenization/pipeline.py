@@ -1325,7 +1325,7 @@ class _Preparing:
         good = self.run._good_records(records, self.skipped)
         if good:
             self.good += self.run._conversations(good, self.skipped, self.turns)
-        for record in records:  # read into the turns: the objects orjson made for it can go now
+        for record in records:  # read into the turns: the objects of its parsed JSON can go now
             record.value = None
 
     def batch(self, batch: list[Record]) -> _ChatBatch:
