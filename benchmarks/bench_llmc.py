@@ -13,6 +13,12 @@ inside the clock (``gc.callbacks``): a fresh process's first open runs the gener
 imports before it (NumPy's and ``import tokformats``) left due, whatever allocates first pays it. Ratios are
 llm.c's time over tokformats' time: > 1 means tokformats is faster.
 
+``--floor`` adds a third side, alternated with the others: the least any Python open of the glob can cost with
+tokformats' checks, written out in this script with no library imported (one ``scandir`` of the folder, its types
+kept for the journal check; the match, sorted; one ``stat`` per shard, the pin; the first header read and checked
+against its size; every size checked; the first shard mapped; the first batch). What tokformats spends above it is
+its own code's import and generality; what the floor spends above llm.c's loader is Python's per-shard objects.
+
 A last run opens the largest glob under ``ulimit -n 256`` and reads every token, to show that descriptors stay
 bounded (the C loader holds one file at a time too).
 """
@@ -113,6 +119,57 @@ def child(pattern: str) -> None:
     print(json.dumps({**summary, "warm_seconds": min(warm)}))
 
 
+def floor_child(pattern: str) -> None:
+    """The Python floor (``--floor``), in its own process, with the modules the tokformats child has imported before
+    its clock (NumPy, this script's): the same checks as a glob's open, no library, nothing general. A one-``*``
+    pattern in its last part, GPT-2 shards (the ones :func:`make_shards` writes). Left out: detection (the format
+    is known) and the journal check (one ``stat`` of the folder's journal name), a few microseconds each."""
+    import itertools
+    import mmap
+    import operator
+    import stat
+    import struct
+
+    started = time.perf_counter()
+    folder, name = os.path.split(pattern)
+    start, end = name.split("*")
+    descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with os.scandir(descriptor) as listing:
+            entries = list(listing)
+    finally:
+        os.close(descriptor)
+    # C loops throughout (map, compress), as tokformats' listing: no bytecode run per entry or per shard
+    every = list(map(operator.attrgetter("name"), entries))
+    folders = set(itertools.compress(every, map(os.DirEntry.is_dir, entries)))  # what a journal check needs
+    names = list(itertools.compress(every, map(str.startswith, every, itertools.repeat(start))))
+    names = list(itertools.compress(names, map(str.endswith, names, itertools.repeat(end))))
+    names.sort()
+    if folders.intersection(names):
+        raise SystemExit(f"{pattern} matches a folder")
+    paths = list(map(os.path.join(folder, "").__add__, names))
+    pin = operator.attrgetter("st_dev", "st_ino", "st_size", "st_mtime_ns")
+    pins = list(itertools.chain.from_iterable(map(pin, map(os.stat, paths))))
+    sizes = pins[2::4]
+    if min(sizes) < 1024 or any(map((2).__rmod__, sizes)):
+        raise SystemExit(f"{pattern}: a size no GPT-2 shard has")
+    counts = (np.array(sizes, dtype=np.int64) - 1024) // 2
+    shard = os.open(paths[0], os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(shard).st_mode):
+            raise SystemExit(f"{paths[0]} is not a regular file")
+        magic, version, ntok = struct.unpack_from("<3i", os.pread(shard, 1024, 0))
+        if (magic, version) != (20240520, 1) or 1024 + 2 * ntok != sizes[0]:
+            raise SystemExit(f"{paths[0]}: not a GPT-2 shard of its size")
+        mapped = mmap.mmap(shard, sizes[0], access=mmap.ACCESS_READ)
+    finally:
+        os.close(shard)
+    window = np.frombuffer(mapped, dtype="<u2", count=ntok, offset=1024)[: BATCH * SEQUENCE + 1].astype(np.int32)
+    inputs = window[:-1].reshape(BATCH, SEQUENCE)
+    seconds = time.perf_counter() - started
+    print(json.dumps({"seconds": seconds, "first_batch_sum": int(inputs.sum()), "tokens": int(counts.sum())}))
+
+
 def read_all_limited(pattern: str) -> None:
     """Under ``RLIMIT_NOFILE`` 256: open the glob and read every token, shard by shard and as documents."""
     import resource
@@ -161,7 +218,11 @@ def main() -> None:
         type=Path,
         help="another tokformats checkout (`git worktree add /tmp/base main`), timed as a third side, alternated",
     )
+    parser.add_argument(
+        "--floor", action="store_true", help="time the least a Python open with the same checks costs, as a side"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--floor-child", help=argparse.SUPPRESS)
     parser.add_argument("--limited", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -170,16 +231,21 @@ def main() -> None:
     if args.limited:
         read_all_limited(args.limited)
         return
+    if args.floor_child:
+        floor_child(args.floor_child)
+        return
     folder = scratch("llmc")
     driver = build_driver(args.llmc, folder)
     rows = []
     for count in args.shards:
         pattern = make_shards(folder, count)
         child_command = [sys.executable, str(HERE), "--llmc", str(args.llmc), "--child", pattern]
+        floor_command = [sys.executable, str(HERE), "--llmc", str(args.llmc), "--floor-child", pattern]
         timed(child_command)  # fills the bytecode cache
         if args.baseline:
             timed(child_command, args.baseline)
         baseline: list[float] = []
+        floor: list[float] = []
         theirs: list[float] = []
         ours: list[float] = []
         warm: list[float] = []
@@ -190,6 +256,11 @@ def main() -> None:
             py, py_wall = timed(child_command)
             if args.baseline:
                 baseline.append(timed(child_command, args.baseline)[0]["seconds"])
+            if args.floor:
+                least, _ = timed(floor_command)
+                if (least["first_batch_sum"], least["tokens"]) != (c["first_batch_sum"], c["tokens"]):
+                    raise SystemExit(f"the floor disagrees: llm.c {c}, floor {least}")
+                floor.append(least["seconds"])
             if (c["first_batch_sum"], c["tokens"]) != (py["first_batch_sum"], py["tokens"]):
                 raise SystemExit(f"the sides disagree: llm.c {c}, tokformats {py}")
             theirs.append(c["seconds"])
@@ -202,6 +273,8 @@ def main() -> None:
         row = {"shards": f"{count:,}", "llm.c open + first batch (ms)": spread(theirs)}
         if baseline:
             row["tokformats baseline (ms)"] = spread(baseline)
+        if floor:
+            row["Python floor, no library (ms)"] = spread(floor)
         rows.append(
             {
                 **row,
