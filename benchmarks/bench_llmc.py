@@ -13,11 +13,13 @@ inside the clock (``gc.callbacks``): a fresh process's first open runs the gener
 imports before it (NumPy's and ``import tokformats``) left due, whatever allocates first pays it. Ratios are
 llm.c's time over tokformats' time: > 1 means tokformats is faster.
 
-``--floor`` adds a third side, alternated with the others: the least any Python open of the glob can cost with
+``--floor`` adds two sides, alternated with the others: the least any Python open of the glob can cost with
 tokformats' checks, written out in this script with no library imported (one ``scandir`` of the folder, its types
 kept for the journal check; the match, sorted; one ``stat`` per shard, the pin; the first header read and checked
-against its size; every size checked; the first shard mapped; the first batch). What tokformats spends above it is
-its own code's import and generality; what the floor spends above llm.c's loader is Python's per-shard objects.
+against its size; every size checked; the first shard mapped; the first batch); and tokformats' child with the
+modules a glob's first open imports (``IMPORTED_FIRST``) imported before its clock. The tokformats child's time
+less the second is the import of those modules; the second less the floor, what tokformats' open does beyond the
+floor; the floor against llm.c's loader, Python's cost of the same calls.
 
 A last run opens the largest glob under ``ulimit -n 256`` and reads every token, to show that descriptors stay
 bounded (the C loader holds one file at a time too).
@@ -44,6 +46,9 @@ BATCH, SEQUENCE = 4, 64
 SHARD_TOKENS = 1_000
 #: Opens repeated in the tokformats child after the timed one, modules imported.
 WARM_OPENS = 5
+#: The modules a fresh process's first open of an llm.c glob imports after ``import tokformats`` (``--floor``
+#: imports them before the clock in one more side: what is left is the open without its import).
+IMPORTED_FIRST = ("tokformats.core.detectors", "tokformats.formats.llmc")
 
 DRIVER = r"""
 #include <time.h>
@@ -91,12 +96,18 @@ def make_shards(folder: Path, count: int) -> str:
     return str(pattern)
 
 
-def child(pattern: str) -> None:
+def child(pattern: str, imported: bool = False) -> None:
     """The tokformats side, in its own process: open the glob and take the first batch; then the same again
-    ``WARM_OPENS`` times with the format's modules imported (the fastest is reported: the floor of an open)."""
+    ``WARM_OPENS`` times with the format's modules imported (the fastest is reported: the floor of an open).
+    ``imported``: the modules the first open imports (``IMPORTED_FIRST``) are imported before the clock."""
     import gc
+    import importlib
 
     import tokformats
+
+    if imported:
+        for name in IMPORTED_FIRST:
+            importlib.import_module(name)
 
     collecting: list[float] = []  # the cyclic collector's passes inside the clock (start, stop, start, stop, ...)
 
@@ -222,11 +233,12 @@ def main() -> None:
         "--floor", action="store_true", help="time the least a Python open with the same checks costs, as a side"
     )
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--imported", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--floor-child", help=argparse.SUPPRESS)
     parser.add_argument("--limited", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child)
+        child(args.child, args.imported)
         return
     if args.limited:
         read_all_limited(args.limited)
@@ -246,6 +258,7 @@ def main() -> None:
             timed(child_command, args.baseline)
         baseline: list[float] = []
         floor: list[float] = []
+        imported: list[float] = []
         theirs: list[float] = []
         ours: list[float] = []
         warm: list[float] = []
@@ -261,6 +274,7 @@ def main() -> None:
                 if (least["first_batch_sum"], least["tokens"]) != (c["first_batch_sum"], c["tokens"]):
                     raise SystemExit(f"the floor disagrees: llm.c {c}, floor {least}")
                 floor.append(least["seconds"])
+                imported.append(timed([*child_command, "--imported"])[0]["seconds"])
             if (c["first_batch_sum"], c["tokens"]) != (py["first_batch_sum"], py["tokens"]):
                 raise SystemExit(f"the sides disagree: llm.c {c}, tokformats {py}")
             theirs.append(c["seconds"])
@@ -275,6 +289,7 @@ def main() -> None:
             row["tokformats baseline (ms)"] = spread(baseline)
         if floor:
             row["Python floor, no library (ms)"] = spread(floor)
+            row["tokformats, imports before the clock (ms)"] = spread(imported)
         rows.append(
             {
                 **row,
