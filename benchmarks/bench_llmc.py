@@ -13,6 +13,14 @@ inside the clock (``gc.callbacks``): a fresh process's first open runs the gener
 imports before it (NumPy's and ``import tokformats``) left due, whatever allocates first pays it. Ratios are
 llm.c's time over tokformats' time: > 1 means tokformats is faster.
 
+``--floor`` adds two sides, alternated with the others: the least any Python open of the glob can cost with
+tokformats' checks, written out in this script with no library imported (one ``scandir`` of the folder, its types
+kept for the journal check; the match, sorted; one ``stat`` per shard, the pin; the first header read and checked
+against its size; every size checked; the first shard mapped; the first batch); and tokformats' child with the
+modules a glob's first open imports (``IMPORTED_FIRST``) imported before its clock. The tokformats child's time
+less the second is the import of those modules; the second less the floor, what tokformats' open does beyond the
+floor; the floor against llm.c's loader, Python's cost of the same calls.
+
 A last run opens the largest glob under ``ulimit -n 256`` and reads every token, to show that descriptors stay
 bounded (the C loader holds one file at a time too).
 """
@@ -38,6 +46,9 @@ BATCH, SEQUENCE = 4, 64
 SHARD_TOKENS = 1_000
 #: Opens repeated in the tokformats child after the timed one, modules imported.
 WARM_OPENS = 5
+#: The modules a fresh process's first open of an llm.c glob imports after ``import tokformats`` (``--floor``
+#: imports them before the clock in one more side: what is left is the open without its import).
+IMPORTED_FIRST = ("tokformats.core.detectors", "tokformats.formats.llmc")
 
 DRIVER = r"""
 #include <time.h>
@@ -85,12 +96,18 @@ def make_shards(folder: Path, count: int) -> str:
     return str(pattern)
 
 
-def child(pattern: str) -> None:
+def child(pattern: str, imported: bool = False) -> None:
     """The tokformats side, in its own process: open the glob and take the first batch; then the same again
-    ``WARM_OPENS`` times with the format's modules imported (the fastest is reported: the floor of an open)."""
+    ``WARM_OPENS`` times with the format's modules imported (the fastest is reported: the floor of an open).
+    ``imported``: the modules the first open imports (``IMPORTED_FIRST``) are imported before the clock."""
     import gc
+    import importlib
 
     import tokformats
+
+    if imported:
+        for name in IMPORTED_FIRST:
+            importlib.import_module(name)
 
     collecting: list[float] = []  # the cyclic collector's passes inside the clock (start, stop, start, stop, ...)
 
@@ -111,6 +128,57 @@ def child(pattern: str) -> None:
         warm.append(time.perf_counter() - again)
     summary = {"seconds": seconds, "first_batch_sum": int(inputs.sum()), "tokens": reader.num_tokens, "gc": collected}
     print(json.dumps({**summary, "warm_seconds": min(warm)}))
+
+
+def floor_child(pattern: str) -> None:
+    """The Python floor (``--floor``), in its own process, with the modules the tokformats child has imported before
+    its clock (NumPy, this script's): the same checks as a glob's open, no library, nothing general. A one-``*``
+    pattern in its last part, GPT-2 shards (the ones :func:`make_shards` writes). Left out: detection (the format
+    is known) and the journal check (one ``stat`` of the folder's journal name), a few microseconds each."""
+    import itertools
+    import mmap
+    import operator
+    import stat
+    import struct
+
+    started = time.perf_counter()
+    folder, name = os.path.split(pattern)
+    start, end = name.split("*")
+    descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with os.scandir(descriptor) as listing:
+            entries = list(listing)
+    finally:
+        os.close(descriptor)
+    # C loops throughout (map, compress), as tokformats' listing: no bytecode run per entry or per shard
+    every = list(map(operator.attrgetter("name"), entries))
+    folders = set(itertools.compress(every, map(os.DirEntry.is_dir, entries)))  # what a journal check needs
+    names = list(itertools.compress(every, map(str.startswith, every, itertools.repeat(start))))
+    names = list(itertools.compress(names, map(str.endswith, names, itertools.repeat(end))))
+    names.sort()
+    if folders.intersection(names):
+        raise SystemExit(f"{pattern} matches a folder")
+    paths = list(map(os.path.join(folder, "").__add__, names))
+    pin = operator.attrgetter("st_dev", "st_ino", "st_size", "st_mtime_ns")
+    pins = list(itertools.chain.from_iterable(map(pin, map(os.stat, paths))))
+    sizes = pins[2::4]
+    if min(sizes) < 1024 or any(map((2).__rmod__, sizes)):
+        raise SystemExit(f"{pattern}: a size no GPT-2 shard has")
+    counts = (np.array(sizes, dtype=np.int64) - 1024) // 2
+    shard = os.open(paths[0], os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(shard).st_mode):
+            raise SystemExit(f"{paths[0]} is not a regular file")
+        magic, version, ntok = struct.unpack_from("<3i", os.pread(shard, 1024, 0))
+        if (magic, version) != (20240520, 1) or 1024 + 2 * ntok != sizes[0]:
+            raise SystemExit(f"{paths[0]}: not a GPT-2 shard of its size")
+        mapped = mmap.mmap(shard, sizes[0], access=mmap.ACCESS_READ)
+    finally:
+        os.close(shard)
+    window = np.frombuffer(mapped, dtype="<u2", count=ntok, offset=1024)[: BATCH * SEQUENCE + 1].astype(np.int32)
+    inputs = window[:-1].reshape(BATCH, SEQUENCE)
+    seconds = time.perf_counter() - started
+    print(json.dumps({"seconds": seconds, "first_batch_sum": int(inputs.sum()), "tokens": int(counts.sum())}))
 
 
 def read_all_limited(pattern: str) -> None:
@@ -161,14 +229,22 @@ def main() -> None:
         type=Path,
         help="another tokformats checkout (`git worktree add /tmp/base main`), timed as a third side, alternated",
     )
+    parser.add_argument(
+        "--floor", action="store_true", help="time the least a Python open with the same checks costs, as a side"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--imported", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--floor-child", help=argparse.SUPPRESS)
     parser.add_argument("--limited", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child)
+        child(args.child, args.imported)
         return
     if args.limited:
         read_all_limited(args.limited)
+        return
+    if args.floor_child:
+        floor_child(args.floor_child)
         return
     folder = scratch("llmc")
     driver = build_driver(args.llmc, folder)
@@ -176,10 +252,13 @@ def main() -> None:
     for count in args.shards:
         pattern = make_shards(folder, count)
         child_command = [sys.executable, str(HERE), "--llmc", str(args.llmc), "--child", pattern]
+        floor_command = [sys.executable, str(HERE), "--llmc", str(args.llmc), "--floor-child", pattern]
         timed(child_command)  # fills the bytecode cache
         if args.baseline:
             timed(child_command, args.baseline)
         baseline: list[float] = []
+        floor: list[float] = []
+        imported: list[float] = []
         theirs: list[float] = []
         ours: list[float] = []
         warm: list[float] = []
@@ -190,6 +269,12 @@ def main() -> None:
             py, py_wall = timed(child_command)
             if args.baseline:
                 baseline.append(timed(child_command, args.baseline)[0]["seconds"])
+            if args.floor:
+                least, _ = timed(floor_command)
+                if (least["first_batch_sum"], least["tokens"]) != (c["first_batch_sum"], c["tokens"]):
+                    raise SystemExit(f"the floor disagrees: llm.c {c}, floor {least}")
+                floor.append(least["seconds"])
+                imported.append(timed([*child_command, "--imported"])[0]["seconds"])
             if (c["first_batch_sum"], c["tokens"]) != (py["first_batch_sum"], py["tokens"]):
                 raise SystemExit(f"the sides disagree: llm.c {c}, tokformats {py}")
             theirs.append(c["seconds"])
@@ -202,6 +287,9 @@ def main() -> None:
         row = {"shards": f"{count:,}", "llm.c open + first batch (ms)": spread(theirs)}
         if baseline:
             row["tokformats baseline (ms)"] = spread(baseline)
+        if floor:
+            row["Python floor, no library (ms)"] = spread(floor)
+            row["tokformats, imports before the clock (ms)"] = spread(imported)
         rows.append(
             {
                 **row,
