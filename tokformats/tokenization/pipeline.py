@@ -770,15 +770,20 @@ class Encoder:
         """Start encoding a batch (in :attr:`encoding` when set, else here) and its sample's check; batches are
         submitted in order, and each one's :meth:`result` taken in the same order."""
         chosen, reference = np.zeros(0, np.intp), None
+        job: Callable[[], tuple[np.ndarray, np.ndarray]] = partial(encoded, self.engine, texts, split_special)
         if self.engine is not self.reference and texts:
             chosen = self._sample(texts)
             if len(chosen):
                 reference = self._reference_ids(texts, chosen, split_special)
+        elif texts and (first := self._first_ahead(texts, split_special)) is not None:
+            # The reference encodes the batch (no engine passed): the first sample read ahead is its head, whose
+            # ids are taken rather than encoded again.
+            job = partial(self._reference_batch, texts, np.arange(len(first.texts)), first.reference, split_special)
         if self.encoding is not None:
-            ids = self.encoding.submit(encoded, self.engine, texts, split_special)
+            ids = self.encoding.submit(job)
         else:
             ids = Future()
-            ids.set_result(encoded(self.engine, texts, split_special))
+            ids.set_result(job())
         self.batches += 1
         return _Encoding(texts, where, split_special, self.engine, ids, chosen, reference, self.batches == 1)
 
@@ -838,6 +843,17 @@ class Encoder:
             self.drawn_bytes += int(sizes[len(chosen) - 1]) if len(chosen) else 0
         return chosen
 
+    def _first_ahead(self, texts: list[str], split_special: bool) -> FirstSample | None:
+        """The first sample read ahead (once: later calls get None) when ``texts`` begin with its texts and are
+        encoded the same way (no ``split_special``); else None, its encoding cancelled."""
+        first, self._first = self._first, None
+        if first is None:
+            return None
+        if not split_special and texts[: len(first.texts)] == first.texts:
+            return first
+        first.reference.cancel()
+        return None
+
     @staticmethod
     def first_count(texts: list[str], room: int) -> tuple[int, int]:
         """How many of ``texts``, from the first, the first sample takes when ``room`` characters of it are left
@@ -852,10 +868,10 @@ class Encoder:
         """The reference's ids of the chosen texts: being encoded in the :attr:`verifier` (``tokenizers`` releases
         the GIL), or here when there is none; the prefetched first sample's when these are its texts."""
         picked = [texts[k] for k in chosen.tolist()]
-        first, self._first = self._first, None
+        first = self._first_ahead(picked, split_special)
+        if first is not None and len(first.texts) == len(picked):
+            return first.reference
         if first is not None:
-            if not split_special and first.texts == picked:  # the very texts, encoded the same way
-                return first.reference
             first.reference.cancel()
         if self.verifier is not None:
             return self.verifier.submit(self.reference.encode, picked, split_special)
