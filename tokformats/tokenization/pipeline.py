@@ -1305,7 +1305,7 @@ class _PartitionRun:
                 self._spool_sources(key, good, split_of)
                 if k == 0:
                     self.stats.documents += len(good)
-                self.stats.text += sum(len(r.texts[k]) for r in good if r.texts)
+                self.stats.text += sum(map(len, encoding.texts))  # the texts started: the good records' key k
                 self.stats.tokens += len(flat)
         last = started.batch[-1]
         self.position = (last.input + self.first_input, last.index)
