@@ -1627,13 +1627,10 @@ def tokenize(
         # By default on a terminal, and in a notebook (where tqdm draws a widget); not in logs.
         show = (sys.stderr.isatty() or "ipykernel" in sys.modules) if progress is None else progress
         rate = verification_rate(verify_fraction, _verify_budget(verify_bytes), total_bytes)
-        encoder = None
-        if executor is None:  # a parallel run's workers gate the engine themselves: the parent encodes nothing
-            ahead = spec is None and engine != "tokenizers" and not resume  # a resumed run's first sample is later
-            first = _first_sample(resolved, plan, loaded, batch_size, naming) if ahead else None
-            encoder = Encoder(loaded, engine, rate, plan.seed, 0, tokenizer_hash=plan.tokenizer_hash,
-                              chat=spec is not None, verify_bytes=None if total_bytes else verify_bytes,
-                              first_sample=first)  # fmt: skip
+        encoder = None if executor is not None else Encoder(  # a parallel run's workers gate the engine themselves
+            loaded, engine, rate, plan.seed, 0, tokenizer_hash=plan.tokenizer_hash, chat=spec is not None,
+            verify_bytes=None if total_bytes else verify_bytes,
+            first_sample=_first_sample(resolved, plan, loaded, engine, batch_size, resume, naming))  # fmt: skip
         if show:
             doing = f"with {encoder.engine.name}: {encoder.reason}" if encoder else "in the executor's workers"
             print(f"tokformats: encoding {doing}", file=sys.stderr)
@@ -1695,16 +1692,25 @@ def _encoded_parts(
 
 
 def _first_sample(
-    resolved: list[Input], plan: Plan, loaded: Any, batch_size: int, cleanup: contextlib.ExitStack
+    resolved: list[Input],
+    plan: Plan,
+    loaded: Any,
+    engine: str,
+    batch_size: int,
+    resume: bool,
+    cleanup: contextlib.ExitStack,
 ) -> FirstSample | None:
     """The run's first sample (the first batch's first documents, up to :attr:`Encoder.FIRST_SAMPLE_BYTES` of
     text), read here ahead of the run's reader, with the reference's encoding of it started in a thread of its own
     (shut down by ``cleanup``). Why: the engine's load and gate, which follow, hold the GIL on one core for about
     0.2 s while ``tokenizers`` releases it, so the two overlap; read in the run, the sample is encoded beside the
     engine's first batches and the first batch waits for its check. A guess the encoder takes only if its first
-    sample is these very texts. None for several text keys, or where reading ahead is not cheap or not safe
+    sample is these very texts. None where no sample is checked (``engine="tokenizers"``), for a chat run, several
+    text keys, a ``resume`` (its first sample is where it resumes), or where reading ahead is not cheap or not safe
     (:func:`~.sources.read_by_line`: an iterable, a Parquet row group, a ``.json`` array)."""
-    if len(plan.keys) != 1 or not all(map(read_by_line, resolved)):
+    if engine == "tokenizers" or plan.chat is not None or len(plan.keys) != 1 or resume:
+        return None
+    if not all(map(read_by_line, resolved)):
         return None
     batch: list[Record] = []
     text = 0
