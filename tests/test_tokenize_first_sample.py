@@ -99,15 +99,31 @@ def test_the_first_sample_is_encoded_while_the_engine_is_selected_and_only_once(
     assert summary["tokens"] == reference["tokens"]
 
 
-def test_an_iterable_is_not_read_ahead(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path) -> None:
-    """A generator can be read once: the run reads it all, and its first sample is encoded in the verifier."""
+@pytest.mark.parametrize("source", ["iterable", "json-array", "txt-by-file"])
+def test_inputs_whose_first_records_are_not_cheap_or_safe_to_reach_are_not_read_ahead(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path, source: str
+) -> None:
+    """A generator can be read once, a ``.json`` may be one array, a ``.txt`` read by file has a whole file as its
+    first document: the run reads them itself, its first sample is encoded in the verifier, the output as before."""
     texts = _texts(300)
+    options: dict[str, Any] = {}
+    if source == "iterable":
+        inputs: Any = (t for t in texts)
+    elif source == "json-array":
+        inputs = tmp_path / "corpus.json"
+        inputs.write_text(json.dumps([{"text": t} for t in texts]))
+    else:
+        inputs = tmp_path / "files"
+        inputs.mkdir()
+        for k, text in enumerate(texts):
+            (inputs / f"{k:03d}.txt").write_text(text)
+        options["unit"] = "file"
+    listed = tokformats.tokenize(texts, tokenizer_path, tmp_path / "list", "megatron", progress=False)
     seen = _recorded(monkeypatch)
     monkeypatch.setattr(pipeline, "select_engine", lambda tokenizer, engine="auto", **gate: (_Copy(tokenizer), "test"))
-    summary = tokformats.tokenize((t for t in texts), tokenizer_path, tmp_path / "gen", "megatron", progress=False)
-    listed = tokformats.tokenize(texts, tokenizer_path, tmp_path / "list", "megatron", progress=False)
+    summary = tokformats.tokenize(inputs, tokenizer_path, tmp_path / "run", "megatron", progress=False, **options)
     assert summary["documents"] == listed["documents"] == 300
-    assert (tmp_path / "gen_text_document.bin").read_bytes() == (tmp_path / "list_text_document.bin").read_bytes()
+    assert (tmp_path / "run_text_document.bin").read_bytes() == (tmp_path / "list_text_document.bin").read_bytes()
     assert {name.split("_")[0] for _, name in seen} == {"tokformats-verify"}
 
 

@@ -1707,8 +1707,9 @@ def _first_sample(
     engine's first batches and the first batch waits for its check. A guess the encoder takes only if its first
     sample is these very texts. None where no sample is checked (``engine="tokenizers"``), for a chat run, several
     text keys, a ``resume`` (its first sample is where it resumes), or where reading ahead is not cheap or not safe
-    (:func:`~.sources.read_by_line`: an iterable, a Parquet row group, a ``.json`` array)."""
-    if engine == "tokenizers" or plan.chat is not None or len(plan.keys) != 1 or resume:
+    (:func:`~.sources.read_by_line`: an iterable, a Parquet row group, a ``.json`` array; ``unit="file"``, whose
+    first document is a whole file)."""
+    if engine == "tokenizers" or plan.chat is not None or len(plan.keys) != 1 or resume or plan.unit == "file":
         return None
     if not all(map(read_by_line, resolved)):
         return None
