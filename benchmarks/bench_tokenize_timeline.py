@@ -14,7 +14,12 @@ functions are wrapped in the child; they are private and may move):
   near zero;
 - the reference's encodes, and the engine's selection (``_gated_engine``: loading and gating it), in whichever
   thread; ``gate (Encoder)`` is what the main thread spends building the ``Encoder`` (the selection itself before
-  it ran in a thread of its own).
+  it ran in a thread of its own);
+- ``first sample read ahead``: reading the first sample before the gate (``tok5``: its reference encoding then runs
+  beside the gate, inside ``reference encodes``); ``checkpoints``: the run's checkpoints, the last one's fsync and
+  read-back of the ids included.
+
+Each child is given 600 s (a hung run stops the benchmark instead of stalling it).
 
 Prints each run, then min/median/max per side; the two sides' ``.bin``/``.idx`` must be byte-identical.
 """
@@ -48,9 +53,9 @@ def timed(name, function):
     return wrapper
 
 batches = pipeline._batches
-def reader(records, size, out, stop, counters):
+def reader(records, size, out, stop, counters, *rest):
     out.put = timed("reader blocked on a full queue", out.put)
-    batches(records, size, out, stop, counters)
+    batches(records, size, out, stop, counters, *rest)
 pipeline._batches = reader
 get = queue.Queue.get
 def main_get(self, *args, **kwargs):
@@ -65,6 +70,7 @@ for owner, name, label in [
     (pipeline.Encoder, "_check", "check in line"), (pipeline.Encoder, "_compare", "check compared (waits included)"),
     (pipeline, "_add_eos", "end-of-document ids"), (pipeline._PartitionRun, "_spool", "spooling"),
     (pipeline, "_gated_engine", "engine selection (any thread)"),
+    (pipeline, "_first_sample", "first sample read ahead"), (pipeline._PartitionRun, "save", "checkpoints"),
 ]:
     if hasattr(owner, name):
         setattr(owner, name, timed(label, getattr(owner, name)))
@@ -78,9 +84,9 @@ cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
 print(json.dumps({"wall": wall, "cpu": cpu, **spent, "file": tokformats.__file__}))
 """
 
-SHOWN = ["wall", "cpu", "gate (Encoder)", "engine selection (any thread)", "encode phase", "fastokens",
-         "check in line", "check compared (waits included)", "reference encodes", "main waiting for the reader",
-         "reader blocked on a full queue", "publish"]  # fmt: skip
+SHOWN = ["wall", "cpu", "first sample read ahead", "gate (Encoder)", "engine selection (any thread)", "encode phase",
+         "fastokens", "check in line", "check compared (waits included)", "reference encodes",
+         "main waiting for the reader", "reader blocked on a full queue", "checkpoints", "publish"]  # fmt: skip
 
 
 def main() -> None:
@@ -97,7 +103,7 @@ def main() -> None:
                 env = {**os.environ, "PYTHONPATH": str(sides[side])}
                 argv = [str(args.corpus.resolve()), str(args.tokenizer.resolve()), f"{folder}/{side}/c", args.engine]
                 out = subprocess.run([sys.executable, "-c", CHILD, *argv], env=env, capture_output=True, text=True,
-                                     check=False, cwd="/")  # fmt: skip
+                                     check=False, cwd="/", timeout=600)  # fmt: skip
                 if out.returncode:
                     raise SystemExit(out.stderr)
                 found = json.loads(out.stdout.splitlines()[-1])

@@ -74,7 +74,7 @@ from .engines import (
 )
 from .executors import engine_threads
 from .partitions import PARTITION_BYTES, iter_partitions
-from .sources import Input, Record, SourceError, iter_records, resolve_inputs
+from .sources import Input, Record, SourceError, iter_records, read_by_line, resolve_inputs
 from .templates import THOUGHT, TRAIN_ON, Layout, load_template
 from .tokenizer import load_tokenizer
 from .workers import parent_watch, submitter
@@ -221,13 +221,16 @@ def _hashed(handle: Any, size: int) -> Any:
 
     digest = hashlib.sha256()
     handle.seek(0)
+    # One buffer read into again and again: a new bytes object per piece costs its pages' first touch each time
+    # (a fifth of the time of hashing a 125 MB spool).
+    view = memoryview(bytearray(min(size, _HASH_PIECE)))
     left = size
     while left:
-        piece = handle.read(min(left, _HASH_PIECE))
-        if not piece:
+        count = handle.readinto(view[: min(left, _HASH_PIECE)])
+        if not count:
             return None
-        digest.update(piece)
-        left -= len(piece)
+        digest.update(view[:count])
+        left -= count
     return digest
 
 
@@ -329,8 +332,19 @@ class Spool:
         return [h for h in (self._tokens, self._lengths, self._mask) if h is not None]
 
     def sync(self) -> None:
+        """Flush and fsync every file of the spool."""
+        self.flush()
+        self.fsync()
+
+    def flush(self) -> None:
+        """Hand what is buffered to the kernel."""
         for handle in self._handles():
             handle.flush()
+
+    def fsync(self) -> None:
+        """fsync every file of the spool (what :meth:`flush` handed to the kernel): no Python object is touched,
+        so another thread may do it while this one reads the spool back."""
+        for handle in self._handles():
             os.fsync(handle.fileno())
 
     def hashes(self) -> dict[str, str]:
@@ -344,6 +358,12 @@ class Spool:
         copy the file by the kernel without reading it again, as long as nothing has written to it since (else
         the join reads and hashes it). The read back is the check the parent made before: in a parallel run it
         now happens in the workers, beside each other, instead of in the parent, one partition after another."""
+        self.read_back()
+        return pin_file(self.tokens_path)
+
+    def read_back(self) -> None:
+        """Read the ids file back (once per size reached) and raise when it is not what was written (its running
+        hash); the check :meth:`pin` makes, which :meth:`_PartitionRun.save` runs beside the spools' fsync."""
         self._tokens.flush()
         size = self.num_tokens * self.dtype.itemsize
         if self._read_back != size:
@@ -356,7 +376,6 @@ class Spool:
                 ):
                     _refuse_spool(self.tokens_path)
             self._read_back = size
-        return pin_file(self.tokens_path)
 
     def close(self) -> None:
         for handle in self._handles():
@@ -686,6 +705,14 @@ def verification_rate(verify_fraction: float, verify_bytes: int | None, input_by
     return min(verify_fraction, verify_bytes / input_bytes)
 
 
+class FirstSample(NamedTuple):
+    """A run's first sample read ahead (:func:`_first_sample`): its ``texts`` and the reference's ids of them
+    (a future)."""
+
+    texts: list[str]
+    reference: Future[tuple[np.ndarray, np.ndarray]]
+
+
 class Encoder:
     """The run's engine, checked against ``tokenizers`` on a sample of the corpus: the first documents, up to
     :attr:`FIRST_SAMPLE_BYTES` of text, then each later document with probability ``verify_fraction``
@@ -714,7 +741,11 @@ class Encoder:
         chat: bool = True,
         verify_bytes: int | None = None,
         fall_back: bool = True,
+        first_sample: FirstSample | None = None,
     ) -> None:
+        #: The first sample as :func:`_first_sample` read it and started its reference encoding before this
+        #: encoder was built (the engine's gate then runs beside it); used once, if the run's first sample is it.
+        self._first = first_sample
         self.reference = TokenizersEngine(tokenizer, tokenizer_hash)  # shares its chat copy across runs
         self.engine, self.reason = chosen or _gated_engine(tokenizer, engine, tokenizer_hash, chat)
         if isinstance(self.engine, TokenizersEngine):
@@ -753,15 +784,20 @@ class Encoder:
         """Start encoding a batch (in :attr:`encoding` when set, else here) and its sample's check; batches are
         submitted in order, and each one's :meth:`result` taken in the same order."""
         chosen, reference = np.zeros(0, np.intp), None
+        job: Callable[[], tuple[np.ndarray, np.ndarray]] = partial(encoded, self.engine, texts, split_special)
         if self.engine is not self.reference and texts:
             chosen = self._sample(texts)
             if len(chosen):
                 reference = self._reference_ids(texts, chosen, split_special)
+        elif texts and (first := self._first_ahead(texts, split_special)) is not None:
+            # The reference encodes the batch (no engine passed): the first sample read ahead is its head, whose
+            # ids are taken rather than encoded again.
+            job = partial(self._reference_batch, texts, np.arange(len(first.texts)), first.reference, split_special)
         if self.encoding is not None:
-            ids = self.encoding.submit(encoded, self.engine, texts, split_special)
+            ids = self.encoding.submit(job)
         else:
             ids = Future()
-            ids.set_result(encoded(self.engine, texts, split_special))
+            ids.set_result(job())
         self.batches += 1
         return _Encoding(texts, where, split_special, self.engine, ids, chosen, reference, self.batches == 1)
 
@@ -810,10 +846,8 @@ class Encoder:
     def _sample(self, texts: list[str]) -> np.ndarray:
         """Which documents of this batch to re-encode with tokenizers."""
         if self._sampled_bytes < self.FIRST_SAMPLE_BYTES:
-            sizes = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
-            room = self.FIRST_SAMPLE_BYTES - self._sampled_bytes
-            count = min(len(texts), max(1, int(np.searchsorted(np.cumsum(sizes), room, side="right"))))
-            self._sampled_bytes += max(int(sizes[:count].sum()), 1)
+            count, text = self.first_count(texts, self.FIRST_SAMPLE_BYTES - self._sampled_bytes)
+            self._sampled_bytes += max(text, 1)
             return np.arange(count)
         chosen = np.flatnonzero(self._draws.random(len(texts)) < self.verify_fraction)
         if len(chosen) and self.verify_bytes is not None:
@@ -823,12 +857,36 @@ class Encoder:
             self.drawn_bytes += int(sizes[len(chosen) - 1]) if len(chosen) else 0
         return chosen
 
+    def _first_ahead(self, texts: list[str], split_special: bool) -> FirstSample | None:
+        """The first sample read ahead (once: later calls get None) when ``texts`` begin with its texts and are
+        encoded the same way (no ``split_special``); else None, its encoding cancelled."""
+        first, self._first = self._first, None
+        if first is None:
+            return None
+        if not split_special and texts[: len(first.texts)] == first.texts:
+            return first
+        first.reference.cancel()
+        return None
+
+    @staticmethod
+    def first_count(texts: list[str], room: int) -> tuple[int, int]:
+        """How many of ``texts``, from the first, the first sample takes when ``room`` characters of it are left
+        (at least one), and their characters."""
+        sizes = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+        count = min(len(texts), max(1, int(np.searchsorted(np.cumsum(sizes), room, side="right"))))
+        return count, int(sizes[:count].sum())
+
     def _reference_ids(
         self, texts: list[str], chosen: np.ndarray, split_special: bool
     ) -> Future[tuple[np.ndarray, np.ndarray]]:
         """The reference's ids of the chosen texts: being encoded in the :attr:`verifier` (``tokenizers`` releases
-        the GIL), or here when there is none."""
+        the GIL), or here when there is none; the prefetched first sample's when these are its texts."""
         picked = [texts[k] for k in chosen.tolist()]
+        first = self._first_ahead(picked, split_special)
+        if first is not None and len(first.texts) == len(picked):
+            return first.reference
+        if first is not None:
+            first.reference.cancel()
         if self.verifier is not None:
             return self.verifier.submit(self.reference.encode, picked, split_special)
         done: Future[tuple[np.ndarray, np.ndarray]] = Future()
@@ -858,6 +916,9 @@ class Encoder:
         for check in self._pending:
             check.reference.cancel()
         self._pending.clear()
+        if self._first is not None:
+            self._first.reference.cancel()
+            self._first = None
 
     def _compare(self, check: _Check, first: bool) -> None:
         """Compare a batch's check; a difference in the ``first`` batch under ``auto`` switches to the reference,
@@ -1053,8 +1114,11 @@ class _PartitionRun:
         """Checkpoint: every outstanding check of the engine passed (a difference raises before anything is
         committed), every spool fsynced, then the counts and the position committed in one step."""
         self.encoder.settle()
-        for spool in self.spools.values():
-            spool.sync()
+        if done:  # each ids spool read back (for its pin) while another thread fsyncs: both wait on the kernel
+            self._synced_and_read_back()
+        else:
+            for spool in self.spools.values():
+                spool.sync()
         for rows in self.sources.values():
             rows.sync()
         stats = self.stats
@@ -1074,6 +1138,24 @@ class _PartitionRun:
                 "done": done,
             },
         )
+
+    def _synced_and_read_back(self) -> None:
+        """Every spool fsynced, in a thread of its own, while each ids spool is read back here (hashing releases
+        the GIL): the last checkpoint's two passes over the ids (0.08 and 0.1 s for 125 MB) overlap instead of
+        following each other at the end of the run. Both are done (or one raised) when this returns."""
+        spools = list(self.spools.values())
+        for spool in spools:
+            spool.flush()
+
+        def fsync_all() -> None:
+            for spool in spools:
+                spool.fsync()
+
+        with ThreadPoolExecutor(1, thread_name_prefix="tokformats-sync") as syncing:
+            synced = syncing.submit(fsync_all)
+            for spool in spools:
+                spool.read_back()
+            synced.result()
 
     @staticmethod
     def _spooled(spool: Spool, *, pin: bool) -> dict[str, Any]:
@@ -1232,7 +1314,7 @@ class _PartitionRun:
                 self._spool_sources(key, good, split_of)
                 if k == 0:
                     self.stats.documents += len(good)
-                self.stats.text += sum(len(r.texts[k]) for r in good if r.texts)
+                self.stats.text += sum(map(len, encoding.texts))  # the texts started: the good records' key k
                 self.stats.tokens += len(flat)
         last = started.batch[-1]
         self.position = (last.input + self.first_input, last.index)
@@ -1585,10 +1667,10 @@ def tokenize(
         # By default on a terminal, and in a notebook (where tqdm draws a widget); not in logs.
         show = (sys.stderr.isatty() or "ipykernel" in sys.modules) if progress is None else progress
         rate = verification_rate(verify_fraction, _verify_budget(verify_bytes), total_bytes)
-        encoder = None
-        if executor is None:  # a parallel run's workers gate the engine themselves: the parent encodes nothing
-            encoder = Encoder(loaded, engine, rate, plan.seed, 0, tokenizer_hash=plan.tokenizer_hash,
-                              chat=spec is not None, verify_bytes=None if total_bytes else verify_bytes)  # fmt: skip
+        encoder = None if executor is not None else Encoder(  # a parallel run's workers gate the engine themselves
+            loaded, engine, rate, plan.seed, 0, tokenizer_hash=plan.tokenizer_hash, chat=spec is not None,
+            verify_bytes=None if total_bytes else verify_bytes,
+            first_sample=_first_sample(resolved, plan, loaded, engine, batch_size, resume, naming))  # fmt: skip
         if show:
             doing = f"with {encoder.engine.name}: {encoder.reason}" if encoder else "in the executor's workers"
             print(f"tokformats: encoding {doing}", file=sys.stderr)
@@ -1647,6 +1729,48 @@ def _encoded_parts(
                                          progress=monitor, checkpoint_every=checkpoint_every, chat=chat))  # fmt: skip
     reported[1].append((encoder.engine.name, encoder.reason))
     return [part]
+
+
+def _first_sample(
+    resolved: list[Input],
+    plan: Plan,
+    loaded: Any,
+    engine: str,
+    batch_size: int,
+    resume: bool,
+    cleanup: contextlib.ExitStack,
+) -> FirstSample | None:
+    """The run's first sample (the first batch's first documents, up to :attr:`Encoder.FIRST_SAMPLE_BYTES` of
+    text), read here ahead of the run's reader, with the reference's encoding of it started in a thread of its own
+    (shut down by ``cleanup``). Why: the engine's load and gate, which follow, hold the GIL on one core for about
+    0.2 s while ``tokenizers`` releases it, so the two overlap; read in the run, the sample is encoded beside the
+    engine's first batches and the first batch waits for its check. A guess the encoder takes only if its first
+    sample is these very texts. None where no sample is checked (``engine="tokenizers"``), for a chat run, several
+    text keys, a ``resume`` (its first sample is where it resumes), or where reading ahead is not cheap or not safe
+    (:func:`~.sources.read_by_line`: an iterable, a Parquet row group, a ``.json`` array; ``unit="file"``, whose
+    first document is a whole file)."""
+    if engine == "tokenizers" or plan.chat is not None or len(plan.keys) != 1 or resume or plan.unit == "file":
+        return None
+    if not all(map(read_by_line, resolved)):
+        return None
+    batch: list[Record] = []
+    text = 0
+    try:
+        with contextlib.closing(iter_records(resolved, tuple(plan.keys), plan.unit)) as records:
+            for record in records:  # the first batch, as _batches groups it
+                batch.append(record)
+                text += sum(map(len, record.texts)) if record.texts else 0
+                if len(batch) >= batch_size or text >= MAX_BATCH_TEXT:
+                    break
+    except Exception:  # the run's reader reads the same input and raises its error where it always has
+        return None
+    texts = [r.texts[0] for r in batch if r.texts is not None]
+    if not texts:
+        return None
+    picked = texts[: Encoder.first_count(texts, Encoder.FIRST_SAMPLE_BYTES)[0]]
+    pool = ThreadPoolExecutor(1, thread_name_prefix="tokformats-first-sample")
+    cleanup.callback(pool.shutdown, wait=True, cancel_futures=True)
+    return FirstSample(picked, pool.submit(TokenizersEngine(loaded).encode, picked))
 
 
 def _verify_budget(verify_bytes: Any) -> int | None:

@@ -13,7 +13,7 @@ import gzip
 import io
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -87,6 +87,13 @@ def _base_suffix(path: Path) -> str:
         if name.endswith(compression):
             name = name[: -len(compression)]
     return Path(name).suffix
+
+
+def read_by_line(source: Input) -> bool:
+    """Whether ``source``'s first records are read without reading the whole of it: a file of JSON Lines or text
+    (compressed or not), not an iterable (which may be read once only), a Parquet row group or a ``.json`` that
+    may be one array."""
+    return source.path is not None and _base_suffix(source.path) not in (".json", ".parquet")
 
 
 def _exists(text: str) -> bool:
@@ -413,7 +420,7 @@ def iter_records(
     unit: str = "line",
     start: tuple[int, int] = (0, 0),
     counter: list[Any] | None = None,
-) -> Iterator[Record]:
+) -> Generator[Record, None, None]:
     """Every record of every input in order, from position ``start`` = (input, records to skip in it).
 
     Bad records come back with ``texts=None`` and an ``error`` message; blank lines with neither.
