@@ -466,16 +466,79 @@ def test_a_run_reading_chat_records_in_chunks_writes_what_it_writes_read_whole(
     dropped: list[bool] = []
     add = pipeline._Preparing.add
 
-    def checking(self: Any, batch: list[Any]) -> None:
-        add(self, batch)
-        dropped.append(all(r.value is None for r in batch))
+    def checking(self: Any, batch: list[Any], *, last: bool = False) -> None:
+        add(self, batch, last=last)
+        if last:
+            dropped.append(all(r.value is None for r in batch))
 
     monkeypatch.setattr(pipeline._Preparing, "add", checking)
     chunked = tokformats.tokenize(source, tokenizer_path, tmp_path / "chunked", "datatrove", **options)
-    assert dropped and all(dropped)
-    assert len(dropped) == {2: 47, 7: 14, 10_000: 5}[chunk]  # 92 records: 4 batches of 20 and one of 12
+    assert dropped == [True] * 5  # 92 records: 4 batches of 20 and one of 12, each one's JSON dropped
     assert chunked["documents"] == whole["documents"] == 83 and chunked["skipped"] == whole["skipped"] == 8
     assert chunked["errors"] == whole["errors"]
+    for suffix in ("", ".loss", ".index"):
+        got, want = (Path(s["outputs"]["text"]["path"] + suffix) for s in (chunked, whole))
+        assert got.read_bytes() == want.read_bytes(), suffix
+
+
+def _chat_file(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("chunk", [2, 7, 32, 10_000])
+def test_a_batchs_bad_records_are_reported_alike_wherever_its_chunks_fall(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path, chunk: int
+) -> None:
+    """A record that is not a conversation (line 5) before one that is not JSON (line 40), in one batch: reported
+    as a batch read whole reports them (every JSON error first, then the others; the first of them raised), not
+    in an order that depends on where the reader's chunks cut the batch."""
+    from tokformats.tokenization import pipeline
+    from tokformats.tokenization.sources import SourceError
+
+    lines = [json.dumps({"messages": [_user(f"q{k}"), _assistant("a")]}) for k in range(60)]
+    lines[4] = json.dumps({"messages": [_user("x"), {"role": "robot", "content": "x"}]})
+    lines[39] = "{not json"
+    source = _chat_file(tmp_path / "chats.jsonl", lines)
+    monkeypatch.setattr(pipeline, "CHAT_CHUNK", chunk)
+    options: dict[str, Any] = {"chat": "messages", "batch_size": 100, "progress": False}
+    with pytest.raises(SourceError, match=r"chats\.jsonl, line 40: invalid JSON") as raised:
+        tokformats.tokenize(source, tokenizer_path, tmp_path / "raised", "datatrove", **options)
+    assert not isinstance(raised.value, ChatError)
+    summary = tokformats.tokenize(source, tokenizer_path, tmp_path / "skipped", "datatrove", on_error="skip", **options)
+    assert summary["documents"] == 58 and summary["skipped"] == 2
+    assert [("line 40:" in e, "line 5:" in e) for e in summary["errors"]] == [(True, False), (False, True)]
+
+
+def test_a_batch_is_read_whole_from_its_first_chunk_in_another_form_on(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path
+) -> None:
+    """A tool call in each batch's first chunk: that chunk is read by ``turns_of`` and the rest of the batch in one
+    more call at its end, not one call per chunk (each pays NumPy's fixed costs); the files are those of a run
+    reading each batch whole."""
+    from tokformats.tokenization import chat, pipeline
+
+    tool = {"messages": [_user("weather?"),
+                         {"role": "assistant", "content": None,
+                          "tool_calls": [{"type": "function", "function": {"name": "get", "arguments": "{}"}}]},
+                         {"role": "tool", "content": "-3"}, _assistant("It is cold.")]}  # fmt: skip
+    lines = [json.dumps(tool if k % 20 == 3 else {"messages": [_user(f"q{k}"), _assistant("a")]}) for k in range(100)]
+    source = _chat_file(tmp_path / "chats.jsonl", lines)
+    options: dict[str, Any] = {"chat": "messages", "batch_size": 20, "progress": False}
+    monkeypatch.setattr(pipeline, "CHAT_CHUNK", 10_000)
+    whole = tokformats.tokenize(source, tokenizer_path, tmp_path / "whole", "datatrove", **options)
+    calls: list[int] = []
+    read = chat.turns_of
+
+    def counting(values: Any, *args: Any) -> Any:
+        calls.append(len(values))
+        return read(values, *args)
+
+    monkeypatch.setattr(chat, "turns_of", counting)
+    monkeypatch.setattr(pipeline, "CHAT_CHUNK", 4)
+    chunked = tokformats.tokenize(source, tokenizer_path, tmp_path / "chunked", "datatrove", **options)
+    assert calls == [4, 16] * 5
+    assert chunked["documents"] == whole["documents"] == 100
     for suffix in ("", ".loss", ".index"):
         got, want = (Path(s["outputs"]["text"]["path"] + suffix) for s in (chunked, whole))
         assert got.read_bytes() == want.read_bytes(), suffix

@@ -177,3 +177,45 @@ def test_the_last_checkpoint_fsyncs_beside_the_read_back_which_still_refuses_a_c
     assert not any(p.name.startswith("bad_text_document") for p in tmp_path.iterdir())
     assert not any(name.startswith("tokformats-sync") for name in (t.name for t in threading.enumerate()))
     assert os.path.isdir(tmp_path / "bad.tokenize")  # kept for a resume, as after any failed run
+
+
+def test_a_read_back_refused_while_the_fsync_failed_too_says_both(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path
+) -> None:
+    """The read-back's refusal is raised (nothing committed), with the fsync's own failure noted, not lost."""
+    corpus = _corpus(tmp_path, _texts(400))
+    flush = pipeline.Spool.flush
+
+    def flush_then_damage(self: pipeline.Spool) -> None:
+        flush(self)
+        with open(self.tokens_path, "r+b") as handle:
+            handle.seek(2)
+            byte = handle.read(1)
+            handle.seek(2)
+            handle.write(bytes([byte[0] ^ 1]))
+
+    def failing(self: pipeline.Spool) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(pipeline.Spool, "flush", flush_then_damage)
+    monkeypatch.setattr(pipeline.Spool, "fsync", failing)
+    with pytest.raises(FormatError, match="differs from what its checkpoint recorded") as raised:
+        tokformats.tokenize(corpus, tokenizer_path, tmp_path / "bad", "megatron", progress=False)
+    assert any("fsync failed too" in note and "Input/output error" in note for note in raised.value.__notes__)
+    assert not any(p.name.startswith("bad_text_document") for p in tmp_path.iterdir())
+
+
+def test_a_first_batch_of_more_text_than_the_read_ahead_keeps_is_left_to_the_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path
+) -> None:
+    """A huge first document is not held twice: no read-ahead, the first sample checked in the run, the same
+    output."""
+    texts = _texts(300)
+    corpus = _corpus(tmp_path, texts)
+    tokformats.tokenize(texts, tokenizer_path, tmp_path / "list", "megatron", progress=False)
+    monkeypatch.setattr(pipeline, "_FIRST_SAMPLE_READ_AHEAD", len(texts[0]) - 1)
+    seen = _recorded(monkeypatch)
+    monkeypatch.setattr(pipeline, "select_engine", lambda tokenizer, engine="auto", **gate: (_Copy(tokenizer), "test"))
+    tokformats.tokenize(corpus, tokenizer_path, tmp_path / "run", "megatron", progress=False)
+    assert seen and {name.split("_")[0] for _, name in seen} == {"tokformats-verify"}
+    assert (tmp_path / "run_text_document.bin").read_bytes() == (tmp_path / "list_text_document.bin").read_bytes()

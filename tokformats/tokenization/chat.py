@@ -350,6 +350,10 @@ class TurnsReader:
     def __init__(self, chat: str | Callable[[Any], Any]) -> None:
         self.chat = chat
         self._parts: list[Turns | _Gathered] = []
+        #: Whether every chunk read so far was gathered (and a later one may be): False for another schema, and
+        #: from a chunk with a record in another form on. A caller then reads the rest of the batch in one chunk:
+        #: :func:`turns_of` pays NumPy's fixed costs per call, too much for a few dozen records.
+        self.gathering = not callable(chat) and chat == "messages"
 
     def add(
         self, values: Sequence[Any], where: Callable[[int], Any], skip: Callable[[ChatError], None] | None = None
@@ -357,7 +361,8 @@ class TurnsReader:
         """Read the records ``values`` (after those read before) as :func:`turns_of` reads them: which of them hold
         a conversation (indices into ``values``, ascending); a record that does not fit raises, or goes to
         ``skip``."""
-        gathered = None if callable(self.chat) or self.chat != "messages" else _gathered(values)
+        gathered = _gathered(values) if self.gathering else None
+        self.gathering = gathered is not None
         if gathered is not None:
             self._parts.append(gathered)
             return list(range(len(values)))

@@ -342,8 +342,9 @@ class Spool:
             handle.flush()
 
     def fsync(self) -> None:
-        """fsync every file of the spool (what :meth:`flush` handed to the kernel): no Python object is touched,
-        so another thread may do it while this one reads the spool back."""
+        """fsync every file of the spool (what :meth:`flush` handed to the kernel): it changes nothing of the
+        spool's state (only its descriptors are read), so another thread may do it while this one reads the spool
+        back."""
         for handle in self._handles():
             os.fsync(handle.fileno())
 
@@ -1153,8 +1154,13 @@ class _PartitionRun:
 
         with ThreadPoolExecutor(1, thread_name_prefix="tokformats-sync") as syncing:
             synced = syncing.submit(fsync_all)
-            for spool in spools:
-                spool.read_back()
+            try:
+                for spool in spools:
+                    spool.read_back()
+            except BaseException as refused:  # the fsync's own failure (an EIO, maybe the cause) is not lost
+                if (failed := synced.exception()) is not None:
+                    refused.add_note(f"The spools' fsync failed too: {failed!r}")
+                raise
             synced.result()
 
     @staticmethod
@@ -1221,26 +1227,11 @@ class _PartitionRun:
         """A record's place for messages: its file and line (an iterable's item), worded only when an error is."""
         return _Place(self.inputs[record.input], record.index)
 
-    def _conversations(self, good: list[Record], skipped: list[str], reader: TurnsReader) -> list[Record]:
-        """The records that hold a conversation of the run's schema, their messages read into ``reader``; a record
-        that does not is raised, or its error goes to ``skipped`` with ``on_error="skip"``."""
-        chat = self.chat
-        if chat is None:
-            raise ValueError("a text run has no conversations")
-
-        def skip(error: ChatError) -> None:
-            if self.plan.on_error != "skip":
-                hint = f"Pass {option('on_error', repr('skip'))} to count and skip bad records."
-                raise ChatError(f"{error} {hint}") from None
-            skipped.append(str(error))
-
-        kept = reader.add([r.value for r in good], lambda k: self._where(good[k]), skip)
-        return good if len(kept) == len(good) else [good[k] for k in kept]
-
     def prepare_chat(self, batch: list[Record]) -> _ChatBatch:
         """A batch of chat records read into turns and laid out by the template: the Python half of a chat batch,
         which :meth:`run` has its reader thread do while the engine encodes the batch before (the engine releases
-        the GIL), a chunk of records at a time as they are read (:class:`_Preparing`). It changes nothing of the
+        the GIL), a chunk of records at a time as they are read (:class:`_Preparing`; this is its whole-batch form,
+        for a batch :meth:`start` is given unprepared). It changes nothing of the
         run: the skipped records' errors go with the batch, counted when the batch is taken, so that a checkpoint
         never counts a batch ahead of its position. The records' parsed JSON is dropped (read into the turns)."""
         return _Preparing(self).batch(batch)
@@ -1388,9 +1379,12 @@ class _PartitionRun:
 
 class _Preparing:
     """A chat batch read into turns as the reader thread reads its records: :meth:`add` is given the batch so far and
-    reads the records not read yet (their parsed JSON dropped once read: see :data:`CHAT_CHUNK`); :meth:`batch`
-    reads the rest, joins the turns and lays them out (:meth:`_PartitionRun.prepare_chat`). A bad record raises
-    (or is skipped) when its records are read, as the batch's would."""
+    reads the records not read yet (their parsed JSON dropped once read: see :data:`CHAT_CHUNK`), as long as every
+    chunk so far was in the common form (:attr:`TurnsReader.gathering`; else the rest waits for the batch's end, to
+    be read in one call); :meth:`batch` reads the rest, joins the turns and lays them out
+    (:meth:`_PartitionRun.prepare_chat`). A batch's bad records are reported as a batch read whole reports them,
+    whatever the chunks: every record that is not JSON (or has no text) first, in order, then every record that is
+    not a conversation, in order; without ``on_error="skip"`` the first of them raises."""
 
     def __init__(self, run: _PartitionRun) -> None:
         if run.chat is None or run.chat_encoder is None:
@@ -1400,19 +1394,31 @@ class _Preparing:
         self.good: list[Record] = []
         self.turns = TurnsReader(run.chat.schema)
         self.skipped: list[str] = []
+        #: The records read that are not conversations: raised (or skipped) at the batch's end, after every record
+        #: of the batch that is not JSON, which a later chunk may hold.
+        self.not_conversations: list[ChatError] = []
 
-    def add(self, batch: list[Record]) -> None:
-        """Read the records of ``batch`` after those read already."""
+    def add(self, batch: list[Record], *, last: bool = False) -> None:
+        """Read the records of ``batch`` after those read already (unless the chunks stopped being gathered and
+        this is not the ``last`` call)."""
+        if not (last or self.turns.gathering):
+            return
         records, self.read = batch[self.read :], len(batch)
         good = self.run._good_records(records, self.skipped)
         if good:
-            self.good += self.run._conversations(good, self.skipped, self.turns)
+            values, where = [r.value for r in good], lambda k: self.run._where(good[k])
+            kept = self.turns.add(values, where, self.not_conversations.append)
+            self.good += good if len(kept) == len(good) else [good[k] for k in kept]
         for record in records:  # read into the turns: the objects of its parsed JSON can go now
             record.value = None
 
     def batch(self, batch: list[Record]) -> _ChatBatch:
-        """The whole ``batch``, read and laid out."""
-        self.add(batch)  # the records after the last chunk
+        """The whole ``batch``, read and laid out; a record that is not a conversation raised, or skipped."""
+        self.add(batch, last=True)  # the records after the last chunk read
+        if self.not_conversations and self.run.plan.on_error != "skip":
+            hint = f"Pass {option('on_error', repr('skip'))} to count and skip bad records."
+            raise ChatError(f"{self.not_conversations[0]} {hint}") from None
+        self.skipped += map(str, self.not_conversations)
         turns = self.turns.turns()
         return _ChatBatch(self.good, turns, self.encoder.layout(turns) if self.good else None, self.skipped)
 
@@ -1765,12 +1771,19 @@ def _first_sample(
     except Exception:  # the run's reader reads the same input and raises its error where it always has
         return None
     texts = [r.texts[0] for r in batch if r.texts is not None]
-    if not texts:
+    if not texts or text > _FIRST_SAMPLE_READ_AHEAD:
         return None
     picked = texts[: Encoder.first_count(texts, Encoder.FIRST_SAMPLE_BYTES)[0]]
     pool = ThreadPoolExecutor(1, thread_name_prefix="tokformats-first-sample")
     cleanup.callback(pool.shutdown, wait=True, cancel_futures=True)
-    return FirstSample(picked, pool.submit(TokenizersEngine(loaded).encode, picked))
+    sample = FirstSample(picked, pool.submit(TokenizersEngine(loaded).encode, picked))
+    pool.shutdown(wait=False)  # its one thread ends with its one job
+    return sample
+
+
+#: The most text the first sample's read-ahead keeps (a first batch's text is at most :data:`MAX_BATCH_TEXT` plus
+#: one document): a huge first document is read by the run alone, rather than held twice.
+_FIRST_SAMPLE_READ_AHEAD = 4 * MAX_BATCH_TEXT
 
 
 def _verify_budget(verify_bytes: Any) -> int | None:

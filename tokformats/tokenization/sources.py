@@ -21,7 +21,7 @@ from typing import IO, Any
 from ..errors import FormatError, NoFilesError
 from ..fs.paths import is_pattern, pattern_matches
 
-__all__ = ["Record", "Input", "resolve_inputs", "iter_records", "SourceError", "TEXT_SUFFIXES", "UNITS"]
+__all__ = ["Record", "Input", "resolve_inputs", "iter_records", "read_by_line", "SourceError", "TEXT_SUFFIXES", "UNITS"]
 
 #: Suffixes tokformats reads text from (before an optional .gz/.zst).
 TEXT_SUFFIXES = (".txt", ".text", ".md", ".rst", ".json", ".jsonl", ".ndjson", ".parquet", ".py")
