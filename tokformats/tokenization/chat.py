@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import chain, compress, repeat
 from typing import Any, NamedTuple
 
@@ -446,7 +446,7 @@ def _gathered_turns(chunks: Sequence[_Gathered]) -> Turns:
     )
 
 
-def _shifted(positions: list[int], start: int) -> Any:
+def _shifted(positions: list[int], start: int) -> Iterable[int]:
     """``positions`` each plus ``start``."""
     return map(start.__add__, positions) if start else positions
 

@@ -1670,13 +1670,13 @@ def tokenize(
         _check_outputs(writer_class, targets, work, overwrite=overwrite, resume=resume)
         writer_options = _checked_writer_options(plan, writer_class, targets, writer_options, tokenizer)
         total_bytes = sum(i.size or 0 for i in resolved) or None
-        # By default on a terminal, and in a notebook (where tqdm draws a widget); not in logs.
-        show = (sys.stderr.isatty() or "ipykernel" in sys.modules) if progress is None else progress
+        show = _shows_progress(progress)
         rate = verification_rate(verify_fraction, _verify_budget(verify_bytes), total_bytes)
-        encoder = None if executor is not None else Encoder(  # a parallel run's workers gate the engine themselves
-            loaded, engine, rate, plan.seed, 0, tokenizer_hash=plan.tokenizer_hash, chat=spec is not None,
-            verify_bytes=None if total_bytes else verify_bytes,
-            first_sample=_first_sample(resolved, plan, loaded, engine, batch_size, resume, naming))  # fmt: skip
+        encoder = None  # a parallel run's workers gate the engine themselves: the parent encodes nothing
+        if executor is None:  # the first sample read ahead (its check started) before the engine is gated:
+            encoder = Encoder(loaded, engine, rate, plan.seed, 0, tokenizer_hash=plan.tokenizer_hash,
+                              chat=spec is not None, verify_bytes=None if total_bytes else verify_bytes,
+                              first_sample=_first_sample(resolved, plan, loaded, engine, batch_size, resume, naming))
         if show:
             doing = f"with {encoder.engine.name}: {encoder.reason}" if encoder else "in the executor's workers"
             print(f"tokformats: encoding {doing}", file=sys.stderr)
@@ -1735,6 +1735,12 @@ def _encoded_parts(
                                          progress=monitor, checkpoint_every=checkpoint_every, chat=chat))  # fmt: skip
     reported[1].append((encoder.engine.name, encoder.reason))
     return [part]
+
+
+def _shows_progress(progress: bool | None) -> bool:
+    """Whether a run draws its progress: as asked, else by default on a terminal and in a notebook (where tqdm
+    draws a widget), not in logs."""
+    return (sys.stderr.isatty() or "ipykernel" in sys.modules) if progress is None else progress
 
 
 def _first_sample(
