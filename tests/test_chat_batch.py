@@ -468,12 +468,14 @@ def test_a_run_reading_chat_records_in_chunks_writes_what_it_writes_read_whole(
 
     def checking(self: Any, batch: list[Any], *, last: bool = False) -> None:
         add(self, batch, last=last)
-        if last:
-            dropped.append(all(r.value is None for r in batch))
+        if last or self.turns.gathering:  # every record read so far: its JSON dropped, the batch's end or not
+            dropped.append((last, all(r.value is None for r in batch[: self.read])))
 
     monkeypatch.setattr(pipeline._Preparing, "add", checking)
     chunked = tokformats.tokenize(source, tokenizer_path, tmp_path / "chunked", "datatrove", **options)
-    assert dropped == [True] * 5  # 92 records: 4 batches of 20 and one of 12, each one's JSON dropped
+    assert all(done for _, done in dropped)
+    assert sum(last for last, _ in dropped) == 5  # 92 records: 4 batches of 20 and one of 12
+    assert chunk != 2 or len(dropped) > 5  # chunks read (and dropped) before their batch's end
     assert chunked["documents"] == whole["documents"] == 83 and chunked["skipped"] == whole["skipped"] == 8
     assert chunked["errors"] == whole["errors"]
     for suffix in ("", ".loss", ".index"):
@@ -542,3 +544,23 @@ def test_a_batch_is_read_whole_from_its_first_chunk_in_another_form_on(
     for suffix in ("", ".loss", ".index"):
         got, want = (Path(s["outputs"]["text"]["path"] + suffix) for s in (chunked, whole))
         assert got.read_bytes() == want.read_bytes(), suffix
+
+
+def test_an_input_that_fails_later_in_a_batch_is_reported_before_the_batchs_bad_records(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path
+) -> None:
+    """The reader's own failure (a ``.json`` that is not an array) after a bad record of the same batch: reported
+    first, as when the batch is read whole, whatever the chunks."""
+    from tokformats.tokenization import pipeline
+    from tokformats.tokenization.sources import SourceError
+
+    good = json.dumps({"messages": [_user("q"), _assistant("a")]})
+    first = _chat_file(tmp_path / "a.jsonl", ["{not json", *[good] * 10])
+    broken = tmp_path / "b.json"
+    broken.write_text('[{"messages": ')
+    for chunk in (2, 10_000):
+        monkeypatch.setattr(pipeline, "CHAT_CHUNK", chunk)
+        with pytest.raises(SourceError, match=r"b\.json") as raised:
+            tokformats.tokenize([first, broken], tokenizer_path, tmp_path / f"out{chunk}", "datatrove",
+                                chat="messages", batch_size=100, progress=False)  # fmt: skip
+        assert "a.jsonl" not in str(raised.value)

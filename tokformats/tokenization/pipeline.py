@@ -1393,10 +1393,11 @@ class _Preparing:
         self.read = 0
         self.good: list[Record] = []
         self.turns = TurnsReader(run.chat.schema)
-        self.skipped: list[str] = []
-        #: The records read that are not conversations: raised (or skipped) at the batch's end, after every record
-        #: of the batch that is not JSON, which a later chunk may hold.
-        self.not_conversations: list[ChatError] = []
+        #: The errors of the records read that are not JSON (or hold no text), then of those that are not
+        #: conversations: raised (the first) or skipped at the batch's end, when a later chunk can add none. Kept as
+        #: text: an error object's traceback would hold the chunk's parsed JSON in a reference cycle.
+        self.not_json: list[str] = []
+        self.not_conversations: list[str] = []
 
     def add(self, batch: list[Record], *, last: bool = False) -> None:
         """Read the records of ``batch`` after those read already (unless the chunks stopped being gathered and
@@ -1404,10 +1405,11 @@ class _Preparing:
         if not (last or self.turns.gathering):
             return
         records, self.read = batch[self.read :], len(batch)
-        good = self.run._good_records(records, self.skipped)
+        good = [r for r in records if r.texts is not None]
+        self.not_json += [r.error for r in records if r.texts is None and r.error is not None]  # blank lines: none
         if good:
             values, where = [r.value for r in good], lambda k: self.run._where(good[k])
-            kept = self.turns.add(values, where, self.not_conversations.append)
+            kept = self.turns.add(values, where, lambda error: self.not_conversations.append(str(error)))
             self.good += good if len(kept) == len(good) else [good[k] for k in kept]
         for record in records:  # read into the turns: the objects of its parsed JSON can go now
             record.value = None
@@ -1415,12 +1417,14 @@ class _Preparing:
     def batch(self, batch: list[Record]) -> _ChatBatch:
         """The whole ``batch``, read and laid out; a record that is not a conversation raised, or skipped."""
         self.add(batch, last=True)  # the records after the last chunk read
-        if self.not_conversations and self.run.plan.on_error != "skip":
+        if self.run.plan.on_error != "skip" and (self.not_json or self.not_conversations):
             hint = f"Pass {option('on_error', repr('skip'))} to count and skip bad records."
-            raise ChatError(f"{self.not_conversations[0]} {hint}") from None
-        self.skipped += map(str, self.not_conversations)
+            if self.not_json:
+                raise SourceError(f"{self.not_json[0]} {hint}")
+            raise ChatError(f"{self.not_conversations[0]} {hint}")
         turns = self.turns.turns()
-        return _ChatBatch(self.good, turns, self.encoder.layout(turns) if self.good else None, self.skipped)
+        skipped = self.not_json + self.not_conversations
+        return _ChatBatch(self.good, turns, self.encoder.layout(turns) if self.good else None, skipped)
 
 
 def _stop_reader(reader: threading.Thread, batches: queue.Queue[Any], stop: threading.Event) -> None:
@@ -1777,9 +1781,10 @@ def _first_sample(
     except Exception:  # the run's reader reads the same input and raises its error where it always has
         return None
     texts = [r.texts[0] for r in batch if r.texts is not None]
-    if not texts or text > _FIRST_SAMPLE_READ_AHEAD:
+    count, held = Encoder.first_count(texts, Encoder.FIRST_SAMPLE_BYTES) if texts else (0, 0)
+    if not count or held > _FIRST_SAMPLE_READ_AHEAD:
         return None
-    picked = texts[: Encoder.first_count(texts, Encoder.FIRST_SAMPLE_BYTES)[0]]
+    picked = texts[:count]
     pool = ThreadPoolExecutor(1, thread_name_prefix="tokformats-first-sample")
     cleanup.callback(pool.shutdown, wait=True, cancel_futures=True)
     sample = FirstSample(picked, pool.submit(TokenizersEngine(loaded).encode, picked))
@@ -1787,8 +1792,8 @@ def _first_sample(
     return sample
 
 
-#: The most text the first sample's read-ahead keeps (a first batch's text is at most :data:`MAX_BATCH_TEXT` plus
-#: one document): a huge first document is read by the run alone, rather than held twice.
+#: The most text the first sample's read-ahead keeps (its documents up to :attr:`Encoder.FIRST_SAMPLE_BYTES`, at
+#: least one): a huge first document is left to the run, rather than held twice.
 _FIRST_SAMPLE_READ_AHEAD = 4 * MAX_BATCH_TEXT
 
 
