@@ -1231,9 +1231,9 @@ class _PartitionRun:
         """A batch of chat records read into turns and laid out by the template: the Python half of a chat batch,
         which :meth:`run` has its reader thread do while the engine encodes the batch before (the engine releases
         the GIL), a chunk of records at a time as they are read (:class:`_Preparing`; this is its whole-batch form,
-        for a batch :meth:`start` is given unprepared). It changes nothing of the
-        run: the skipped records' errors go with the batch, counted when the batch is taken, so that a checkpoint
-        never counts a batch ahead of its position. The records' parsed JSON is dropped (read into the turns)."""
+        for a batch :meth:`start` is given unprepared). It changes nothing of the run: the skipped records' errors
+        go with the batch, counted when the batch is taken, so that a checkpoint never counts a batch ahead of its
+        position. The records' parsed JSON is dropped (read into the turns)."""
         return _Preparing(self).batch(batch)
 
     def _take_chat(self, prepared: _ChatBatch, encoding: _Encoding | None) -> None:
@@ -1677,7 +1677,7 @@ def tokenize(
         show = _shows_progress(progress)
         rate = verification_rate(verify_fraction, _verify_budget(verify_bytes), total_bytes)
         encoder = None  # a parallel run's workers gate the engine themselves: the parent encodes nothing
-        if executor is None:  # the first sample read ahead (its check started) before the engine is gated:
+        if executor is None:  # the first sample is read ahead, its check started, before the engine is gated
             encoder = Encoder(loaded, engine, rate, plan.seed, 0, tokenizer_hash=plan.tokenizer_hash,
                               chat=spec is not None, verify_bytes=None if total_bytes else verify_bytes,
                               first_sample=_first_sample(resolved, plan, loaded, engine, batch_size, resume, naming))
