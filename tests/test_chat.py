@@ -106,6 +106,11 @@ def test_the_three_schemas_and_a_callable_give_messages() -> None:
         ({"text": "x"}, "messages", "no field 'messages'"),
         ({"conversations": [{"from": "robot", "value": "x"}]}, "sharegpt", "'conversations[0].from' is 'robot'"),
         ({"instruction": "x"}, "alpaca", "no field 'output'"),
+        (  # an iterable's record may hold any Python object
+            {"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {1, 2}}}]}]},
+            "messages",
+            "'messages[0].tool_calls[0]' should hold JSON arguments, found Object of type set",
+        ),
     ],
 )
 def test_a_bad_record_names_where_and_the_field(record: dict, schema: str, field: str) -> None:

@@ -152,7 +152,10 @@ def _tool_calls(calls: Any, where: Any, field: str) -> str:
         if isinstance(arguments, str):  # OpenAI sends arguments as a JSON string: kept as the model wrote it
             with contextlib.suppress(ValueError):
                 arguments = json.loads(arguments)
-        lines.append(json.dumps({"name": function["name"], "arguments": arguments}, ensure_ascii=False))
+        try:  # a record from an iterable may hold any Python object
+            lines.append(json.dumps({"name": function["name"], "arguments": arguments}, ensure_ascii=False))
+        except (TypeError, ValueError) as error:
+            raise ChatError(f"{where}: field '{field}[{k}]' should hold JSON arguments, found {error}.") from None
     return "\n".join(lines)
 
 
