@@ -20,15 +20,13 @@ and fastokens' own, the reference's, the rest). Then min/median/max per side.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import spread, two_checkouts_parser
+from common import run_in_checkout, spread, two_checkouts_parser
 
 CHILD = r"""
 import json, os, sys, threading, time
@@ -134,15 +132,8 @@ def main() -> None:
         for round_ in range(args.rounds):
             for side in list(sides) if round_ % 2 == 0 else list(sides)[::-1]:
                 loads.append(os.getloadavg()[0])
-                env = {**os.environ, "PYTHONPATH": str(sides[side])}
                 argv = [str(args.corpus.resolve()), str(args.tokenizer.resolve()), f"{folder}/{side}/c"]
-                out = subprocess.run([sys.executable, "-c", CHILD, *argv], env=env, capture_output=True, text=True,
-                                     check=False, cwd="/", timeout=600)  # fmt: skip
-                if out.returncode:
-                    raise SystemExit(out.stderr)
-                found = json.loads(out.stdout.splitlines()[-1])
-                if not Path(found["file"]).resolve().is_relative_to(sides[side]):
-                    raise SystemExit(f"{side} did not import the checkout {sides[side]}")
+                found = run_in_checkout(CHILD, argv, sides[side])
                 rows, first, last, end = found["rows"], found["first"], found["last"], found["end"]
                 start = float(rows[0][0])
                 parts = {"start-up": stretch(rows, start, first), "encode": stretch(rows, first, last),

@@ -27,15 +27,13 @@ Prints each run, then min/median/max per side; the two sides' ``.bin``/``.idx`` 
 from __future__ import annotations
 
 import filecmp
-import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import spread, two_checkouts_parser
+from common import run_in_checkout, spread, two_checkouts_parser
 
 CHILD = r"""
 import collections, json, os, queue, resource, sys, threading, time
@@ -100,15 +98,8 @@ def main() -> None:
         for round_ in range(args.rounds):
             for side in list(sides) if round_ % 2 == 0 else list(sides)[::-1]:
                 loads.append(os.getloadavg()[0])
-                env = {**os.environ, "PYTHONPATH": str(sides[side])}
                 argv = [str(args.corpus.resolve()), str(args.tokenizer.resolve()), f"{folder}/{side}/c", args.engine]
-                out = subprocess.run([sys.executable, "-c", CHILD, *argv], env=env, capture_output=True, text=True,
-                                     check=False, cwd="/", timeout=600)  # fmt: skip
-                if out.returncode:
-                    raise SystemExit(out.stderr)
-                found = json.loads(out.stdout.splitlines()[-1])
-                if not Path(found.pop("file")).resolve().is_relative_to(sides[side]):
-                    raise SystemExit(f"{side} did not import the checkout {sides[side]}")
+                found = run_in_checkout(CHILD, argv, sides[side])
                 runs[side].append(found)
                 print(f"round {round_} {side}, load {loads[-1]:.1f}: "
                       + ", ".join(f"{k} {found.get(k, 0.0):.2f}" for k in SHOWN), flush=True)  # fmt: skip

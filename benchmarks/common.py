@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -65,6 +68,21 @@ def two_checkouts_parser(description: str | None, rounds: int) -> argparse.Argum
     parser.add_argument("--tokenizer", type=Path, required=True)
     parser.add_argument("--rounds", type=int, default=rounds)
     return parser
+
+
+def run_in_checkout(code: str, argv: list[str], checkout: Path) -> dict[str, Any]:
+    """Run ``python -c code *argv`` in a fresh process that imports tokformats from ``checkout``; its last line
+    of output, a JSON object, with its ``file`` (the tokformats it imported, which must lie in ``checkout``)
+    taken out. A failed child stops the benchmark with its error."""
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    out = subprocess.run([sys.executable, "-c", code, *argv], env=env, capture_output=True, text=True, check=False,
+                         cwd="/", timeout=600)  # fmt: skip
+    if out.returncode:
+        raise SystemExit(out.stderr)
+    found: dict[str, Any] = json.loads(out.stdout.splitlines()[-1])
+    if not Path(found.pop("file")).resolve().is_relative_to(checkout):
+        raise SystemExit(f"the child did not import the checkout {checkout}")
+    return found
 
 
 def peak_rss_mb() -> float:
