@@ -61,6 +61,22 @@ def _recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
     return seen
 
 
+def _damaged_after_flush(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each spool's ids changed by one bit once flushed, as by another writer after the last write, before the
+    pin."""
+    flush = pipeline.Spool.flush
+
+    def flush_then_damage(self: pipeline.Spool) -> None:
+        flush(self)
+        with open(self.tokens_path, "r+b") as handle:
+            handle.seek(2)
+            byte = handle.read(1)
+            handle.seek(2)
+            handle.write(bytes([byte[0] ^ 1]))
+
+    monkeypatch.setattr(pipeline.Spool, "flush", flush_then_damage)
+
+
 def test_the_first_sample_is_encoded_while_the_engine_is_selected_and_only_once(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path
 ) -> None:
@@ -161,17 +177,7 @@ def test_the_last_checkpoint_fsyncs_beside_the_read_back_which_still_refuses_a_c
     tokformats.tokenize(corpus, tokenizer_path, tmp_path / "ok", "megatron", progress=False)
     assert synced_in and all(name.startswith("tokformats-sync") for name in synced_in)
 
-    flush = pipeline.Spool.flush
-
-    def flush_then_damage(self: pipeline.Spool) -> None:  # another writer, after the last write, before the pin
-        flush(self)
-        with open(self.tokens_path, "r+b") as handle:
-            handle.seek(2)
-            byte = handle.read(1)
-            handle.seek(2)
-            handle.write(bytes([byte[0] ^ 1]))
-
-    monkeypatch.setattr(pipeline.Spool, "flush", flush_then_damage)
+    _damaged_after_flush(monkeypatch)
     with pytest.raises(FormatError, match=r"text\.tokens differs from what its checkpoint recorded"):
         tokformats.tokenize(corpus, tokenizer_path, tmp_path / "bad", "megatron", progress=False)
     assert not any(p.name.startswith("bad_text_document") for p in tmp_path.iterdir())
@@ -184,20 +190,10 @@ def test_a_read_back_refused_while_the_fsync_failed_too_says_both(
 ) -> None:
     """The read-back's refusal is raised (nothing committed), with the fsync's own failure noted, not lost."""
     corpus = _corpus(tmp_path, _texts(400))
-    flush = pipeline.Spool.flush
-
-    def flush_then_damage(self: pipeline.Spool) -> None:
-        flush(self)
-        with open(self.tokens_path, "r+b") as handle:
-            handle.seek(2)
-            byte = handle.read(1)
-            handle.seek(2)
-            handle.write(bytes([byte[0] ^ 1]))
-
     def failing(self: pipeline.Spool) -> None:
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(pipeline.Spool, "flush", flush_then_damage)
+    _damaged_after_flush(monkeypatch)
     monkeypatch.setattr(pipeline.Spool, "fsync", failing)
     with pytest.raises(FormatError, match="differs from what its checkpoint recorded") as raised:
         tokformats.tokenize(corpus, tokenizer_path, tmp_path / "bad", "megatron", progress=False)
