@@ -5,9 +5,9 @@ Run: ``python benchmarks/bench_tokenize_timeline.py --before /work/main --after 
 checkout in a fresh process (``PYTHONPATH`` set to it, from ``/``), sides alternated, and times
 ``tokformats.tokenize(corpus, tokenizer, out, "megatron", engine=...)``: its wall seconds, the process's CPU seconds
 (``getrusage(RUSAGE_SELF)``: every thread), and ``time.perf_counter`` stamps around the pipeline's phases (the
-functions are wrapped in the child; they are private and may move):
+functions are wrapped in the child, found where the checkout has them: they are private and may move):
 
-- main thread: the encode phase (``_encode_partition``), inside it the engine, the check against ``tokenizers`` (in
+- main thread: the encode phase (``encode_partition``), inside it the engine, the check against ``tokenizers`` (in
   line before; the comparison, waiting included, after), end-of-document ids, spooling, and the time it waited for
   the reader (``queue.get``); the set-up (tokenizer load, ``Encoder``: the gate) and the publish;
 - the reader thread: the time it was blocked on a full queue (``put``): the parse is the bottleneck only if this is
@@ -36,9 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import run_in_checkout, spread, two_checkouts_parser
 
 CHILD = r"""
-import collections, json, os, queue, resource, sys, threading, time
+import collections, importlib, json, os, queue, resource, sys, threading, time
 import tokformats
-from tokformats.tokenization import engines, pipeline
 spent = collections.defaultdict(float)
 
 def timed(name, function):
@@ -50,27 +49,48 @@ def timed(name, function):
             spent[name] += time.perf_counter() - start
     return wrapper
 
-batches = pipeline._batches
+# The first of the names (module.attribute or module.Class.attribute, under tokformats.tokenization) that this
+# checkout has, as (owner, attribute): the pipeline was one module before it was split into several.
+def place(*names):
+    for name in names:
+        module, *path, attribute = name.split(".")
+        try:
+            owner = importlib.import_module("tokformats.tokenization." + module)
+        except ImportError:
+            continue
+        for part in path:
+            owner = getattr(owner, part, None)
+        if owner is not None and hasattr(owner, attribute):
+            return owner, attribute
+    return None, None
+
+reading, read_name = place("partition_run.read_batches", "pipeline._batches")
+batches = getattr(reading, read_name)
 def reader(records, size, out, stop, counters, *rest):
     out.put = timed("reader blocked on a full queue", out.put)
     batches(records, size, out, stop, counters, *rest)
-pipeline._batches = reader
+setattr(reading, read_name, reader)
 get = queue.Queue.get
 def main_get(self, *args, **kwargs):
     if threading.current_thread() is threading.main_thread():
         return timed("main waiting for the reader", get)(self, *args, **kwargs)
     return get(self, *args, **kwargs)
 queue.Queue.get = main_get
-for owner, name, label in [
-    (pipeline, "_encode_partition", "encode phase"), (pipeline, "_write_outputs", "publish"),
-    (pipeline, "load_tokenizer", "tokenizer load"), (pipeline.Encoder, "__init__", "gate (Encoder)"),
-    (engines.FastokensEngine, "encode", "fastokens"), (engines.TokenizersEngine, "encode", "reference encodes"),
-    (pipeline.Encoder, "_check", "check in line"), (pipeline.Encoder, "_compare", "check compared (waits included)"),
-    (pipeline, "_add_eos", "end-of-document ids"), (pipeline._PartitionRun, "_spool", "spooling"),
-    (pipeline, "_gated_engine", "engine selection (any thread)"),
-    (pipeline, "_first_sample", "first sample read ahead"), (pipeline._PartitionRun, "save", "checkpoints"),
+for names, label in [
+    (("pipeline.encode_partition", "pipeline._encode_partition"), "encode phase"),
+    (("pipeline.write_outputs", "pipeline._write_outputs"), "publish"),
+    (("pipeline.load_tokenizer",), "tokenizer load"), (("pipeline.Encoder.__init__",), "gate (Encoder)"),
+    (("engines.FastokensEngine.encode",), "fastokens"), (("engines.TokenizersEngine.encode",), "reference encodes"),
+    (("pipeline.Encoder._check",), "check in line"),
+    (("pipeline.Encoder._compare",), "check compared (waits included)"),
+    (("partition_run._add_eos", "pipeline._add_eos"), "end-of-document ids"),
+    (("partition_run._PartitionRun._spool", "pipeline._PartitionRun._spool"), "spooling"),
+    (("encoder._gated_engine", "pipeline._gated_engine"), "engine selection (any thread)"),
+    (("pipeline._first_sample",), "first sample read ahead"),
+    (("partition_run._PartitionRun.save", "pipeline._PartitionRun.save"), "checkpoints"),
 ]:
-    if hasattr(owner, name):
+    owner, name = place(*names)
+    if owner is not None:
         setattr(owner, name, timed(label, getattr(owner, name)))
 before = resource.getrusage(resource.RUSAGE_SELF)
 start = time.perf_counter()

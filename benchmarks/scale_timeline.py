@@ -4,13 +4,14 @@ tree (``getrusage``), its fraction of the cores' bound (CPU / cores x wall), and
 second (the process tree's CPU from ``/proc``: where a core is left idle).
 
 Run: ``python benchmarks/scale_timeline.py INPUT.jsonl OUTPUT WORKERS [PARTITIONS]`` (cl100k_base, megatron, a
-spawned process pool). The stamps wrap private functions of ``tokformats.tokenization.pipeline`` (those that exist
-in the checked-out version), so that two versions can be compared side by side; spawned workers import this script
+spawned process pool). The stamps wrap private functions of ``tokformats.tokenization`` where the checked-out
+version calls them, so that two versions can be compared side by side; spawned workers import this script
 as their main module, so they are stamped too.
 """
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import multiprocessing
 import os
@@ -45,12 +46,31 @@ def stamped(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-PHASES = ("load_tokenizer", "_make_plan", "_worker_engine", "_build_worker_engine", "_encode_in_parallel",
-          "_encode_partition", "_write_outputs", "copy_spool", "join_spool", "_output_summary", "_named_plan",
-          "_tokenizer_for_plan", "_discard", "_start_workers")  # fmt: skip
-for phase in PHASES:
-    if hasattr(pipeline, phase):
-        setattr(pipeline, phase, stamped(phase, getattr(pipeline, phase)))
+#: The stamped phases, each where the code calls it (``module.attribute`` under tokformats.tokenization): the first
+#: place this checkout has (the pipeline was one module before it was split into several).
+PHASES = {
+    "load_tokenizer": ("pipeline.load_tokenizer",),
+    "make_plan": ("pipeline.make_plan", "pipeline._make_plan"),
+    "worker_engine": ("parallel._worker_engine", "pipeline._worker_engine"),
+    "encode_in_parallel": ("pipeline.encode_in_parallel", "pipeline._encode_in_parallel"),
+    "encode_partition": ("parallel.encode_partition", "pipeline._encode_partition"),
+    "write_outputs": ("pipeline.write_outputs", "pipeline._write_outputs"),
+    "copy_spool": ("spools.copy_spool", "pipeline.copy_spool"),
+    "join_spool": ("outputs.join_spool", "pipeline.join_spool"),
+    "output_summary": ("outputs._output_summary", "pipeline._output_summary"),
+    "remove_work_folder": ("pipeline.remove_work_folder", "pipeline._discard"),
+    "start_workers": ("pipeline.start_workers", "pipeline._start_workers"),
+}
+for phase, places in PHASES.items():
+    for place in places:
+        module, name = place.split(".")
+        try:
+            owner = importlib.import_module(f"tokformats.tokenization.{module}")
+        except ModuleNotFoundError:  # an older checkout
+            continue
+        if hasattr(owner, name):
+            setattr(owner, name, stamped(phase, getattr(owner, name)))
+            break
 _submit = pipeline.Encoder.submit  # a run starts each batch with submit (encode is submit + result)
 _first = [True]
 

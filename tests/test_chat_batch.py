@@ -413,7 +413,7 @@ def test_skips_read_ahead_are_counted_with_their_batch_across_a_resume(
     """The reader thread reads and lays out chat batches ahead of the encoding, bad records included: their skips
     are counted when their batch is finished, so a run stopped after a checkpoint and resumed counts each once and
     writes what an uninterrupted run writes."""
-    from tokformats.tokenization import pipeline
+    from tokformats.tokenization.partition_run import _PartitionRun
 
     records: list[Any] = [{"messages": [_user(f"q{k}"), _assistant(f"a{k} " * 20)]} for k in range(200)]
     for k in range(7, 200, 10):
@@ -422,7 +422,7 @@ def test_skips_read_ahead_are_counted_with_their_batch_across_a_resume(
     source.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     options: dict[str, Any] = {"chat": "messages", "on_error": "skip", "batch_size": 20, "progress": False}
     whole = tokformats.tokenize(source, tokenizer_path, tmp_path / "whole", "datatrove", **options)
-    finish, finished = pipeline._PartitionRun.finish, []
+    finish, finished = _PartitionRun.finish, []
 
     def stopping(self: Any, started: Any) -> None:
         if len(finished) == 4:
@@ -430,7 +430,7 @@ def test_skips_read_ahead_are_counted_with_their_batch_across_a_resume(
         finish(self, started)
         finished.append(started)
 
-    monkeypatch.setattr(pipeline._PartitionRun, "finish", stopping)
+    monkeypatch.setattr(_PartitionRun, "finish", stopping)
     with pytest.raises(KeyboardInterrupt):
         tokformats.tokenize(source, tokenizer_path, tmp_path / "run", "datatrove", checkpoint_every=0, **options)
     monkeypatch.undo()
@@ -449,7 +449,7 @@ def test_a_run_reading_chat_records_in_chunks_writes_what_it_writes_read_whole(
     """Chunks that cut batches anywhere (``CHAT_CHUNK`` 2 and 7 against batches of 20), bad records skipped in
     them, blank lines: the files, counts and errors of a run that reads each batch whole, and the records' parsed
     JSON is dropped once read."""
-    from tokformats.tokenization import pipeline
+    from tokformats.tokenization.partition_run import _Preparing
 
     records: list[Any] = [r for r in _mixed_records() if type(r) is not OrderedDict and "subclassed" not in str(r)]
     records = [records[k % len(records)] for k in range(90)]
@@ -460,18 +460,18 @@ def test_a_run_reading_chat_records_in_chunks_writes_what_it_writes_read_whole(
     source = tmp_path / "chats.jsonl"
     source.write_text("\n".join(lines) + "\n", encoding="utf-8")
     options: dict[str, Any] = {"chat": "messages", "on_error": "skip", "batch_size": 20, "progress": False}
-    monkeypatch.setattr(pipeline, "CHAT_CHUNK", 10_000)
+    monkeypatch.setattr("tokformats.tokenization.batching.CHAT_CHUNK", 10_000)
     whole = tokformats.tokenize(source, tokenizer_path, tmp_path / "whole", "datatrove", **options)
-    monkeypatch.setattr(pipeline, "CHAT_CHUNK", chunk)
+    monkeypatch.setattr("tokformats.tokenization.batching.CHAT_CHUNK", chunk)
     dropped: list[bool] = []
-    add = pipeline._Preparing.add
+    add = _Preparing.add
 
     def checking(self: Any, batch: list[Any], *, last: bool = False) -> None:
         add(self, batch, last=last)
         if last or self.turns.gathering:  # every record read so far: its JSON dropped, the batch's end or not
             dropped.append((last, all(r.value is None for r in batch[: self.read])))
 
-    monkeypatch.setattr(pipeline._Preparing, "add", checking)
+    monkeypatch.setattr(_Preparing, "add", checking)
     chunked = tokformats.tokenize(source, tokenizer_path, tmp_path / "chunked", "datatrove", **options)
     assert all(done for _, done in dropped)
     assert sum(last for last, _ in dropped) == 5  # 92 records: 4 batches of 20 and one of 12
@@ -495,14 +495,13 @@ def test_a_batchs_bad_records_are_reported_alike_wherever_its_chunks_fall(
     """A record that is not a conversation (line 5) before one that is not JSON (line 40), in one batch: reported
     as a batch read whole reports them (every JSON error first, then the others; the first of them raised), not
     in an order that depends on where the reader's chunks cut the batch."""
-    from tokformats.tokenization import pipeline
     from tokformats.tokenization.sources import SourceError
 
     lines = [json.dumps({"messages": [_user(f"q{k}"), _assistant("a")]}) for k in range(60)]
     lines[4] = json.dumps({"messages": [_user("x"), {"role": "robot", "content": "x"}]})
     lines[39] = "{not json"
     source = _chat_file(tmp_path / "chats.jsonl", lines)
-    monkeypatch.setattr(pipeline, "CHAT_CHUNK", chunk)
+    monkeypatch.setattr("tokformats.tokenization.batching.CHAT_CHUNK", chunk)
     options: dict[str, Any] = {"chat": "messages", "batch_size": 100, "progress": False}
     with pytest.raises(SourceError, match=r"chats\.jsonl, line 40: invalid JSON") as raised:
         tokformats.tokenize(source, tokenizer_path, tmp_path / "raised", "datatrove", **options)
@@ -518,7 +517,7 @@ def test_a_batch_is_read_whole_from_its_first_chunk_in_another_form_on(
     """A tool call in each batch's first chunk: that chunk is read by ``turns_of`` and the rest of the batch in one
     more call at its end, not one call per chunk (each pays NumPy's fixed costs); the files are those of a run
     reading each batch whole."""
-    from tokformats.tokenization import chat, pipeline
+    from tokformats.tokenization import chat
 
     tool = {"messages": [_user("weather?"),
                          {"role": "assistant", "content": None,
@@ -527,7 +526,7 @@ def test_a_batch_is_read_whole_from_its_first_chunk_in_another_form_on(
     lines = [json.dumps(tool if k % 20 == 3 else {"messages": [_user(f"q{k}"), _assistant("a")]}) for k in range(100)]
     source = _chat_file(tmp_path / "chats.jsonl", lines)
     options: dict[str, Any] = {"chat": "messages", "batch_size": 20, "progress": False}
-    monkeypatch.setattr(pipeline, "CHAT_CHUNK", 10_000)
+    monkeypatch.setattr("tokformats.tokenization.batching.CHAT_CHUNK", 10_000)
     whole = tokformats.tokenize(source, tokenizer_path, tmp_path / "whole", "datatrove", **options)
     calls: list[int] = []
     read = chat.turns_of
@@ -537,7 +536,7 @@ def test_a_batch_is_read_whole_from_its_first_chunk_in_another_form_on(
         return read(values, *args)
 
     monkeypatch.setattr(chat, "turns_of", counting)
-    monkeypatch.setattr(pipeline, "CHAT_CHUNK", 4)
+    monkeypatch.setattr("tokformats.tokenization.batching.CHAT_CHUNK", 4)
     chunked = tokformats.tokenize(source, tokenizer_path, tmp_path / "chunked", "datatrove", **options)
     assert calls == [4, 16] * 5
     assert chunked["documents"] == whole["documents"] == 100
@@ -551,7 +550,6 @@ def test_an_input_that_fails_later_in_a_batch_is_reported_before_the_batchs_bad_
 ) -> None:
     """The reader's own failure (a ``.json`` that is not an array) after a bad record of the same batch: reported
     first, as when the batch is read whole, whatever the chunks."""
-    from tokformats.tokenization import pipeline
     from tokformats.tokenization.sources import SourceError
 
     good = json.dumps({"messages": [_user("q"), _assistant("a")]})
@@ -559,7 +557,7 @@ def test_an_input_that_fails_later_in_a_batch_is_reported_before_the_batchs_bad_
     broken = tmp_path / "b.json"
     broken.write_text('[{"messages": ')
     for chunk in (2, 10_000):
-        monkeypatch.setattr(pipeline, "CHAT_CHUNK", chunk)
+        monkeypatch.setattr("tokformats.tokenization.batching.CHAT_CHUNK", chunk)
         with pytest.raises(SourceError, match=r"b\.json") as raised:
             tokformats.tokenize([first, broken], tokenizer_path, tmp_path / f"out{chunk}", "datatrove",
                                 chat="messages", batch_size=100, progress=False)  # fmt: skip

@@ -229,14 +229,14 @@ HELD_AFTER_FIRST_BATCH = """
 import sys, time
 from pathlib import Path
 from tokformats.cli import main
-from tokformats.tokenization import pipeline
-finish, ready = pipeline._PartitionRun.finish, Path(sys.argv[1])
+from tokformats.tokenization.partition_run import _PartitionRun
+finish, ready = _PartitionRun.finish, Path(sys.argv[1])
 def held(self, started):
     finish(self, started)
     ready.touch()
     while True:
         time.sleep(0.05)
-pipeline._PartitionRun.finish = held
+_PartitionRun.finish = held
 sys.exit(main(sys.argv[2:]))
 """
 
@@ -261,7 +261,7 @@ def test_ctrl_c_during_tokenize_says_how_to_resume(tmp_path: Path, tokenizer_pat
 def test_progress_counts_encoded_bytes_and_can_be_forced(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], tokenizer_path: Path
 ) -> None:
-    from tokformats.tokenization.pipeline import Progress, Stats
+    from tokformats.tokenization.progress import Progress, Stats
 
     class Read:
         count = 900  # the reader thread is ahead: 900 of 1,000 bytes read

@@ -300,11 +300,11 @@ def test_resume_finds_writes_after_the_checkpoint_anywhere_in_a_spool(tmp_path: 
 
 
 def test_a_spool_changed_after_its_final_checkpoint_is_never_published(tmp_path: Path, tokenizer_path: Path) -> None:
-    from tokformats.tokenization import pipeline
+    from tokformats.tokenization.partition_run import _PartitionRun
 
     texts = tmp_path / "in.jsonl"
     texts.write_text("".join(json.dumps({"text": f"document {k} " * 30}) + "\n" for k in range(200)))
-    original = pipeline._PartitionRun.save
+    original = _PartitionRun.save
 
     def save_then_tamper(self: Any, done: bool = False) -> None:
         original(self, done)
@@ -312,10 +312,10 @@ def test_a_spool_changed_after_its_final_checkpoint_is_never_published(tmp_path:
             with open(next(iter(self.spools.values())).tokens_path, "r+b") as handle:
                 handle.write(b"\x07\x00")
 
-    pipeline._PartitionRun.save = save_then_tamper  # type: ignore[method-assign]
+    _PartitionRun.save = save_then_tamper  # type: ignore[method-assign]
     try:
         with pytest.raises(FormatError, match="differs from what its checkpoint recorded"):
             tokformats.tokenize(texts, tokenizer_path, tmp_path / "o", progress=False)
     finally:
-        pipeline._PartitionRun.save = original  # type: ignore[method-assign]
+        _PartitionRun.save = original  # type: ignore[method-assign]
     assert not list(tmp_path.glob("o_*")), "nothing was published"

@@ -12,7 +12,8 @@ import pytest
 
 import tokformats
 from tokformats.api import corpus_writers
-from tokformats.tokenization import pipeline
+from tokformats.tokenization import engines
+from tokformats.tokenization.encoder import Encoder
 from tokformats.tokenization.engines import (
     Engine,
     EngineError,
@@ -22,6 +23,7 @@ from tokformats.tokenization.engines import (
     first_difference,
     select_engine,
 )
+from tokformats.tokenization.parallel import _WORKER_ENGINES
 from tokformats.tokenization.sample_text import sample_texts
 
 
@@ -68,7 +70,7 @@ def _lying(monkeypatch: pytest.MonkeyPatch, marker: str) -> None:
             return TokenizersEngine(tokenizer), "asked for"
         return Lying(tokenizer, marker), "a test engine"
 
-    monkeypatch.setattr(pipeline, "select_engine", choose)
+    monkeypatch.setattr(engines, "select_engine", choose)
 
 
 def test_tokenizers_engine_is_the_reference(tokenizer_path: Path) -> None:
@@ -115,7 +117,7 @@ def test_a_chat_run_asks_auto_for_the_engine_of_chat_text(monkeypatch: pytest.Mo
         asked.append(gate)
         return TokenizersEngine(tokenizer), "a test choice"
 
-    monkeypatch.setattr(pipeline, "select_engine", choose)
+    monkeypatch.setattr(engines, "select_engine", choose)
     chats = tmp_path / "chats.jsonl"
     turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
     chats.write_text(json.dumps({"messages": turns}) + "\n")
@@ -201,7 +203,7 @@ def test_gate_runs_once_per_tokenizer_per_process(
         calls.append((engine, gate))
         return Lying(tokenizer, "\x00never"), "a test engine"
 
-    monkeypatch.setattr(pipeline, "select_engine", choose)
+    monkeypatch.setattr(engines, "select_engine", choose)
     corpus = _corpus(tmp_path, 50)
     for name in ("first", "second"):
         summary = tokformats.tokenize(corpus, tokenizer_path, tmp_path / name, "raw", progress=False)
@@ -345,7 +347,7 @@ def _checked(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     texts the check re-encodes."""
     _lying(monkeypatch, "\x00never")
     _Counting.seen = []
-    monkeypatch.setattr(pipeline, "TokenizersEngine", _Counting)
+    monkeypatch.setattr("tokformats.tokenization.encoder.TokenizersEngine", _Counting)
     return _Counting.seen
 
 
@@ -354,13 +356,13 @@ def test_the_check_after_the_first_mib_is_sized_by_verify_bytes_and_spread_over_
 ) -> None:
     corpus, texts = _late_corpus(tmp_path)
     size = corpus.stat().st_size
-    assert size > 3 * pipeline.Encoder.FIRST_SAMPLE_BYTES
+    assert size > 3 * Encoder.FIRST_SAMPLE_BYTES
     seen = _checked(monkeypatch)
     # Each document with probability 1 at most: lowered to about 128 KiB of the ~3.4 MB.
     tokformats.tokenize(corpus, tokenizer_path, tmp_path / "budget", "raw", progress=False, batch_size=100,
                         verify_fraction=1.0, verify_bytes=128 << 10)  # fmt: skip
     numbers = [int(t.split(":", 1)[0][4:]) for t in seen]
-    first = [n for n in numbers if sum(len(t) for t in texts[:n]) < pipeline.Encoder.FIRST_SAMPLE_BYTES]
+    first = [n for n in numbers if sum(len(t) for t in texts[:n]) < Encoder.FIRST_SAMPLE_BYTES]
     drawn = [n for n in numbers if n not in first]
     assert first == list(range(len(first))) and len(first) > 100  # the first MiB, in order
     drawn_text = sum(len(texts[n]) for n in drawn)
@@ -409,7 +411,7 @@ def test_a_wrong_engine_late_in_the_input_is_still_caught_by_the_budgeted_draw(
                     flat[ends[k] - 1] += 1
             return flat, lengths
 
-    monkeypatch.setattr(pipeline, "select_engine", lambda tokenizer, engine="auto", **gate: (LateLying(tokenizer),
+    monkeypatch.setattr(engines, "select_engine", lambda tokenizer, engine="auto", **gate: (LateLying(tokenizer),
                                                                                               "a test engine"))
     with pytest.raises(EngineMismatchError, match=r"late-lying gave other ids than tokenizers for .*late\.jsonl"):
         tokformats.tokenize(corpus, tokenizer_path, tmp_path / "wrong", "raw", progress=False, batch_size=100,
@@ -439,10 +441,10 @@ def test_a_difference_in_any_partitions_first_batch_stops_a_parallel_run(
     else:
         lie = next(k for k in range(2500, 3000) if texts[k] and all(texts[k][:15] not in t for t in texts[:2500]))
     _lying(monkeypatch, texts[lie][:15])
-    pipeline._WORKER_ENGINES.clear()
+    _WORKER_ENGINES.clear()
     with ThreadPoolExecutor(2) as pool, pytest.raises(EngineMismatchError, match=rf"record {lie + 1} "):
         tokformats.tokenize(corpus, tokenizer_path, tmp_path / "run", "megatron", progress=False, batch_size=1000,
                             verify_fraction=0.0 if where == "first" else 1.0, verify_bytes=None, executor=pool,
                             partitions=8)  # fmt: skip
-    pipeline._WORKER_ENGINES.clear()
+    _WORKER_ENGINES.clear()
     assert not list(tmp_path.glob("run*.bin"))

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import tokformats
-from tokformats.tokenization import engines, gate_cache, pipeline
+from tokformats.tokenization import engines, gate_cache
+from tokformats.tokenization.encoder import _GATED
 from tokformats.tokenization.engines import Engine, TokenizersEngine, select_engine
 from tokformats.tokenization.sample_text import sample_texts
 
@@ -177,13 +178,13 @@ def test_a_forged_entry_only_names_the_engine_that_is_gated_here(
     monkeypatch.setattr(engines, "_built", lambda json_text, name, reference: (_Forged(tokenizer, wrong), ""))
     engine, reason = select_engine(tokenizer, "auto", chat=False, tokenizer_hash=digest)
     assert reason.startswith("forged") and "gated again" in reason
-    pipeline._GATED.clear()
+    _GATED.clear()
     summary = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "run", "megatron", progress=False)
     assert summary["engine"] == "tokenizers"
     assert "on the first batch: tokenizers runs instead" in summary["engine_reason"]
     for a, b in zip(summary["outputs"]["text"]["files"], reference["outputs"]["text"]["files"]):
         assert Path(a).read_bytes() == Path(b).read_bytes()
-    pipeline._GATED.clear()
+    _GATED.clear()
 
 
 def test_off_keeps_nothing_on_disk(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path) -> None:

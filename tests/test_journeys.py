@@ -609,12 +609,12 @@ def test_progress_counts_text_and_batches_long_documents_apart(tokenizer_path: P
     import queue
     import threading
 
-    from tokformats.tokenization.pipeline import MAX_BATCH_TEXT, _batches
+    from tokformats.tokenization.batching import MAX_BATCH_TEXT, read_batches
     from tokformats.tokenization.sources import Record
 
     long = "x" * (MAX_BATCH_TEXT // 2)
     out: queue.Queue = queue.Queue()
-    _batches(iter([Record(0, k, (long,)) for k in range(5)]), 1000, out, threading.Event(), [])
+    read_batches(iter([Record(0, k, (long,)) for k in range(5)]), 1000, out, threading.Event(), [])
     sizes = []
     while (item := out.get()) is not None:
         sizes.append(len(item[0]))

@@ -16,6 +16,7 @@ import pytest
 import tokformats
 from tokformats.errors import ConfigError
 from tokformats.tokenization import pipeline
+from tokformats.tokenization.parallel import _worker_ready
 from tokformats.tokenization.sample_text import sample_texts
 
 
@@ -29,7 +30,7 @@ class _Recording(ThreadPoolExecutor):
 
     def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
         self.events.append(fn.__name__)
-        if fn is pipeline._worker_ready:
+        if fn is _worker_ready:
             self.warm_ups.append(args)
         return super().submit(fn, *args, **kwargs)
 
@@ -53,7 +54,7 @@ def test_the_workers_are_started_before_the_tokenizer_is_loaded_and_the_output_i
         events.append("load_tokenizer")
         return load(tokenizer)
 
-    monkeypatch.setattr(pipeline, "load_tokenizer", recorded)
+    monkeypatch.setattr("tokformats.tokenization.pipeline.load_tokenizer", recorded)
     monkeypatch.setattr(os, "cpu_count", lambda: 3)
     source = _source(tmp_path / "a.jsonl", 1200)
     single = tokformats.tokenize(source, tokenizer_path, tmp_path / "one", "megatron", progress=False)

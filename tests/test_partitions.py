@@ -182,7 +182,7 @@ def test_command_line_workers_and_partitions(tmp_path: Path, tokenizer_path: Pat
 def test_a_worker_refuses_a_tokenizer_file_that_is_not_the_runs(tmp_path: Path, tokenizer_path: Path) -> None:
     import hashlib
 
-    from tokformats.tokenization import pipeline
+    from tokformats.tokenization.parallel import _worker_engine
 
     text = tokenizer_path.read_text(encoding="utf-8")
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
@@ -190,11 +190,11 @@ def test_a_worker_refuses_a_tokenizer_file_that_is_not_the_runs(tmp_path: Path, 
     copy.write_text(text.replace('"<|endoftext|>"', '"<|endoftexT|>"', 1), encoding="utf-8")  # a damaged copy
     with pytest.raises(tokformats.FormatError, match=rf"tokenizer\.json has SHA-256 [0-9a-f]{{64}}, but the run's "
                        rf"tokenizer has {digest}"):  # fmt: skip
-        pipeline._worker_engine(str(copy), digest, "tokenizers")
+        _worker_engine(str(copy), digest, "tokenizers")
     copy.write_text(text, encoding="utf-8")
-    tokenizer, (engine, reason) = pipeline._worker_engine(str(copy), digest, "tokenizers")
+    tokenizer, (engine, reason) = _worker_engine(str(copy), digest, "tokenizers")
     assert engine.name == "tokenizers" and reason == "asked for"
-    assert pipeline._worker_engine(str(tmp_path / "gone.json"), digest, "tokenizers")[0] is tokenizer  # built once
+    assert _worker_engine(str(tmp_path / "gone.json"), digest, "tokenizers")[0] is tokenizer  # built once
 
 
 def test_a_join_that_fails_cancels_the_partitions_not_started(
@@ -202,10 +202,10 @@ def test_a_join_that_fails_cancels_the_partitions_not_started(
 ) -> None:
     """The outputs join partition 0 while the others encode: when that join fails, the run stops waiting, the
     partitions not yet started never run, and no output appears."""
-    from tokformats.tokenization import pipeline
+    from tokformats.tokenization import parallel
 
     started: list[int] = []
-    job = pipeline._partition_job
+    job = parallel._partition_job
 
     def counted(args: tuple[Any, ...]) -> dict[str, Any]:
         started.append(args[4])  # the partition's ordinal
@@ -214,8 +214,8 @@ def test_a_join_that_fails_cancels_the_partitions_not_started(
     def failing(*args: Any, **kwargs: Any) -> None:
         raise OSError("the disk is full (a test)")
 
-    monkeypatch.setattr(pipeline, "_partition_job", counted)
-    monkeypatch.setattr(pipeline, "join_spool", failing)
+    monkeypatch.setattr("tokformats.tokenization.parallel._partition_job", counted)
+    monkeypatch.setattr("tokformats.tokenization.outputs.join_spool", failing)
     with ThreadPoolExecutor(1) as pool, pytest.raises(OSError, match="the disk is full"):
         _run(_big_jsonl(tmp_path / "big.jsonl"), tokenizer_path, tmp_path / "o", pool, partitions=16)
     assert started[0] == 0 and len(started) <= 3  # the first, and at most the ones running when it failed

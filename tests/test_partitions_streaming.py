@@ -13,8 +13,11 @@ import pytest
 
 import tokformats
 from tokformats.errors import FormatError
+from tokformats.tokenization import engines
 from tokformats.tokenization import partitions as partitions_module
-from tokformats.tokenization import pipeline
+from tokformats.tokenization.encoder import _GATED
+from tokformats.tokenization.engines import select_engine
+from tokformats.tokenization.parallel import _WORKER_ENGINES
 from tokformats.tokenization.partitions import count_lines, iter_partitions, partition_inputs
 from tokformats.tokenization.sample_text import sample_texts
 from tokformats.tokenization.sources import SourceError, iter_records, resolve_inputs
@@ -132,20 +135,20 @@ def test_the_workers_gate_the_engine_once_each_and_the_parent_not_at_all(
     tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     asked: list[str] = []
-    select = pipeline.select_engine
+    select = select_engine
 
     def counted(tokenizer: Any, engine: str = "auto", **gate: Any) -> Any:
         asked.append(engine)
         return select(tokenizer, engine, **gate)
 
-    monkeypatch.setattr(pipeline, "select_engine", counted)
-    pipeline._WORKER_ENGINES.clear()
-    pipeline._GATED.clear()
+    monkeypatch.setattr(engines, "select_engine", counted)
+    _WORKER_ENGINES.clear()
+    _GATED.clear()
     source = tmp_path / "a.jsonl"
     source.write_text("".join(json.dumps({"text": t}) + "\n" for t in sample_texts(1500)), encoding="utf-8")
     with ThreadPoolExecutor(2) as pool:  # one process: its workers share one gated engine
         summary = _run(source, tokenizer_path, tmp_path / "o", pool, partitions=6, engine="tokenizers")
-    assert asked == ["tokenizers"] and not pipeline._GATED  # no gate in the parent, no second cache
+    assert asked == ["tokenizers"] and not _GATED  # no gate in the parent, no second cache
     assert (summary["engine"], summary["engine_reason"]) == ("tokenizers", "asked for")
     assert summary["documents"] == 1500
 

@@ -16,8 +16,10 @@ import pytest
 import tokformats
 from tokformats.errors import FormatError
 from tokformats.fs.pins import pin_file, pinned
-from tokformats.tokenization import pipeline
+from tokformats.tokenization import outputs, spools
+from tokformats.tokenization.partition_run import _PartitionRun
 from tokformats.tokenization.sample_text import sample_texts
+from tokformats.tokenization.spools import Spool
 
 
 def _corpus(path: Path, count: int = 3000) -> Path:
@@ -34,15 +36,17 @@ def _files(summary: dict[str, Any]) -> dict[str, bytes]:
 
 
 def _recorded(monkeypatch: pytest.MonkeyPatch, name: str) -> list[str]:
-    """The spools (by file name) that ``pipeline.NAME`` is called for from now on."""
+    """The spools (by file name) that ``NAME`` is called for from now on, where the run calls it: ``join_spool``
+    from the outputs' writing, ``copy_spool`` from the spools' joining."""
     seen: list[str] = []
-    original = getattr(pipeline, name)
+    module = outputs if name == "join_spool" else spools
+    original = getattr(module, name)
 
     def recording(writer: Any, folder: Path, stream: str, dtype: np.dtype, *rest: Any) -> Any:
         seen.append(f"{folder.name}/{stream}")
         return original(writer, folder, stream, dtype, *rest)
 
-    monkeypatch.setattr(pipeline, name, recording)
+    monkeypatch.setattr(module, name, recording)
     return seen
 
 
@@ -92,7 +96,7 @@ def test_a_spool_written_after_its_pin_is_read_back_and_never_published(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path
 ) -> None:
     corpus = _corpus(tmp_path / "in.jsonl")
-    original = pipeline._PartitionRun.save
+    original = _PartitionRun.save
 
     def save_then_tamper(self: Any, done: bool = False) -> None:
         original(self, done)
@@ -100,7 +104,7 @@ def test_a_spool_written_after_its_pin_is_read_back_and_never_published(
             with open(next(iter(self.spools.values())).tokens_path, "r+b") as handle:
                 handle.write(b"\x07\x00")
 
-    monkeypatch.setattr(pipeline._PartitionRun, "save", save_then_tamper)
+    monkeypatch.setattr(_PartitionRun, "save", save_then_tamper)
     fed = _recorded(monkeypatch, "copy_spool")
     with ThreadPoolExecutor(2) as pool, pytest.raises(FormatError, match="differs from what its checkpoint recorded"):
         _run(corpus, tokenizer_path, tmp_path / "o", pool, partitions=4)
@@ -137,7 +141,7 @@ def test_a_resumed_done_partition_is_pinned_anew_and_joined_by_the_kernel(
         raise OSError("the disk is full (a test)")
 
     with monkeypatch.context() as patched, ThreadPoolExecutor(1) as pool:
-        patched.setattr(pipeline, "join_spool", failing)
+        patched.setattr("tokformats.tokenization.outputs.join_spool", failing)
         with pytest.raises(OSError, match="the disk is full"):
             _run(corpus, tokenizer_path, tmp_path / "o", pool, partitions=3)
     done = tmp_path / "o.tokenize" / "part-0000"
@@ -154,7 +158,7 @@ def test_a_resumed_done_partition_is_pinned_anew_and_joined_by_the_kernel(
 def test_a_spool_written_to_by_another_before_its_pin_is_refused(tmp_path: Path) -> None:
     """The worker reads its spool back before pinning it: bytes changed in place while it was being written (by
     anything but the spool) are found there, not pinned and copied unread."""
-    spool = pipeline.Spool(tmp_path, "text", np.dtype(np.uint16))
+    spool = Spool(tmp_path, "text", np.dtype(np.uint16))
     spool.append(np.arange(100, dtype=np.uint16), np.array([60, 40]))
     spool.sync()
     with open(spool.tokens_path, "r+b") as other:
@@ -163,7 +167,7 @@ def test_a_spool_written_to_by_another_before_its_pin_is_refused(tmp_path: Path)
         spool.pin()
     spool.close()
     (tmp_path / "ok").mkdir()
-    fine = pipeline.Spool(tmp_path / "ok", "text", np.dtype(np.uint16))
+    fine = Spool(tmp_path / "ok", "text", np.dtype(np.uint16))
     fine.append(np.arange(100, dtype=np.uint16), np.array([60, 40]))
     fine.sync()
     pin = fine.pin()

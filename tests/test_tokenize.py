@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 import tokformats
 from tokformats import FormatError, OutputExistsError
 from tokformats.formats import megatron
-from tokformats.tokenization.pipeline import assign_splits, output_paths, split_fractions
+from tokformats.tokenization.plan import assign_splits, output_paths, split_fractions
 from tokformats.tokenization.sample_text import sample_texts
 from tokformats.tokenization.sources import SourceError
 

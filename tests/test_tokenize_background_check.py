@@ -13,8 +13,11 @@ import numpy as np
 import pytest
 
 import tokformats
-from tokformats.tokenization import pipeline
+from tokformats.errors import ConfigError
+from tokformats.tokenization import engines
+from tokformats.tokenization.encoder import Encoder
 from tokformats.tokenization.engines import Engine, EngineMismatchError, TokenizersEngine
+from tokformats.tokenization.partition_run import _PartitionRun
 from tokformats.tokenization.sample_text import sample_texts
 
 
@@ -64,7 +67,7 @@ def _checked_numbers(tokenizer_path: Path, texts: list[str], verifier: ThreadPoo
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(tokenizer_path))
-    encoder = pipeline.Encoder(tokenizer, "fastokens", 0.05, seed=7, partition=0,
+    encoder = Encoder(tokenizer, "fastokens", 0.05, seed=7, partition=0,
                                chosen=(_Wrong(tokenizer, set()), "a test engine"), verify_bytes=96 << 10)  # fmt: skip
     recording = _Recording(tokenizer)
     encoder.reference = recording
@@ -85,7 +88,7 @@ def test_the_background_check_verifies_the_same_documents_as_the_check_in_line(t
     with ThreadPoolExecutor(1, thread_name_prefix="tokformats-verify") as verifier:
         background = _checked_numbers(tokenizer_path, texts, verifier)
     assert background == in_line
-    first = [n for n in in_line if sum(map(len, texts[:n])) < pipeline.Encoder.FIRST_SAMPLE_BYTES]
+    first = [n for n in in_line if sum(map(len, texts[:n])) < Encoder.FIRST_SAMPLE_BYTES]
     assert first == list(range(len(first))) and len(first) > 500  # the first MiB, in order
     drawn = in_line[len(first) :]
     assert len(drawn) > 20 and max(drawn) > 1700  # then the draws, spread to the end of the input
@@ -103,7 +106,7 @@ def _choose_wrong(monkeypatch: pytest.MonkeyPatch, wrong: set[int]) -> None:
             return TokenizersEngine(tokenizer), "asked for"
         return _Wrong(tokenizer, wrong), "a test engine"
 
-    monkeypatch.setattr(pipeline, "select_engine", choose)
+    monkeypatch.setattr(engines, "select_engine", choose)
 
 
 @pytest.mark.parametrize("checkpoint_every", [0.0, 3600.0])
@@ -170,11 +173,11 @@ def test_a_run_whose_checks_pass_is_identical_to_the_reference_and_leaves_no_ver
     assert not [t.name for t in threading.enumerate() if t.name.startswith("tokformats-verify")]
 
 
-def _explicit_encoder(tokenizer_path: Path, wrong: set[int]) -> pipeline.Encoder:
+def _explicit_encoder(tokenizer_path: Path, wrong: set[int]) -> Encoder:
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(tokenizer_path))
-    return pipeline.Encoder(tokenizer, "fastokens", 1.0, seed=0, partition=0,
+    return Encoder(tokenizer, "fastokens", 1.0, seed=0, partition=0,
                             chosen=(_Wrong(tokenizer, wrong), "a test engine"), verify_bytes=None)  # fmt: skip
 
 
@@ -185,7 +188,7 @@ def test_outstanding_checks_are_bounded_by_their_text_and_all_compared_by_settle
     batches = [texts[k : k + 100] for k in range(0, 400, 100)]
     with ThreadPoolExecutor(1, thread_name_prefix="tokformats-verify") as verifier:
         # No outstanding text allowed: the encoder waits for each batch's check, so the wrong batch raises at once.
-        monkeypatch.setattr(pipeline.Encoder, "PENDING_TEXT", 0)
+        monkeypatch.setattr(Encoder, "PENDING_TEXT", 0)
         encoder = _explicit_encoder(tokenizer_path, {250})
         encoder.verifier = verifier
         for batch in batches[:2]:
@@ -217,12 +220,12 @@ def test_an_engine_the_gate_refuses_is_raised_before_any_work_is_left(
     empty.write_text("")
 
     def refusing(tokenizer: Any, engine: str = "auto", **gate: Any) -> tuple[Engine, str]:
-        raise pipeline.ConfigError("engine 'fastokens' refuses this tokenizer: a test")
+        raise ConfigError("engine 'fastokens' refuses this tokenizer: a test")
 
     for source, name in ((corpus, "out-refused"), (empty, "out-empty")):
         with monkeypatch.context() as patched:
-            patched.setattr(pipeline, "select_engine", refusing)
-            with pytest.raises(pipeline.ConfigError, match="refuses this tokenizer: a test"):
+            patched.setattr(engines, "select_engine", refusing)
+            with pytest.raises(ConfigError, match="refuses this tokenizer: a test"):
                 tokformats.tokenize(source, tokenizer_path, tmp_path / name, "megatron", engine="fastokens",
                                     progress=False)  # fmt: skip
         assert sorted(p.name for p in tmp_path.glob(f"{name}*")) == []
@@ -269,7 +272,7 @@ def test_the_first_sample_is_encoded_once_when_tokenizers_encodes_the_batch(
             return TokenizersEngine(tokenizer), "no fast engine (a test)"
         return _FirstWrong(tokenizer), "a test engine"  # differs in the first sample: auto falls back
 
-    monkeypatch.setattr(pipeline, "select_engine", choose)
+    monkeypatch.setattr(engines, "select_engine", choose)
     monkeypatch.setattr(TokenizersEngine, "encode", encode)
     summary = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "run", "megatron", progress=False)
     assert summary["engine"] == "tokenizers"
@@ -289,7 +292,7 @@ def test_the_engine_encodes_each_batch_while_the_one_before_is_finished(
     _choose_wrong(monkeypatch, set())
     events: list[str] = []
     threads: set[str] = set()
-    start, finish, encode = pipeline._PartitionRun.start, pipeline._PartitionRun.finish, _Wrong.encode
+    start, finish, encode = _PartitionRun.start, _PartitionRun.finish, _Wrong.encode
 
     def started(self: Any, batch: Any, prepared: Any = None) -> Any:
         events.append(f"start {batch[0].index // 100}")
@@ -303,8 +306,8 @@ def test_the_engine_encodes_each_batch_while_the_one_before_is_finished(
         threads.add(threading.current_thread().name)
         return encode(self, batch, split_special)
 
-    monkeypatch.setattr(pipeline._PartitionRun, "start", started)
-    monkeypatch.setattr(pipeline._PartitionRun, "finish", finished)
+    monkeypatch.setattr(_PartitionRun, "start", started)
+    monkeypatch.setattr(_PartitionRun, "finish", finished)
     monkeypatch.setattr(_Wrong, "encode", encoded)
     summary = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "out", "megatron", progress=False, batch_size=100)
     assert events == ["start 0", "start 1", "finish 0", "start 2", "finish 1", "start 3", "finish 2", "start 4",
@@ -359,7 +362,7 @@ def test_a_batch_fails_before_a_bad_record_the_reader_found_after_it(
     lines[250] = "{not json"
     corpus = tmp_path / "in.jsonl"
     corpus.write_text("".join(line + "\n" for line in lines))
-    monkeypatch.setattr(pipeline, "select_engine", lambda tokenizer, engine="auto", **gate: (
+    monkeypatch.setattr(engines, "select_engine", lambda tokenizer, engine="auto", **gate: (
         _Crashing(tokenizer, set()), "a test engine"))  # fmt: skip
     with pytest.raises(RuntimeError, match="crashed on doc 150"):
         tokformats.tokenize(corpus, tokenizer_path, tmp_path / "out", "datatrove", chat=chat, batch_size=100,

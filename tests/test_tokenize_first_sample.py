@@ -16,9 +16,11 @@ import pytest
 
 import tokformats
 from tokformats.errors import FormatError
-from tokformats.tokenization import pipeline
+from tokformats.tokenization import engines
+from tokformats.tokenization.encoder import Encoder, FirstSample
 from tokformats.tokenization.engines import Engine, EngineMismatchError, TokenizersEngine
 from tokformats.tokenization.sample_text import sample_texts
+from tokformats.tokenization.spools import Spool
 
 
 def _texts(count: int) -> list[str]:
@@ -64,9 +66,9 @@ def _recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
 def _damaged_after_flush(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each spool's ids changed by one bit once flushed, as by another writer after the last write, before the
     pin."""
-    flush = pipeline.Spool.flush
+    flush = Spool.flush
 
-    def flush_then_damage(self: pipeline.Spool) -> None:
+    def flush_then_damage(self: Spool) -> None:
         flush(self)
         with open(self.tokens_path, "r+b") as handle:
             handle.seek(2)
@@ -74,7 +76,7 @@ def _damaged_after_flush(monkeypatch: pytest.MonkeyPatch) -> None:
             handle.seek(2)
             handle.write(bytes([byte[0] ^ 1]))
 
-    monkeypatch.setattr(pipeline.Spool, "flush", flush_then_damage)
+    monkeypatch.setattr(Spool, "flush", flush_then_damage)
 
 
 def test_the_first_sample_is_encoded_while_the_engine_is_selected_and_only_once(
@@ -96,13 +98,13 @@ def test_the_first_sample_is_encoded_while_the_engine_is_selected_and_only_once(
             threading.Event().wait(0.01)
         return _Copy(tokenizer), "a test engine"
 
-    monkeypatch.setattr(pipeline, "select_engine", choose)
+    monkeypatch.setattr(engines, "select_engine", choose)
     summary = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "run", "megatron", progress=False)
     assert overlapped == [True]
     assert summary["engine"] == "copy"
     first = [n for n, name in seen if name.startswith("tokformats-first-sample")]
     # The first sample: the documents within the first MiB of text.
-    count = int(np.searchsorted(np.cumsum([len(t) for t in texts]), pipeline.Encoder.FIRST_SAMPLE_BYTES, "right"))
+    count = int(np.searchsorted(np.cumsum([len(t) for t in texts]), Encoder.FIRST_SAMPLE_BYTES, "right"))
     assert 700 < count < 1000
     assert first == list(range(count))
     numbers = [n for n, _ in seen]
@@ -136,7 +138,7 @@ def test_inputs_whose_first_records_are_not_cheap_or_safe_to_reach_are_not_read_
         options["unit"] = "file"
     listed = tokformats.tokenize(texts, tokenizer_path, tmp_path / "list", "megatron", progress=False)
     seen = _recorded(monkeypatch)
-    monkeypatch.setattr(pipeline, "select_engine", lambda tokenizer, engine="auto", **gate: (_Copy(tokenizer), "test"))
+    monkeypatch.setattr(engines, "select_engine", lambda tokenizer, engine="auto", **gate: (_Copy(tokenizer), "test"))
     summary = tokformats.tokenize(inputs, tokenizer_path, tmp_path / "run", "megatron", progress=False, **options)
     assert summary["documents"] == listed["documents"] == 300
     assert (tmp_path / "run_text_document.bin").read_bytes() == (tmp_path / "list_text_document.bin").read_bytes()
@@ -151,13 +153,13 @@ def test_a_first_sample_read_ahead_that_is_not_the_runs_is_not_used(tokenizer_pa
     guessed: Future[tuple[np.ndarray, np.ndarray]] = Future()
     guessed.set_result((np.zeros(3, np.uint32), np.array([3], np.int64)))  # ids no text of these has
     for ahead in ([texts[1]], [*texts[:5], "another"]):
-        encoder = pipeline.Encoder(tokenizer, "fastokens", 0.0, 0, 0, chosen=(_Copy(tokenizer), "a test"),
-                                   first_sample=pipeline.FirstSample(ahead, guessed))  # fmt: skip
+        encoder = Encoder(tokenizer, "fastokens", 0.0, 0, 0, chosen=(_Copy(tokenizer), "a test"),
+                                   first_sample=FirstSample(ahead, guessed))  # fmt: skip
         flat, _ = encoder.encode(texts, np.dtype(np.uint32), lambda k: f"doc {k}")
         assert flat.tolist() == TokenizersEngine(tokenizer).encode(texts)[0].tolist()
     # The same texts are taken: their (here wrong) ids are what the check compares.
-    encoder = pipeline.Encoder(tokenizer, "fastokens", 0.0, 0, 0, chosen=(_Copy(tokenizer), "a test"),
-                               first_sample=pipeline.FirstSample(texts, guessed))  # fmt: skip
+    encoder = Encoder(tokenizer, "fastokens", 0.0, 0, 0, chosen=(_Copy(tokenizer), "a test"),
+                               first_sample=FirstSample(texts, guessed))  # fmt: skip
     with pytest.raises(EngineMismatchError, match="copy gave other ids than tokenizers for doc 0"):
         encoder.encode(texts, np.dtype(np.uint32), lambda k: f"doc {k}")
 
@@ -167,13 +169,13 @@ def test_the_last_checkpoint_fsyncs_beside_the_read_back_which_still_refuses_a_c
 ) -> None:
     corpus = _corpus(tmp_path, _texts(400))
     synced_in: list[str] = []
-    fsync = pipeline.Spool.fsync
+    fsync = Spool.fsync
 
-    def recording(self: pipeline.Spool) -> None:
+    def recording(self: Spool) -> None:
         synced_in.append(threading.current_thread().name)
         fsync(self)
 
-    monkeypatch.setattr(pipeline.Spool, "fsync", recording)
+    monkeypatch.setattr(Spool, "fsync", recording)
     tokformats.tokenize(corpus, tokenizer_path, tmp_path / "ok", "megatron", progress=False)
     assert synced_in and all(name.startswith("tokformats-sync") for name in synced_in)
 
@@ -190,11 +192,11 @@ def test_a_read_back_refused_while_the_fsync_failed_too_says_both(
 ) -> None:
     """The read-back's refusal is raised (nothing committed), with the fsync's own failure noted, not lost."""
     corpus = _corpus(tmp_path, _texts(400))
-    def failing(self: pipeline.Spool) -> None:
+    def failing(self: Spool) -> None:
         raise OSError(5, "Input/output error")
 
     _damaged_after_flush(monkeypatch)
-    monkeypatch.setattr(pipeline.Spool, "fsync", failing)
+    monkeypatch.setattr(Spool, "fsync", failing)
     with pytest.raises(FormatError, match="differs from what its checkpoint recorded") as raised:
         tokformats.tokenize(corpus, tokenizer_path, tmp_path / "bad", "megatron", progress=False)
     assert any("fsync failed too" in note and "Input/output error" in note for note in raised.value.__notes__)
@@ -209,9 +211,9 @@ def test_a_first_batch_of_more_text_than_the_read_ahead_keeps_is_left_to_the_run
     texts = _texts(300)
     corpus = _corpus(tmp_path, texts)
     tokformats.tokenize(texts, tokenizer_path, tmp_path / "list", "megatron", progress=False)
-    monkeypatch.setattr(pipeline, "_FIRST_SAMPLE_READ_AHEAD", len(texts[0]) - 1)
+    monkeypatch.setattr("tokformats.tokenization.pipeline._FIRST_SAMPLE_READ_AHEAD", len(texts[0]) - 1)
     seen = _recorded(monkeypatch)
-    monkeypatch.setattr(pipeline, "select_engine", lambda tokenizer, engine="auto", **gate: (_Copy(tokenizer), "test"))
+    monkeypatch.setattr(engines, "select_engine", lambda tokenizer, engine="auto", **gate: (_Copy(tokenizer), "test"))
     tokformats.tokenize(corpus, tokenizer_path, tmp_path / "run", "megatron", progress=False)
     assert seen and {name.split("_")[0] for _, name in seen} == {"tokformats-verify"}
     assert (tmp_path / "run_text_document.bin").read_bytes() == (tmp_path / "list_text_document.bin").read_bytes()

@@ -20,9 +20,11 @@ import tokformats
 from tokformats.errors import FormatError
 from tokformats.formats import megatron
 from tokformats.fs.pins import pin_file
-from tokformats.tokenization import pipeline
+from tokformats.tokenization import outputs, spools
+from tokformats.tokenization.encoder import Encoder
 from tokformats.tokenization.engines import Engine, EngineMismatchError
 from tokformats.tokenization.sample_text import sample_texts
+from tokformats.tokenization.spools import Spool
 
 
 def _corpus(tmp_path: Path, count: int = 1500) -> Path:
@@ -54,7 +56,7 @@ def _copied(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, corpus: Path, token
             **options: Any) -> dict[str, Any]:  # fmt: skip
     """The run with every spool copied into the writers (the path formats without a flat data file take)."""
     with monkeypatch.context() as patched:
-        patched.setattr(pipeline, "adopt_spool", lambda *args: False)
+        patched.setattr("tokformats.tokenization.outputs.adopt_spool", lambda *args: False)
         return tokformats.tokenize(corpus, tokenizer_path, tmp_path / "copied" / "c", "megatron", progress=False,
                                    **options)  # fmt: skip
 
@@ -63,13 +65,13 @@ def _copies(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Record the streams whose spools are copied into the writers from now on (``join_spool``: by the kernel, or
     fed through ``copy_spool``)."""
     fed: list[str] = []
-    original = pipeline.join_spool
+    original = outputs.join_spool
 
     def counting(writer: Any, folder: Path, name: str, dtype: np.dtype) -> None:
         fed.append(name)
         original(writer, folder, name, dtype)
 
-    monkeypatch.setattr(pipeline, "join_spool", counting)
+    monkeypatch.setattr("tokformats.tokenization.outputs.join_spool", counting)
     return fed
 
 
@@ -183,7 +185,7 @@ def test_adopted_data_must_match_its_lengths(tmp_path: Path) -> None:
 
 
 def test_ids_are_checked_as_they_are_spooled(tmp_path: Path) -> None:
-    spool = pipeline.Spool(tmp_path, "text", np.dtype("<u2"), vocab_size=50)
+    spool = Spool(tmp_path, "text", np.dtype("<u2"), vocab_size=50)
     spool.append(np.array([1, 49], dtype=np.uint16), np.array([2]))
     with pytest.raises(FormatError, match=r"document 2 .*50"):
         spool.append(np.array([3, 4, 50], dtype=np.uint16), np.array([1, 2]))
@@ -205,7 +207,7 @@ def test_an_id_beyond_the_dtype_is_never_wrapped(tokenizer_path: Path) -> None:
     from tokenizers import Tokenizer
 
     # A later partition (no first sample) with no random draws: only the width check stands between.
-    encoder = pipeline.Encoder(Tokenizer.from_file(str(tokenizer_path)), "fastokens", 0.0, 0, 1,
+    encoder = Encoder(Tokenizer.from_file(str(tokenizer_path)), "fastokens", 0.0, 0, 1,
                                chosen=(_Wide(), "a test engine"))  # fmt: skip
     with pytest.raises(EngineMismatchError, match="gave id 70,000 for doc 1, beyond the vocabulary's uint16"):
         encoder.encode(["a", "b"], np.dtype("<u2"), lambda k: f"doc {k}")
@@ -219,7 +221,7 @@ from tokformats.tokenization import pipeline
 def killed(work):
     os.kill(os.getpid(), signal.SIGKILL)  # the outputs committed, the work folder not yet removed
 
-pipeline._discard = killed
+pipeline.remove_work_folder = killed
 tokformats.tokenize(sys.argv[1], sys.argv[2], sys.argv[3], "megatron", progress=False)
 """
 
@@ -244,13 +246,13 @@ def test_a_resume_after_the_commit_republishes_the_same_bytes_and_leaves_no_link
 def _hashed_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Record the spool files read back and hashed from now on."""
     read: list[str] = []
-    original = pipeline._hashed
+    original = spools._hashed
 
     def recording(handle: Any, size: int) -> Any:
         read.append(Path(handle.name).name)
         return original(handle, size)
 
-    monkeypatch.setattr(pipeline, "_hashed", recording)
+    monkeypatch.setattr("tokformats.tokenization.spools._hashed", recording)
     return read
 
 

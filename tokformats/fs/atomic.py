@@ -32,7 +32,7 @@ from .journal import (
     write_journal,
 )
 
-__all__ = ["AtomicFiles", "naming_output"]
+__all__ = ["AtomicFiles", "naming_output", "replace_file"]
 
 
 def naming_output(error: OSError, output: str | os.PathLike[str]) -> OSError:
@@ -43,6 +43,13 @@ def naming_output(error: OSError, output: str | os.PathLike[str]) -> OSError:
     renamed = type(error)(error.errno, error.strerror or str(error), os.fspath(output))
     renamed.__cause__ = error
     return renamed
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` in one commit: a reader sees the old file or the new one, never half of either
+    (the file and its folder are fsynced)."""
+    with AtomicFiles(overwrite=True) as files:
+        files.create(path).write(data)
 
 
 def _cleanup(handles: list[BinaryIO], temporaries: list[Path], made_dirs: list[Path], scratch: list[Path]) -> None:

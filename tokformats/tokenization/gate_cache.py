@@ -14,7 +14,7 @@ It is used when its format version, tokenizer hash, engine request, ways of enco
 adversarial texts this tokformats gates on, and the installed builds of ``tokenizers``, fastokens and splintr
 (module file, size, modification time) all match and its checksum holds; anything else is ignored and rewritten
 after a full selection. An engine it names that fails the gate is selected anew. Files are written atomically
-(:class:`~tokformats.fs.atomic.AtomicFiles`); a cache that cannot be written is skipped.
+(:func:`~tokformats.fs.atomic.replace_file`); a cache that cannot be written is skipped.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import FormatError
-from ..fs.atomic import AtomicFiles
+from ..fs.atomic import replace_file
 from ..fs.untrusted import read_json_object
 
 __all__ = ["GATE_CACHE_ENV", "GateEntry", "gate_cache_folder", "entry_path", "load", "save"]
@@ -130,7 +130,6 @@ def save(
     }
     data = json.dumps({**body, "checksum": _checksum(body)}, ensure_ascii=True).encode("ascii")
     try:
-        with AtomicFiles(overwrite=True) as files:
-            files.create(path).write(data)
+        replace_file(path, data)
     except OSError:
         return
