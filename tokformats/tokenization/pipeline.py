@@ -25,6 +25,11 @@ took (:mod:`tokformats.fs.pins`) instead of being read back and hashed again in 
 
 Empty documents follow each format's owner: Megatron's ``preprocess_data.py`` keeps them as documents
 without sequences and without an end-of-document id; llm.c, nanoGPT and the others still write the delimiter.
+
+Where each part lives: the plan and the option checks in :mod:`.plan`; the work folder in :mod:`.work_folder`; the
+reader thread in :mod:`.batching`; the checked engine in :mod:`.encoder`; one partition's encoding in
+:mod:`.partition_run`, its spools in :mod:`.spools`; the executor's workers in :mod:`.parallel`; the writing phase
+in :mod:`.outputs`; counters and progress in :mod:`.progress`. This module is the run's sequence of steps.
 """
 
 from __future__ import annotations
