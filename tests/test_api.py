@@ -141,6 +141,16 @@ def test_python_dash_m_quickstart_runs_every_writable_format() -> None:
     assert "round-tripped exactly" in done.stdout
 
 
+def test_quickstart_json_gives_numbers_as_numbers() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "tokformats", "quickstart", "--json"], capture_output=True, text=True, check=True
+    )
+    rows = json.loads(done.stdout)
+    corpora = [r for r in rows if r["dtype"] != "bytes"]
+    assert corpora and all(type(r["documents"]) is int and type(r["tokens"]) is int for r in corpora)
+    assert all(r["documents"] is None for r in rows if r["dtype"] == "bytes")  # a vocabulary's file holds none
+
+
 def test_sample_texts_are_deterministic_and_multibyte() -> None:
     from tokformats.tokenization.sample_text import sample_texts
 

@@ -127,8 +127,9 @@ def test_a_damaged_or_stale_entry_is_ignored_and_rewritten(
     engine, reason = select_engine(tokenizer, "auto", chat=False, tokenizer_hash=digest)
     assert counts["reference"] == 1 and "cached" not in reason  # selected anew
     rewritten, before = _entry(path), json.loads(good)
-    for entry in (rewritten, before):  # the reason names the rates measured, which vary
-        del entry["reason"], entry["checksum"]
+    assert rewritten["engine"] == engine.name  # the engine selected anew, timed anew: on a loaded machine not always
+    for entry in (rewritten, before):  # the first one (fastokens against splintr); the reason names the rates measured
+        del entry["reason"], entry["checksum"], entry["engine"]
     assert rewritten == before  # rewritten whole
     assert gate_cache.load(path, digest, "auto", (False,), _texts_hash(tokenizer)) is not None
     assert engines.first_difference(TokenizersEngine(tokenizer), engine, engines.adversarial_texts(tokenizer)) is None

@@ -18,7 +18,7 @@ import pytest
 from tokenizers import Tokenizer
 
 import tokformats
-from tokformats import FormatError, OutputExistsError
+from tokformats import ConfigError, FormatError, OutputExistsError
 from tokformats.formats import megatron
 from tokformats.tokenization.plan import assign_splits, output_paths, split_fractions
 from tokformats.tokenization.sample_text import sample_texts
@@ -422,3 +422,32 @@ def test_fast_json_parser_changes_no_text(tmp_path: Path) -> None:
     assert with_fast == plain
     assert plain[0][0] == ("café \ud800 lone surrogate",) and plain[3][0] == ("last wins",)
     assert "not UTF-8" in str(plain[4][1]) and "invalid JSON" in str(plain[5][1])
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"seed": -3}, r"seed must be a whole number, 0 or more; found seed=-3\."),
+        ({"seed": 2.5}, r"seed must be a whole number, 0 or more; found seed=2\.5\."),
+        ({"seed": True}, r"seed must be a whole number, 0 or more; found seed=True\."),
+        ({"eos": "end"}, r"eos must be one of append, prepend, none; found eos='end'\."),
+        ({"on_error": "ignore"}, r"on_error must be raise or skip; found on_error='ignore'\."),
+    ],
+)
+def test_plain_options_are_refused_with_the_option_and_its_value(
+    tmp_path: Path, texts: list[str], tokenizer: Tokenizer, options: dict[str, Any], message: str
+) -> None:
+    source = jsonl(tmp_path / "in.jsonl", texts[:5])
+    with pytest.raises(ConfigError, match=message):
+        tokformats.tokenize(source, tokenizer, tmp_path / "out", "raw", progress=False, **options)
+    assert not list(tmp_path.glob("out*"))  # refused before any work
+
+
+def test_a_negative_seed_on_the_command_line_names_the_flag(
+    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tokformats.cli import main
+
+    source = jsonl(tmp_path / "in.jsonl", ["a b c"])
+    status = main(["tokenize", str(source), "-t", str(tokenizer_path), "-o", str(tmp_path / "o"), "--seed", "-3"])
+    assert status == 2 and "found --seed -3." in capsys.readouterr().err

@@ -90,7 +90,7 @@ def run(output: Path | None = None, *, documents: int = 2000, vocab_size: int = 
                 raise AssertionError(f"{name}: exported {size} tokens, read {len(vocabulary)}")
             if hasattr(vocabulary, "decode"):
                 decode = vocabulary.decode
-            rows.append(_row(name, [path], "", size, "bytes", time.perf_counter() - started))
+            rows.append(_row(name, [path], None, size, "bytes", time.perf_counter() - started))
             started = time.perf_counter()
         for trip in _trips():
             started = time.perf_counter()
@@ -98,7 +98,7 @@ def run(output: Path | None = None, *, documents: int = 2000, vocab_size: int = 
             try:
                 summary = tokenize(texts, tokenizer, output, trip.format, progress=False, overwrite=True)
             except ImportError as missing:  # a format whose optional dependency is not installed (hf: pyarrow)
-                rows.append({**_row(trip.format, [], "", 0, "", 0.0), "check": f"skipped: {missing}"})
+                rows.append({**_row(trip.format, [], None, 0, "", 0.0), "check": f"skipped: {missing}"})
                 continue
             (written,) = summary["outputs"].values()
             dtype = "uint16" if size <= 1 << 16 else "uint32"
@@ -116,7 +116,7 @@ def run(output: Path | None = None, *, documents: int = 2000, vocab_size: int = 
                 _row(
                     trip.format,
                     files,
-                    f"{info['documents']:,}",
+                    info["documents"],
                     info["tokens"],
                     info["dtype"],
                     time.perf_counter() - started,
@@ -125,7 +125,11 @@ def run(output: Path | None = None, *, documents: int = 2000, vocab_size: int = 
         return rows
 
 
-def _row(name: str, files: list[Path], documents: str, tokens: int, dtype: str, seconds: float) -> dict[str, Any]:
+def _row(
+    name: str, files: list[Path], documents: int | None, tokens: int, dtype: str, seconds: float
+) -> dict[str, Any]:
+    """One format's row: its files, what they hold (``documents`` None: a vocabulary's file holds none) and the
+    round trip's time."""
     return {
         "format": name,
         "files": len(files),
@@ -138,12 +142,19 @@ def _row(name: str, files: list[Path], documents: str, tokens: int, dtype: str, 
     }
 
 
+def _cell(value: Any) -> str:
+    """A table cell: whole numbers with thousands separators, None blank."""
+    if value is None:
+        return ""
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
     """Rows of dicts as an aligned plain-text table."""
     if not rows:
         return ""
     headers = list(rows[0])
-    cells = [[f"{r[h]:,}" if isinstance(r[h], int) else str(r[h]) for h in headers] for r in rows]
+    cells = [[_cell(r[h]) for h in headers] for r in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
     line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
     body = ["  ".join(c.rjust(w) if c[:1].isdigit() else c.ljust(w) for c, w in zip(row, widths)) for row in cells]

@@ -26,6 +26,7 @@ __all__ = [
     "Plan",
     "assign_splits",
     "chat_plan",
+    "checked_seed",
     "eos_mode",
     "make_plan",
     "output_paths",
@@ -147,12 +148,19 @@ def eos_mode(
     if eos is None:
         eos = "prepend" if writer_class.boundaries == "bos" else "append"
     if eos not in EOS_MODES:
-        raise ValueError(f"eos must be one of {EOS_MODES}, not {eos!r}")
+        raise ConfigError(f"eos must be one of {', '.join(EOS_MODES)}; found {option('eos', repr(eos))}.")
     if on_error not in ("raise", "skip"):
-        raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+        raise ConfigError(f"on_error must be raise or skip; found {option('on_error', repr(on_error))}.")
     if not 0 <= verify_fraction <= 1:
         raise ConfigError(f"verify_fraction must be between 0 and 1, found {verify_fraction}.")
     return eos
+
+
+def checked_seed(seed: Any) -> int:
+    """``seed`` checked: a whole number, 0 or more (it seeds the split assignment and the verification's draws)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ConfigError(f"seed must be a whole number, 0 or more; found {option('seed', repr(seed))}.")
+    return int(seed)
 
 
 def verify_budget(verify_bytes: Any) -> int | None:
@@ -200,7 +208,7 @@ def make_plan(
         eos=eos,
         eos_id=eos_id if eos != "none" else None,
         split=split_fractions(split),
-        seed=int(seed),
+        seed=checked_seed(seed),
         unit=unit,
         # Every id stored: the tokenizer's, and an end-of-text id given beyond them (cl100k's 100257 with a
         # smaller tokenizer), so that the spools and the writer's dtype hold it from the start.
