@@ -28,6 +28,29 @@ def _describe(dataset: Any) -> str:
     return str(getattr(dataset, "fingerprint", f"{type(dataset).__name__}:{len(dataset)}"))
 
 
+def _check_weights(weights: Sequence[float], datasets: int) -> None:
+    """Refuse blend weights that are not one per dataset, each positive and finite (:class:`Blend` and
+    :meth:`Blend.build` alike).
+
+    Raises:
+        ConfigError: naming the counts, or the first bad weight's position and value.
+    """
+    if len(weights) != datasets:
+        raise ConfigError(f"give one weight per dataset: {datasets} datasets, {len(weights)} weights.")
+    for k, w in enumerate(weights):
+        if not w > 0 or math.isinf(w):  # `not w > 0` also catches NaN
+            raise ConfigError(
+                f"blend weight {k} is {w!r}; weights must be positive and finite (drop a dataset rather than "
+                "weighting it 0: Megatron's greedy can still pick a zero-weight dataset)."
+            )
+
+
+def _check_size(size: int | None) -> None:
+    """Refuse a negative blend size."""
+    if size is not None and size < 0:
+        raise ConfigError(f"size must be None or >= 0, not {size}.")
+
+
 class Blend(Sequence[Any], Explained):
     """Samples drawn from several datasets by weight: megatron-core's ``BlendedDataset``.
 
@@ -44,9 +67,9 @@ class Blend(Sequence[Any], Explained):
         cache_dir: keep the two index arrays there as ``.npy`` (built once across processes).
 
     Raises:
-        ConfigError: a weight <= 0, datasets of different token dtypes or vocabularies, or a blend that needs
-            more samples from a dataset than it has (build it with more ``num_samples``, or use
-            :meth:`build`, which sizes them as Megatron's builder does).
+        ConfigError: not one weight per dataset, a weight <= 0 or not finite, datasets of different token dtypes
+            or vocabularies, or a blend that needs more samples from a dataset than it has (build it with more
+            ``num_samples``, or use :meth:`build`, which sizes them as Megatron's builder does).
     """
 
     def __init__(
@@ -68,25 +91,17 @@ class Blend(Sequence[Any], Explained):
             raise ConfigError(
                 f"a blend holds at most {MAX_DATASETS:,} datasets (int16 dataset_index), not {len(datasets):,}."
             )
-        if weights is not None and len(weights) != len(self.datasets):
-            raise ConfigError(f"give one weight per dataset: {len(self.datasets)} datasets, {len(weights)} weights.")
         self._check_compatible()
         if weights is None:
             weights = [len(d) for d in self.datasets]
             if size is not None:
                 size = min(size, sum(len(d) for d in self.datasets))
-        for k, w in enumerate(weights):
-            if not w > 0 or math.isinf(w):
-                raise ConfigError(
-                    f"blend weight {k} is {w!r}; weights must be positive and finite (drop a dataset rather than "
-                    "weighting it 0: Megatron's greedy can still pick a zero-weight dataset)."
-                )
+        _check_weights(weights, len(self.datasets))
         if size is None and any(float(w) != int(w) for w in weights):
             raise ConfigError(
                 f"weights {list(weights)} are not whole numbers: without a size, each weight is a sample count."
             )
-        if size is not None and size < 0:
-            raise ConfigError(f"size must be None or >= 0, not {size}.")
+        _check_size(size)
         self.size = size
         if size is not None:
             w64 = np.array(weights, dtype=np.float64)
@@ -159,6 +174,8 @@ class Blend(Sequence[Any], Explained):
         if weights is not None:
             if size is None:
                 raise ConfigError("weights need a size: Megatron's builder blends by weight only to a target size.")
+            _check_weights(weights, len(readers))  # before normalising: a bad weight would make every size wrong
+            _check_size(size)
             w64 = np.array(weights, dtype=np.float64)
             normalized = (w64 / np.sum(w64)).tolist()
             targets = [math.ceil(size * w) for w in normalized]
