@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -68,6 +69,45 @@ def test_build_with_good_weights_still_blends_every_reader(readers: list[tokform
     blend = training.Blend.build(readers, weights=[3, 1], size=100, sequence_length=64, seed=1)
     assert len(blend.datasets) == 2 and blend.weights == [0.75, 0.25]
     assert np.bincount(blend.dataset_index).tolist() == [75, 25]
+
+
+def test_a_blend_refuses_samples_of_different_lengths(readers: list[tokformats.TokenReader]) -> None:
+    m, llmc = readers
+    long, short = training.GPTSamples(m, 64, seed=1), training.GPTSamples(llmc, 32, seed=1)
+    with pytest.raises(ConfigError) as refused:
+        training.Blend([long, short], [1, 1], 50)
+    message = str(refused.value)
+    assert "sequence_length 32" in message and "sequence_length 64" in message
+    assert str(m.path) in message and str(llmc.path) in message
+    with pytest.raises(ConfigError, match="sequence_length 32"):  # one level down, through a nested blend
+        training.Blend([training.Blend([long, long], [1, 1], 10), short], [1, 1], 20)
+    with pytest.raises(ConfigError, match="sequence_length 32"):  # through token budgets' draws
+        training.Blend.by_tokens({"long": (long, 640.0), "short": (short, 320.0)})
+    with pytest.raises(ConfigError, match="sequence_length 32"):
+        training.Blend([long, training.windows(llmc, 32, seed=1)], [1, 1], 20)
+
+
+def test_a_blend_refuses_bare_ids_with_and_without_the_extra_token(readers: list[tokformats.TokenReader]) -> None:
+    m, llmc = readers
+    with_extra, without = training.GPTSamples(m, 64, seed=1), training.GPTSamples(llmc, 64, add_extra_token=False)
+    assert (len(with_extra[0]), len(without[0])) == (65, 64)
+    with pytest.raises(ConfigError, match=r"\(ids per sample 64\) with .* \(ids per sample 65\)"):
+        training.Blend([with_extra, without], [1, 1], 20)
+    with pytest.raises(ConfigError, match="ids per sample 65"):  # nanoGPT's windows hold L + 1 ids
+        training.Blend([without, training.windows(m, 64, seed=1)], [1, 1], 20)
+    assert len(training.Blend([with_extra, training.windows(m, 64, seed=1)], [1, 1], 20)) == 20
+
+
+def test_dict_samples_of_one_length_still_blend(readers: list[tokformats.TokenReader]) -> None:
+    """Sample dicts of other kinds (packed rows, Megatron's fields) and either extra-token setting share their
+    shapes at one sequence length: blending them stays allowed, as the README's token budgets do."""
+    m, llmc = readers
+    packed = training.PackedSamples(m, 16, seed=1, add_extra_token=False)
+    dicts = training.GPTSamples(llmc, 16, seed=1, fields=("tokens", "labels", "loss_mask"))
+    blend = training.Blend.by_tokens({"packed": (packed, 500.0), "dicts": (dicts, 500.0)})
+    rows: list[Any] = [blend[i] for i in range(len(blend))]
+    assert {row["tokens"].shape for row in rows} == {(16,)} and set(blend.dataset_index.tolist()) == {0, 1}
+    assert blend.sequence_length == 16
 
 
 def test_cli_explain_a_blend_with_too_few_weights(

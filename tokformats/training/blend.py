@@ -16,6 +16,7 @@ from .explain import Explained
 from .greedy import MAX_DATASETS
 from .index_cache import IndexCache, cache_key
 from .samples import GPTSamples
+from .windows import RandomWindows
 
 __all__ = ["Blend"]
 
@@ -51,6 +52,38 @@ def _check_size(size: int | None) -> None:
         raise ConfigError(f"size must be None or >= 0, not {size}.")
 
 
+def _bare_ids_per_sample(dataset: Any) -> int | None:
+    """The ids each sample of ``dataset`` holds when its samples are bare-id windows (GPTSamples without
+    ``fields``, random windows, blends and budget draws of them), else None. Sample dicts are left out: their
+    arrays are ``sequence_length`` long with or without the extra token."""
+    if isinstance(dataset, Blend):  # a nested blend already refused datasets that differ
+        return next((n for n in map(_bare_ids_per_sample, dataset.datasets) if n is not None), None)
+    if isinstance(dataset, budgets.Repeated):
+        return _bare_ids_per_sample(dataset.samples)
+    if isinstance(dataset, GPTSamples) and dataset.sample_fields is None:
+        return dataset.sequence_length + int(dataset.add_extra_token)
+    if isinstance(dataset, RandomWindows):
+        return dataset.sequence_length + 1
+    return None
+
+
+def _shared_traits(dataset: Any) -> dict[str, Any]:
+    """What every dataset of a blend must share, as far as ``dataset`` declares it (None: not declared): one
+    model reads them all, and a batch stacks samples of several of them."""
+    return {
+        "dtype": getattr(dataset, "dtype", None),
+        "vocab_size": getattr(dataset, "vocab_size", None),
+        "sequence_length": getattr(dataset, "sequence_length", None),
+        "ids per sample": _bare_ids_per_sample(dataset),
+    }
+
+
+_WHY_SHARED = {
+    "sequence_length": " (a batch stacks samples of several datasets)",
+    "ids per sample": " (sequence_length + add_extra_token: a batch stacks samples of several datasets)",
+}
+
+
 class Blend(Sequence[Any], Explained):
     """Samples drawn from several datasets by weight: megatron-core's ``BlendedDataset``.
 
@@ -67,9 +100,10 @@ class Blend(Sequence[Any], Explained):
         cache_dir: keep the two index arrays there as ``.npy`` (built once across processes).
 
     Raises:
-        ConfigError: not one weight per dataset, a weight <= 0 or not finite, datasets of different token dtypes
-            or vocabularies, or a blend that needs more samples from a dataset than it has (build it with more
-            ``num_samples``, or use :meth:`build`, which sizes them as Megatron's builder does).
+        ConfigError: not one weight per dataset, a weight <= 0 or not finite, datasets of different token dtypes,
+            vocabularies or sequence lengths (or bare-id samples of different lengths), or a blend that needs
+            more samples from a dataset than it has (build it with more ``num_samples``, or use
+            :meth:`build`, which sizes them as Megatron's builder does).
     """
 
     def __init__(
@@ -128,14 +162,18 @@ class Blend(Sequence[Any], Explained):
         self.dataset_sample_index: np.ndarray = arrays["dataset_sample_index"]
 
     def _check_compatible(self) -> None:
-        first = self.datasets[0]
-        for other in self.datasets[1:]:
-            for field in ("dtype", "vocab_size"):
-                mine, theirs = getattr(first, field, None), getattr(other, field, None)
-                if mine is not None and theirs is not None and mine != theirs:
+        """Refuse datasets that differ in what :func:`_shared_traits` names (a dataset that does not declare a
+        trait is not compared on it)."""
+        declared: dict[str, tuple[Any, Any]] = {}  # trait -> (the first dataset declaring it, its value)
+        for dataset in self.datasets:
+            for trait, value in _shared_traits(dataset).items():
+                if value is None:
+                    continue
+                first, mine = declared.setdefault(trait, (dataset, value))
+                if value != mine:
                     raise ConfigError(
-                        f"cannot blend {other!r} ({field} {theirs}) with {first!r} ({field} {mine}): a blend's "
-                        f"datasets must share their {field}."
+                        f"cannot blend {dataset!r} ({trait} {value}) with {first!r} ({trait} {mine}): a blend's "
+                        f"datasets must share their {trait}{_WHY_SHARED.get(trait, '')}."
                     )
 
     def _build(self) -> dict[str, np.ndarray]:
@@ -287,6 +325,11 @@ class Blend(Sequence[Any], Explained):
     def dtype(self) -> np.dtype | None:
         """The datasets' shared token dtype."""
         return getattr(self.datasets[0], "dtype", None)
+
+    @property
+    def sequence_length(self) -> int | None:
+        """The datasets' shared sequence length, when they declare one."""
+        return next((n for n in (getattr(d, "sequence_length", None) for d in self.datasets) if n is not None), None)
 
     @property
     def vocab_size(self) -> int | None:
