@@ -110,6 +110,29 @@ def test_dict_samples_of_one_length_still_blend(readers: list[tokformats.TokenRe
     assert blend.sequence_length == 16
 
 
+def test_cli_explain_a_sample_beyond_the_run(
+    readers: list[tokformats.TokenReader], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = str(readers[0].path)
+    count = len(training.GPTSamples(readers[0], 64, seed=1234))
+    args = ["explain", path, "--sequence-length", "64", "--seed", "1234"]
+    for sample in (123456, count, -count - 1):
+        assert main([*args, "--sample", str(sample)]) == 2
+        assert capsys.readouterr().err.splitlines() == [
+            f"tokformats: error: --sample {sample} is out of range: the run has {count} samples (0-{count - 1}; "
+            "negative counts from the end); pass the training run's --num-samples (default: one epoch)"
+        ]
+    assert main([*args, "--sample", str(-count), "--json"]) == 0  # the first sample, counted from the end
+    assert main([*args, "--sample", str(count - 1), "--json"]) == 0
+    capsys.readouterr()
+    blend = ["explain", path, str(readers[1].path), "--sequence-length", "64", "--weights", "1", "1", "--size", "30"]
+    assert main([*blend, "--sample", "30"]) == 2
+    assert capsys.readouterr().err == (
+        "tokformats: error: --sample 30 is out of range: the run has 30 samples (0-29; negative counts from the "
+        "end); pass the training run's --num-samples and --size\n"
+    )
+
+
 def test_cli_explain_a_blend_with_too_few_weights(
     readers: list[tokformats.TokenReader], capsys: pytest.CaptureFixture[str]
 ) -> None:
