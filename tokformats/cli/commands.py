@@ -21,7 +21,7 @@ import numpy as np
 from .. import api
 from ..core.protocol import TokenReader
 from ..core.registry import formats
-from ..errors import FormatError, OutputExistsError, UnknownFormatError
+from ..errors import ConfigError, FormatError, OutputExistsError, UnknownFormatError
 from ..fs.paths import is_url
 from .describe import describe
 from .quickstart import format_table
@@ -408,10 +408,20 @@ def _explained_samples(args: argparse.Namespace, readers: list[TokenReader]) -> 
     return Blend(datasets, args.weights, args.size)
 
 
+def _checked_sample(sample: int, samples: Any) -> int:
+    """``--sample I`` when the run has sample ``I`` (negative counts from the end, as ``samples[I]``)."""
+    count = len(samples)
+    if -count <= sample < count:
+        return sample
+    held = f"{count:,} samples (0-{count - 1:,}; negative counts from the end)" if count else "no samples"
+    sizes = "--num-samples and --size" if hasattr(samples, "datasets") else "--num-samples (default: one epoch)"
+    raise ConfigError(f"--sample {sample} is out of range: the run has {held}; pass the training run's {sizes}")
+
+
 def _samples_to_explain(args: argparse.Namespace, samples: Any) -> list[int]:
     """``--sample I``, or the samples of ``--step S`` (Megatron's sampler order, ``--global-batch-size``)."""
     if args.sample is not None:
-        return [args.sample]
+        return [_checked_sample(args.sample, samples)]
     if not args.global_batch_size:
         raise FormatError(f"--step needs --global-batch-size, e.g. --step {args.step} --global-batch-size 512")
     from ..training import BatchSampler

@@ -16,6 +16,7 @@ from .explain import Explained
 from .greedy import MAX_DATASETS
 from .index_cache import IndexCache, cache_key
 from .samples import GPTSamples
+from .windows import RandomWindows
 
 __all__ = ["Blend"]
 
@@ -26,6 +27,61 @@ SURPLUS = 0.005
 
 def _describe(dataset: Any) -> str:
     return str(getattr(dataset, "fingerprint", f"{type(dataset).__name__}:{len(dataset)}"))
+
+
+def _check_weights(weights: Sequence[float], datasets: int) -> None:
+    """Refuse blend weights that are not one per dataset, each positive and finite (:class:`Blend` and
+    :meth:`Blend.build` alike).
+
+    Raises:
+        ConfigError: naming the counts, or the first bad weight's position and value.
+    """
+    if len(weights) != datasets:
+        raise ConfigError(f"give one weight per dataset: {datasets} datasets, {len(weights)} weights.")
+    for k, w in enumerate(weights):
+        if not w > 0 or math.isinf(w):  # `not w > 0` also catches NaN
+            raise ConfigError(
+                f"blend weight {k} is {w!r}; weights must be positive and finite (drop a dataset rather than "
+                "weighting it 0: Megatron's greedy can still pick a zero-weight dataset)."
+            )
+
+
+def _check_size(size: int | None) -> None:
+    """Refuse a negative blend size."""
+    if size is not None and size < 0:
+        raise ConfigError(f"size must be None or >= 0, not {size}.")
+
+
+def _bare_ids_per_sample(dataset: Any) -> int | None:
+    """The ids each sample of ``dataset`` holds when its samples are bare-id windows (GPTSamples without
+    ``fields``, random windows, blends and budget draws of them), else None. Sample dicts are left out: their
+    arrays are ``sequence_length`` long with or without the extra token."""
+    if isinstance(dataset, Blend):  # a nested blend already refused datasets that differ
+        return next((n for n in map(_bare_ids_per_sample, dataset.datasets) if n is not None), None)
+    if isinstance(dataset, budgets.Repeated):
+        return _bare_ids_per_sample(dataset.samples)
+    if isinstance(dataset, GPTSamples) and dataset.sample_fields is None:
+        return dataset.sequence_length + int(dataset.add_extra_token)
+    if isinstance(dataset, RandomWindows):
+        return dataset.sequence_length + 1
+    return None
+
+
+def _shared_traits(dataset: Any) -> dict[str, Any]:
+    """What every dataset of a blend must share, as far as ``dataset`` declares it (None: not declared): one
+    model reads them all, and a batch stacks samples of several of them."""
+    return {
+        "dtype": getattr(dataset, "dtype", None),
+        "vocab_size": getattr(dataset, "vocab_size", None),
+        "sequence_length": getattr(dataset, "sequence_length", None),
+        "ids per sample": _bare_ids_per_sample(dataset),
+    }
+
+
+_WHY_SHARED = {
+    "sequence_length": " (a batch stacks samples of several datasets)",
+    "ids per sample": " (sequence_length + add_extra_token: a batch stacks samples of several datasets)",
+}
 
 
 class Blend(Sequence[Any], Explained):
@@ -44,7 +100,8 @@ class Blend(Sequence[Any], Explained):
         cache_dir: keep the two index arrays there as ``.npy`` (built once across processes).
 
     Raises:
-        ConfigError: a weight <= 0, datasets of different token dtypes or vocabularies, or a blend that needs
+        ConfigError: not one weight per dataset, a weight <= 0 or not finite, datasets of different token dtypes,
+            vocabularies or sequence lengths (or bare-id samples of different lengths), or a blend that needs
             more samples from a dataset than it has (build it with more ``num_samples``, or use
             :meth:`build`, which sizes them as Megatron's builder does).
     """
@@ -68,25 +125,17 @@ class Blend(Sequence[Any], Explained):
             raise ConfigError(
                 f"a blend holds at most {MAX_DATASETS:,} datasets (int16 dataset_index), not {len(datasets):,}."
             )
-        if weights is not None and len(weights) != len(self.datasets):
-            raise ConfigError(f"give one weight per dataset: {len(self.datasets)} datasets, {len(weights)} weights.")
         self._check_compatible()
         if weights is None:
             weights = [len(d) for d in self.datasets]
             if size is not None:
                 size = min(size, sum(len(d) for d in self.datasets))
-        for k, w in enumerate(weights):
-            if not w > 0 or math.isinf(w):
-                raise ConfigError(
-                    f"blend weight {k} is {w!r}; weights must be positive and finite (drop a dataset rather than "
-                    "weighting it 0: Megatron's greedy can still pick a zero-weight dataset)."
-                )
+        _check_weights(weights, len(self.datasets))
         if size is None and any(float(w) != int(w) for w in weights):
             raise ConfigError(
                 f"weights {list(weights)} are not whole numbers: without a size, each weight is a sample count."
             )
-        if size is not None and size < 0:
-            raise ConfigError(f"size must be None or >= 0, not {size}.")
+        _check_size(size)
         self.size = size
         if size is not None:
             w64 = np.array(weights, dtype=np.float64)
@@ -113,14 +162,18 @@ class Blend(Sequence[Any], Explained):
         self.dataset_sample_index: np.ndarray = arrays["dataset_sample_index"]
 
     def _check_compatible(self) -> None:
-        first = self.datasets[0]
-        for other in self.datasets[1:]:
-            for field in ("dtype", "vocab_size"):
-                mine, theirs = getattr(first, field, None), getattr(other, field, None)
-                if mine is not None and theirs is not None and mine != theirs:
+        """Refuse datasets that differ in what :func:`_shared_traits` names (a dataset that does not declare a
+        trait is not compared on it)."""
+        declared: dict[str, tuple[Any, Any]] = {}  # trait -> (the first dataset declaring it, its value)
+        for dataset in self.datasets:
+            for trait, value in _shared_traits(dataset).items():
+                if value is None:
+                    continue
+                first, mine = declared.setdefault(trait, (dataset, value))
+                if value != mine:
                     raise ConfigError(
-                        f"cannot blend {other!r} ({field} {theirs}) with {first!r} ({field} {mine}): a blend's "
-                        f"datasets must share their {field}."
+                        f"cannot blend {dataset!r} ({trait} {value}) with {first!r} ({trait} {mine}): a blend's "
+                        f"datasets must share their {trait}{_WHY_SHARED.get(trait, '')}."
                     )
 
     def _build(self) -> dict[str, np.ndarray]:
@@ -159,6 +212,8 @@ class Blend(Sequence[Any], Explained):
         if weights is not None:
             if size is None:
                 raise ConfigError("weights need a size: Megatron's builder blends by weight only to a target size.")
+            _check_weights(weights, len(readers))  # before normalising: a bad weight would make every size wrong
+            _check_size(size)
             w64 = np.array(weights, dtype=np.float64)
             normalized = (w64 / np.sum(w64)).tolist()
             targets = [math.ceil(size * w) for w in normalized]
@@ -270,6 +325,11 @@ class Blend(Sequence[Any], Explained):
     def dtype(self) -> np.dtype | None:
         """The datasets' shared token dtype."""
         return getattr(self.datasets[0], "dtype", None)
+
+    @property
+    def sequence_length(self) -> int | None:
+        """The datasets' shared sequence length, when they declare one."""
+        return next((n for n in (getattr(d, "sequence_length", None) for d in self.datasets) if n is not None), None)
 
     @property
     def vocab_size(self) -> int | None:

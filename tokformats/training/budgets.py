@@ -46,6 +46,7 @@ class Repeated(Sequence[Any]):
         self.fingerprint = f"repeated:{getattr(samples, 'fingerprint', len(samples))}:{self.size}"
         self.dtype = getattr(samples, "dtype", None)
         self.vocab_size = getattr(samples, "vocab_size", None)
+        self.sequence_length = getattr(samples, "sequence_length", None)
 
     def __len__(self) -> int:
         return self.size
