@@ -286,3 +286,22 @@ def test_quickstart_skips_a_format_whose_extra_is_missing(monkeypatch: pytest.Mo
     rows = {row["format"]: row["check"] for row in run(documents=100, vocab_size=400)}
     assert rows.pop("hf").startswith("skipped: HF save_to_disk folders are Arrow files: install pyarrow")
     assert set(rows.values()) == {"ok"}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["head", "{c}", "-n", "-2"], "argument -n: must be 1 or more, found -2"),
+        (["head", "{c}", "-n", "0"], "argument -n: must be 1 or more, found 0"),
+        (["head", "{c}", "--max-chars", "-1"], "argument --max-chars: must be 0 or more, found -1"),
+        (["stats", "{c}", "--top", "0"], "argument --top: must be 1 or more, found 0"),
+        (["tokenize", "{c}", "-t", "t.json", "-o", "o", "--batch-size", "0"], "argument --batch-size: must be 1 or"),
+        (["tokenize", "{c}", "-t", "t.json", "-o", "o", "--workers", "x"], "--workers: expected a whole number"),
+    ],
+)
+def test_counts_on_the_command_line_are_checked_naming_the_flag(
+    corpus: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([a.replace("{c}", str(corpus)) for a in args])
+    assert exited.value.code == 2 and message in capsys.readouterr().err

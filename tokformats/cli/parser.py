@@ -45,6 +45,26 @@ class Exclusive:
 Row = Arg | Exclusive
 
 
+def _at_least(least: int) -> Callable[[str], int]:
+    """An ``argparse`` type: a whole number, ``least`` or more (argparse names the flag: ``argument -n: must be 1 or
+    more, found -2``)."""
+
+    def whole_number(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, found {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be {least} or more, found {value}")
+        return value
+
+    return whole_number
+
+
+#: Counts that must be at least one (documents to show, a batch's size, ...) and those that may be zero.
+COUNT, SIZE = _at_least(1), _at_least(0)
+
+
 @dataclass
 class Command:
     """One subcommand: ``help`` is its one line (also its description), ``example`` a command that runs."""
@@ -123,9 +143,9 @@ def _documents_command(name: str, what: str, example: str, runner: Callable[[arg
         runner,
         [
             paths(),
-            Arg("-n", type=int, default=3, help="how many documents (default 3)"),
+            Arg("-n", type=COUNT, default=3, help="how many documents (default 3)"),
             *(seed if name == "sample" else []),
-            Arg("--max-chars", type=int, default=2000, help="cut each document after this many characters (0: all)"),
+            Arg("--max-chars", type=SIZE, default=2000, help="cut each document after this many characters (0: all)"),
             Arg(
                 "--mask",
                 action="store_true",
@@ -183,13 +203,13 @@ def _tokenize_args() -> list[Row]:
             "id included)",
         ),
         Arg("--split", help="split by document, e.g. 8:1:1 (train:val:test) or 0.9,0.1"),
-        Arg("--seed", type=int, default=0, help="seed of the split assignment (default 0)"),
+        Arg("--seed", type=SIZE, default=0, help="seed of the split assignment (default 0)"),
         UNIT,
-        Arg("--batch-size", type=int, default=1000, help="documents per encoder call (default 1000)"),
-        Arg("--workers", type=int, default=0, help="encode partitions of the inputs in N processes"),
+        Arg("--batch-size", type=COUNT, default=1000, help="documents per encoder call (default 1000)"),
+        Arg("--workers", type=SIZE, default=0, help="encode partitions of the inputs in N processes"),
         Arg(
             "--partitions",
-            type=int,
+            type=COUNT,
             metavar="N",
             help="with --workers: cut the inputs into N partitions (default: one per file and per 64 MiB; large "
             "JSONL/text files are cut at line starts, Parquet at row groups)",
@@ -327,7 +347,7 @@ def _reading_commands() -> list[Command]:
                 paths(),
                 *reader_args(),
                 *decoder_args(),
-                Arg("--top", type=int, default=20, help="how many of the most frequent ids (default 20)"),
+                Arg("--top", type=COUNT, default=20, help="how many of the most frequent ids (default 20)"),
                 Arg(
                     "--plot",
                     metavar="FILE.png",
@@ -380,7 +400,7 @@ def _explain_args() -> list[Row]:
         Arg("--weights", type=float, nargs="+", help="blend weights, one per path"),
         Arg("--size", type=int, help="samples in the blend (default: every sample of every dataset)"),
         *decoder_args(),
-        Arg("--max-chars", type=int, default=200, help="cut each range's text after this many characters (0: all)"),
+        Arg("--max-chars", type=SIZE, default=200, help="cut each range's text after this many characters (0: all)"),
         JSON,
     ]
 
@@ -415,8 +435,8 @@ def _quality_commands() -> list[Command]:
                     action="append",
                     help="JSON/Parquet key(s) of an eval item's text, joined by newlines (default: text)",
                 ),
-                Arg("--ngram", type=int, default=13, help="n-gram length in tokens (default 13)"),
-                Arg("--show", type=int, default=10, help="document indices shown per item in the table (default 10)"),
+                Arg("--ngram", type=COUNT, default=13, help="n-gram length in tokens (default 13)"),
+                Arg("--show", type=SIZE, default=10, help="document indices shown per item in the table (default 10)"),
                 JSON,
             ],
         ),
@@ -500,7 +520,7 @@ def _tokenizing_commands() -> list[Command]:
                 Arg("--vocab-size", type=int, required=True, help="vocabulary size, specials included"),
                 Arg("--min-frequency", type=int, default=2, help="merge only pairs seen this often (default 2)"),
                 UNIT,
-                Arg("--sample-docs", type=int, help="learn merges from the first N documents only"),
+                Arg("--sample-docs", type=COUNT, help="learn merges from the first N documents only"),
                 Arg("--output", "-o", required=True, help="where to write tokenizer.json"),
                 Arg(
                     "--export",
