@@ -1,5 +1,5 @@
 """Text sources for tokenization: files (``.txt``, ``.json``, ``.jsonl``, ``.parquet``, each optionally ``.gz``
-or ``.zst``), globs, folders, or any Python iterable of strings.
+or ``.zst``), globs, folders, or any Python iterable of strings (one string is a path: :func:`resolve_inputs`).
 
 A source yields *records* in a fixed order; each record has a position ``(input, index)`` that never depends
 on batching, so that a run can be resumed from a checkpoint and documents can be assigned to splits
@@ -113,16 +113,21 @@ def _looks_like_path(text: str) -> bool:
     )
 
 
+#: What a missing path given as one string adds: the one-string rule, and how texts are passed instead.
+_ONE_STRING = " (one string is a path or glob; in-memory texts are a list or an iterable of strings)"
+
+
 def resolve_inputs(inputs: Any) -> list[Input]:
     """Expand paths, globs and folders (recursively, sorted) into inputs, or take an iterable of texts as one input.
 
-    ``Path`` objects are always paths. A list of strings is paths when every one names something that exists
-    (or is a glob that matches), texts when none does and they do not look like paths; a mix is refused
-    (a typo would otherwise tokenize a file name as text). Any other iterable (a generator, a ``datasets``
-    column) is an iterable of texts.
+    One ``str`` or ``Path`` is always a path, a glob or a folder; so are ``Path`` objects in a list. A list (or
+    tuple) of strings is paths when every one names something that exists (or is a glob that matches), texts when
+    none does and they do not all look like paths (no whitespace, a ``/`` or a text suffix); a mix is refused
+    (a typo would otherwise tokenize a file name as text). Any other iterable (a generator, a ``datasets`` column)
+    is an iterable of texts. A missing path raises :class:`~tokformats.NoFilesError` naming it.
     """
     if isinstance(inputs, (str, os.PathLike)):
-        inputs = [inputs]
+        return _resolve_paths([inputs], _ONE_STRING if isinstance(inputs, str) else "")
     if not isinstance(inputs, (list, tuple)):
         return [Input(None, inputs)]
     items = list(inputs)
@@ -130,34 +135,50 @@ def resolve_inputs(inputs: Any) -> list[Input]:
         raise NoFilesError("no input was given.")
     if not all(isinstance(i, (str, os.PathLike)) for i in items):
         return [Input(None, items)]
-    texts = [i for i in items if isinstance(i, str)]
-    existing = [_exists(i) for i in texts]
-    if texts and not any(existing) and not any(isinstance(i, os.PathLike) for i in items):
-        if all(_looks_like_path(t) for t in texts):
-            missing = texts[0]
-            if is_pattern(missing):
-                raise NoFilesError(f"the pattern {missing!r} matches no file.")
-            raise NoFilesError(f"{missing} does not exist.")
+    if _are_texts(items):
         return [Input(None, items)]
+    return _resolve_paths(items)
+
+
+def _are_texts(items: list[str | os.PathLike[str]]) -> bool:
+    """Whether a list of strings is in-memory texts: no ``Path`` among them, none names a file, and not every one
+    looks like a path (then they are missing paths, refused by the caller)."""
+    if any(isinstance(i, os.PathLike) for i in items):
+        return False
+    texts = [str(i) for i in items]
+    return not any(_exists(t) for t in texts) and not all(_looks_like_path(t) for t in texts)
+
+
+def _resolve_paths(items: list[str | os.PathLike[str]], hint: str = "") -> list[Input]:
+    """The files every path, glob or folder names, in order; a missing one raises, its message ending in ``hint``."""
     resolved: list[Input] = []
     for item in items:
-        text = os.fspath(item)
-        path = Path(text)
-        if path.is_dir():
-            files = sorted(p for p in path.rglob("*") if p.is_file() and _base_suffix(p) in TEXT_SUFFIXES)
-            if not files:
-                raise NoFilesError(f"the folder {path} holds no text files ({', '.join(TEXT_SUFFIXES)}).")
-            resolved.extend(Input(p) for p in files)
-        elif path.is_file():
-            resolved.append(Input(path))
-        elif is_pattern(text):
-            matches = pattern_matches(text, recursive=True)
-            if not matches:
-                raise NoFilesError(f"the pattern {text!r} matches no file.")
-            resolved.extend(Input(m) for m in matches if m.is_file())
-        else:
-            raise NoFilesError(f"{path} does not exist.")
+        resolved.extend(_files_named(os.fspath(item), hint))
     return resolved
+
+
+def _files_named(text: str, hint: str) -> list[Input]:
+    if not text:  # Path("") is the current folder: an empty name must not read the files around it
+        raise NoFilesError(f"an empty path names no file{hint}.")
+    path = Path(text)
+    try:
+        is_dir, is_file = path.is_dir(), path.is_file()
+    except OSError as exc:  # a name too long for the file system (a document passed as one string, say)
+        shown = text if len(text) <= 80 else f"{text[:80]}..."  # not the OSError's copy of the whole text
+        raise NoFilesError(f"{shown!r} is not a file name this system accepts ({exc.strerror}){hint}.") from None
+    if is_dir:
+        files = sorted(p for p in path.rglob("*") if p.is_file() and _base_suffix(p) in TEXT_SUFFIXES)
+        if not files:
+            raise NoFilesError(f"the folder {path} holds no text files ({', '.join(TEXT_SUFFIXES)}).")
+        return [Input(p) for p in files]
+    if is_file:
+        return [Input(path)]
+    if is_pattern(text):
+        matches = pattern_matches(text, recursive=True)
+        if not matches:
+            raise NoFilesError(f"the pattern {text!r} matches no file{hint}.")
+        return [Input(m) for m in matches if m.is_file()]
+    raise NoFilesError(f"{path} does not exist{hint}.")
 
 
 class _Counting(io.RawIOBase):
