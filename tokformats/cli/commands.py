@@ -21,7 +21,7 @@ import numpy as np
 from .. import api
 from ..core.protocol import TokenReader
 from ..core.registry import formats
-from ..errors import ConfigError, FormatError, OutputExistsError, UnknownFormatError
+from ..errors import ConfigError, FormatError, NoFilesError, OutputExistsError, UnknownFormatError
 from ..fs.paths import is_url
 from .describe import describe
 from .quickstart import format_table
@@ -641,9 +641,30 @@ def _number(text: str) -> Any:
     return {"true": True, "false": False}.get(text.lower(), text)
 
 
+def _input_paths(texts: list[str]) -> list[Path]:
+    """The positional inputs, each a path, glob or folder (a missing one is refused, naming it), as ``Path``
+    objects: to ``tokenize`` a list of strings naming no file would be texts to tokenize."""
+    if not all(texts):  # Path("") is the current folder: an empty argument must not read the files around it
+        raise NoFilesError("an empty path names no file.")
+    return [Path(text) for text in texts]
+
+
+def _output_prefix(output: str) -> str:
+    """``--output`` as given: a path prefix (``out/corpus`` writes ``out/corpus.bin``, ...). One ending in a slash
+    names a folder, whose files a prefix would put beside it (``out.bin``): refused, with a prefix inside it."""
+    if output.endswith(("/", os.sep)):
+        raise ConfigError(
+            f"--output takes a path prefix, not a folder: found {output!r}; name the files inside it, e.g. "
+            f"--output {output}corpus."
+        )
+    return output
+
+
 def run_tokenize(args: argparse.Namespace) -> int:
     from ..tokenization.pipeline import tokenize
 
+    inputs = _input_paths(args.inputs)
+    output = _output_prefix(args.output)
     bad = [option for option in args.writer_option if "=" not in option]
     if bad:
         raise FormatError(f"--writer-option takes NAME=VALUE, found {bad[0]!r}.")
@@ -660,9 +681,9 @@ def run_tokenize(args: argparse.Namespace) -> int:
         executor = ProcessPoolExecutor(args.workers, initializer=die_with_parent, initargs=(os.getpid(),))
     try:
         summary = tokenize(
-            args.inputs,
+            inputs,
             args.tokenizer,
-            args.output,
+            output,
             args.format,
             text_key=args.text_key or "text",
             eos=args.eos,

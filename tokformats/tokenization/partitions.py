@@ -21,7 +21,7 @@ from itertools import accumulate
 from pathlib import Path
 
 from ..errors import FormatError
-from .sources import Input, _base_suffix
+from .sources import Input, _base_suffix, opens_json_array
 
 __all__ = ["partition_inputs", "iter_partitions", "count_lines", "splittable", "describe", "PARTITION_BYTES"]
 
@@ -47,7 +47,7 @@ def splittable(source: Input, unit: str) -> str | None:
     if suffix in _LINE_SUFFIXES:
         if suffix == ".json":
             with open(source.path, "rb") as handle:
-                if handle.read(256).lstrip()[:1] == b"[":
+                if opens_json_array(handle.read(256)):
                     return None
         return "lines"
     if suffix in _TEXT_SUFFIXES and unit == "line":

@@ -1,5 +1,5 @@
 """Text sources for tokenization: files (``.txt``, ``.json``, ``.jsonl``, ``.parquet``, each optionally ``.gz``
-or ``.zst``), globs, folders, or any Python iterable of strings.
+or ``.zst``), globs, folders, or any Python iterable of strings (one string is a path: :func:`resolve_inputs`).
 
 A source yields *records* in a fixed order; each record has a position ``(input, index)`` that never depends
 on batching, so that a run can be resumed from a checkpoint and documents can be assigned to splits
@@ -18,14 +18,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from ..errors import FormatError, NoFilesError
+from ..errors import ConfigError, FormatError, NoFilesError
 from ..fs.paths import is_pattern, pattern_matches
 
-__all__ = ["Record", "Input", "resolve_inputs", "iter_records", "read_by_line", "SourceError", "TEXT_SUFFIXES", "UNITS"]
+__all__ = [
+    "Record",
+    "Input",
+    "resolve_inputs",
+    "iter_records",
+    "read_by_line",
+    "opens_json_array",
+    "SourceError",
+    "TEXT_SUFFIXES",
+    "UNITS",
+]
 
 #: Suffixes tokformats reads text from (before an optional .gz/.zst).
 TEXT_SUFFIXES = (".txt", ".text", ".md", ".rst", ".json", ".jsonl", ".ndjson", ".parquet", ".py")
 UNITS = ("line", "file", "paragraph")
+_BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark
 
 
 class SourceError(FormatError):
@@ -113,16 +124,21 @@ def _looks_like_path(text: str) -> bool:
     )
 
 
+#: What a missing path given as one string adds: the one-string rule, and how texts are passed instead.
+_ONE_STRING = " (one string is a path or glob; in-memory texts are a list or an iterable of strings)"
+
+
 def resolve_inputs(inputs: Any) -> list[Input]:
     """Expand paths, globs and folders (recursively, sorted) into inputs, or take an iterable of texts as one input.
 
-    ``Path`` objects are always paths. A list of strings is paths when every one names something that exists
-    (or is a glob that matches), texts when none does and they do not look like paths; a mix is refused
-    (a typo would otherwise tokenize a file name as text). Any other iterable (a generator, a ``datasets``
-    column) is an iterable of texts.
+    One ``str`` or ``Path`` is always a path, a glob or a folder; so are ``Path`` objects in a list. A list (or
+    tuple) of strings is paths when every one names something that exists (or is a glob that matches), texts when
+    none does and they do not all look like paths (no whitespace, a ``/`` or a text suffix); a mix is refused
+    (a typo would otherwise tokenize a file name as text). Any other iterable (a generator, a ``datasets`` column)
+    is an iterable of texts. A missing path raises :class:`~tokformats.NoFilesError` naming it.
     """
     if isinstance(inputs, (str, os.PathLike)):
-        inputs = [inputs]
+        return _resolve_paths([inputs], _ONE_STRING if isinstance(inputs, str) else "")
     if not isinstance(inputs, (list, tuple)):
         return [Input(None, inputs)]
     items = list(inputs)
@@ -130,34 +146,50 @@ def resolve_inputs(inputs: Any) -> list[Input]:
         raise NoFilesError("no input was given.")
     if not all(isinstance(i, (str, os.PathLike)) for i in items):
         return [Input(None, items)]
-    texts = [i for i in items if isinstance(i, str)]
-    existing = [_exists(i) for i in texts]
-    if texts and not any(existing) and not any(isinstance(i, os.PathLike) for i in items):
-        if all(_looks_like_path(t) for t in texts):
-            missing = texts[0]
-            if is_pattern(missing):
-                raise NoFilesError(f"the pattern {missing!r} matches no file.")
-            raise NoFilesError(f"{missing} does not exist.")
+    if _are_texts(items):
         return [Input(None, items)]
+    return _resolve_paths(items)
+
+
+def _are_texts(items: list[str | os.PathLike[str]]) -> bool:
+    """Whether a list of strings is in-memory texts: no ``Path`` among them, none names a file, and not every one
+    looks like a path (then they are missing paths, refused by the caller)."""
+    if any(isinstance(i, os.PathLike) for i in items):
+        return False
+    texts = [str(i) for i in items]
+    return not any(_exists(t) for t in texts) and not all(_looks_like_path(t) for t in texts)
+
+
+def _resolve_paths(items: list[str | os.PathLike[str]], hint: str = "") -> list[Input]:
+    """The files every path, glob or folder names, in order; a missing one raises, its message ending in ``hint``."""
     resolved: list[Input] = []
     for item in items:
-        text = os.fspath(item)
-        path = Path(text)
-        if path.is_dir():
-            files = sorted(p for p in path.rglob("*") if p.is_file() and _base_suffix(p) in TEXT_SUFFIXES)
-            if not files:
-                raise NoFilesError(f"the folder {path} holds no text files ({', '.join(TEXT_SUFFIXES)}).")
-            resolved.extend(Input(p) for p in files)
-        elif path.is_file():
-            resolved.append(Input(path))
-        elif is_pattern(text):
-            matches = pattern_matches(text, recursive=True)
-            if not matches:
-                raise NoFilesError(f"the pattern {text!r} matches no file.")
-            resolved.extend(Input(m) for m in matches if m.is_file())
-        else:
-            raise NoFilesError(f"{path} does not exist.")
+        resolved.extend(_files_named(os.fspath(item), hint))
     return resolved
+
+
+def _files_named(text: str, hint: str) -> list[Input]:
+    if not text:  # Path("") is the current folder: an empty name must not read the files around it
+        raise NoFilesError(f"an empty path names no file{hint}.")
+    path = Path(text)
+    try:
+        is_dir, is_file = path.is_dir(), path.is_file()
+    except OSError as exc:  # a name too long for the file system (a document passed as one string, say)
+        shown = text if len(text) <= 80 else f"{text[:80]}..."  # not the OSError's copy of the whole text
+        raise NoFilesError(f"{shown!r} is not a file name this system accepts ({exc.strerror}){hint}.") from None
+    if is_dir:
+        files = sorted(p for p in path.rglob("*") if p.is_file() and _base_suffix(p) in TEXT_SUFFIXES)
+        if not files:
+            raise NoFilesError(f"the folder {path} holds no text files ({', '.join(TEXT_SUFFIXES)}).")
+        return [Input(p) for p in files]
+    if is_file:
+        return [Input(path)]
+    if is_pattern(text):
+        matches = pattern_matches(text, recursive=True)
+        if not matches:
+            raise NoFilesError(f"the pattern {text!r} matches no file{hint}.")
+        return [Input(m) for m in matches if m.is_file()]
+    raise NoFilesError(f"{path} does not exist{hint}.")
 
 
 class _Counting(io.RawIOBase):
@@ -254,6 +286,26 @@ def _json_texts(path: Path, number: int, value: Any, keys: tuple[str, ...]) -> t
     return tuple(texts)
 
 
+def opens_json_array(head: bytes) -> bool:
+    """Whether a ``.json`` file whose first bytes are ``head`` is one JSON array (not one object per line), a
+    byte order mark before it or not."""
+    return head.removeprefix(_BOM).lstrip()[:1] == b"["
+
+
+def _skip_bom(stream: IO[bytes]) -> int:
+    """Skip a UTF-8 byte order mark opening a file, as Python's ``utf-8-sig`` does (some editors write one): it is
+    not text, and a JSON parser refuses it. Returns the bytes skipped, so that offsets stay the file's."""
+    if stream.peek(len(_BOM))[: len(_BOM)] != _BOM:  # type: ignore[attr-defined]
+        return 0
+    stream.read(len(_BOM))
+    return len(_BOM)
+
+
+def _invalid_json(path: Path, number: int, exc: json.JSONDecodeError) -> str:
+    """Where a line's JSON breaks: json's message ("Invalid control character at") and the column it gives."""
+    return f"{path}, line {number}: invalid JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})."
+
+
 def _file_records(
     input_index: int, source: Input, keys: tuple[str, ...] | None, unit: str, skip: int, counter: list[_Counting]
 ) -> Iterator[Record]:
@@ -265,13 +317,13 @@ def _file_records(
         yield from _parquet_records(input_index, source, keys, skip)
         return
     with _open_binary(path, counter, source.start, source.stop) as stream:
+        # a piece of a file starts at its byte offset (only uncompressed files are cut), never at a BOM
+        start = source.start or _skip_bom(stream)
         # .json is either one JSON array or, as Megatron's preprocess_data reads it, one object per line (only
         # the latter is ever cut into pieces).
-        array = (
-            suffix == ".json" and not source.is_piece and stream.peek(256).lstrip()[:1] == b"["  # type: ignore[attr-defined]
-        )
+        array = suffix == ".json" and not source.is_piece and opens_json_array(stream.peek(256))  # type: ignore[attr-defined]
         if suffix in (".jsonl", ".ndjson", ".json") and not array:
-            offset = source.start  # a piece of a file starts at its byte offset (only uncompressed files are cut)
+            offset = start
             for number, line in enumerate(stream, start=source.first_record + 1):
                 at, offset = offset, offset + len(line)
                 if number <= skip:
@@ -282,7 +334,7 @@ def _file_records(
                 try:
                     value = _parse_line(path, number, line)
                 except json.JSONDecodeError as exc:
-                    yield Record(input_index, number, None, f"{path}, line {number}: invalid JSON ({exc.msg}).")
+                    yield Record(input_index, number, None, _invalid_json(path, number, exc))
                     continue
                 except SourceError as exc:
                     yield Record(input_index, number, None, str(exc))
@@ -306,47 +358,49 @@ def _file_records(
         if keys is None:
             kind = suffix or "text"
             raise SourceError(f"{path}: chat data is read from JSON Lines, JSON or Parquet files, not {kind}.")
-        yield from _text_records(input_index, path, stream, unit, skip, source.first_record, source.start)
+        if unit == "file":
+            yield from _whole_file_record(input_index, path, stream, skip, start)
+        elif unit == "line":
+            yield from _line_records(input_index, path, stream, skip, source.first_record, start)
+        else:
+            yield from _paragraph_records(input_index, path, stream, skip, start)
 
 
-def _text_records(
-    input_index: int,
-    path: Path,
-    stream: IO[bytes],
-    unit: str,
-    skip: int,
-    first_record: int = 0,
-    first_offset: int = 0,
+def _whole_file_record(input_index: int, path: Path, stream: IO[bytes], skip: int, offset: int) -> Iterator[Record]:
+    if skip >= 1:
+        return
+    data = stream.read()
+    try:
+        yield Record(input_index, 1, (data.decode("utf-8"),), offset=offset)
+    except UnicodeDecodeError as exc:
+        bad_line = data[: exc.start].count(b"\n") + 1
+        yield Record(input_index, 1, None, f"{path}, line {bad_line}: not UTF-8 ({exc.reason}).")
+
+
+def _line_records(
+    input_index: int, path: Path, stream: IO[bytes], skip: int, first_record: int, offset: int
 ) -> Iterator[Record]:
-    if unit == "file":
-        if skip < 1:
-            data = stream.read()
-            try:
-                yield Record(input_index, 1, (data.decode("utf-8"),), offset=0)
-            except UnicodeDecodeError as exc:
-                bad_line = data[: exc.start].count(b"\n") + 1
-                yield Record(input_index, 1, None, f"{path}, line {bad_line}: not UTF-8 ({exc.reason}).")
-        return
-    if unit == "line":
-        offset = first_offset
-        for number, line in enumerate(stream, start=first_record + 1):
-            at, offset = offset, offset + len(line)
-            if number <= skip:
-                continue
-            try:
-                text = _decode(path, number, line).rstrip("\r\n")
-            except SourceError as exc:
-                yield Record(input_index, number, None, str(exc))
-                continue
-            yield Record(input_index, number, (text,) if text else None, offset=at)
-        return
-    # paragraphs: blank-line separated; a record's index is the line number of its first line
+    for number, line in enumerate(stream, start=first_record + 1):
+        at, offset = offset, offset + len(line)
+        if number <= skip:
+            continue
+        try:
+            text = _decode(path, number, line).rstrip("\r\n")
+        except SourceError as exc:
+            yield Record(input_index, number, None, str(exc))
+            continue
+        yield Record(input_index, number, (text,) if text else None, offset=at)
+
+
+def _paragraph_records(input_index: int, path: Path, stream: IO[bytes], skip: int, offset: int) -> Iterator[Record]:
+    """Blank-line separated paragraphs, each the file's text between blank lines (its line endings kept, as
+    ``unit="file"`` keeps them, but not its last one); a record's index is the line number of its first line."""
     lines: list[str] = []
-    first = first_offset = offset = 0
+    first = first_offset = 0
     for number, line in enumerate(stream, start=1):
         at, offset = offset, offset + len(line)
         try:
-            text = _decode(path, number, line).rstrip("\r\n")
+            text = _decode(path, number, line)
         except SourceError as exc:
             if first > skip or (not lines and number > skip):
                 yield Record(input_index, number, None, str(exc))
@@ -358,10 +412,10 @@ def _text_records(
             lines.append(text)
         elif lines:
             if first > skip:
-                yield Record(input_index, first, ("\n".join(lines),), offset=first_offset)
+                yield Record(input_index, first, ("".join(lines).rstrip("\r\n"),), offset=first_offset)
             lines, first = [], 0
     if lines and first > skip:
-        yield Record(input_index, first, ("\n".join(lines),), offset=first_offset)
+        yield Record(input_index, first, ("".join(lines).rstrip("\r\n"),), offset=first_offset)
 
 
 def _parquet_records(
@@ -427,9 +481,14 @@ def iter_records(
     ``keys=None`` reads each record whole (its ``value``: chat data). ``counter`` collects objects whose ``count``
     is the bytes read from disk so far (for progress).
     """
-    if unit not in UNITS:
-        raise ValueError(f"unit must be one of {UNITS}, not {unit!r}")
-    counters = counter if counter is not None else []
+    if unit not in UNITS:  # checked by the call, not by the first record: before a run has begun its work
+        raise ConfigError(f"unit must be one of {', '.join(UNITS)}; found {unit!r}.")
+    return _records(inputs, keys, unit, start, counter if counter is not None else [])
+
+
+def _records(
+    inputs: list[Input], keys: tuple[str, ...] | None, unit: str, start: tuple[int, int], counters: list[Any]
+) -> Generator[Record, None, None]:
     first_input, skip = start
     for index in range(first_input, len(inputs)):
         source = inputs[index]

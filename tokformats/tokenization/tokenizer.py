@@ -19,26 +19,26 @@ from ..core.vocab import SPECIAL_TOKENS, load_tokenizer, tokenizer_decoder
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
+    from .sources import Record
+
 __all__ = ["load_tokenizer", "train_tokenizer", "read_documents", "text_decoder"]
 
-def _names_a_file(item: Any) -> bool:
-    """Whether an input is a file path (a ``Path``, or a string naming an existing file) rather than text."""
-    if isinstance(item, os.PathLike):
-        return True
-    if not isinstance(item, str) or "\n" in item or len(item) > 4096:
-        return False
-    try:
-        return Path(item).exists()
-    except OSError:
-        return False
 
-
-def read_documents(paths: Iterable[Any], unit: str = "line", text_key: str = "text") -> Iterator[str]:
+def read_documents(paths: Any, unit: str = "line", text_key: str = "text") -> Iterator[str]:
     """The non-empty documents of every input ``tokenize`` reads (``.txt`` per ``unit``, ``.json``/``.jsonl``/
-    Parquet by ``text_key``, ``.gz``/``.zst``, globs, folders); a bad record raises, naming file and line."""
-    from .sources import SourceError, iter_records, resolve_inputs
+    Parquet by ``text_key``, ``.gz``/``.zst``, globs, folders): ``paths`` is one path or several, every one a path
+    (a ``str`` too). A missing path raises at once; a bad record when it is read, naming file and line."""
+    from .sources import iter_records, resolve_inputs
 
-    for record in iter_records(resolve_inputs([Path(os.fspath(p)) for p in paths]), (text_key,), unit):
+    named = [paths] if isinstance(paths, (str, os.PathLike)) else paths
+    return _documents(iter_records(resolve_inputs([Path(os.fspath(p)) for p in named]), (text_key,), unit))
+
+
+def _documents(records: Iterator[Record]) -> Iterator[str]:
+    """The non-empty texts of ``records`` (one key each); a bad record raises its error."""
+    from .sources import SourceError
+
+    for record in records:
         if record.error is not None:
             raise SourceError(record.error)
         if record.texts and record.texts[0]:
@@ -46,7 +46,7 @@ def read_documents(paths: Iterable[Any], unit: str = "line", text_key: str = "te
 
 
 def train_tokenizer(
-    inputs: Iterable[Any],
+    inputs: Iterable[Any] | os.PathLike[str],
     vocab_size: int,
     *,
     min_frequency: int = 2,
@@ -58,8 +58,9 @@ def train_tokenizer(
     """Train a byte-level BPE tokenizer with ``tokenizers``: no unknown tokens, specials at ids 0..k-1.
 
     Args:
-        inputs: files, globs or folders of any kind ``tokenize`` reads (``Path`` objects, or strings when every one
-            names an existing file), documents per ``unit``; or an iterable of document strings.
+        inputs: what ``tokenize`` reads, by its rule: one path, glob or folder (a ``str`` too), a list of them
+            (``Path`` objects, or strings when every one names an existing file or matching glob; a missing one
+            is refused, naming it), documents per ``unit``; or an iterable of document strings.
         vocab_size: target size including the 256 byte tokens and the special tokens.
         min_frequency: pairs seen fewer times are not merged.
         special_tokens: reserved first, in this order (default: the 9 of :data:`SPECIAL_TOKENS`: ``<|endoftext|>``
@@ -74,9 +75,10 @@ def train_tokenizer(
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    items: Iterable[Any] = inputs if isinstance(inputs, Iterator) else list(inputs)
-    is_paths = isinstance(items, list) and bool(items) and all(_names_a_file(i) for i in items)
-    documents: Iterable[str] = read_documents(items, unit) if is_paths else iter(items)
+    from .sources import iter_records, resolve_inputs
+
+    # tokenize's rule for what is a path and what is text: a missing path raises here, before any training
+    documents: Iterator[str] = _documents(iter_records(resolve_inputs(inputs), ("text",), unit))
     if sample_docs is not None:
         documents = islice(documents, sample_docs)
     tokenizer = Tokenizer(models.BPE())
