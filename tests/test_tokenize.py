@@ -449,5 +449,6 @@ def test_a_negative_seed_on_the_command_line_names_the_flag(
     from tokformats.cli import main
 
     source = jsonl(tmp_path / "in.jsonl", ["a b c"])
-    status = main(["tokenize", str(source), "-t", str(tokenizer_path), "-o", str(tmp_path / "o"), "--seed", "-3"])
-    assert status == 2 and "found --seed -3." in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:  # refused where it is parsed
+        main(["tokenize", str(source), "-t", str(tokenizer_path), "-o", str(tmp_path / "o"), "--seed", "-3"])
+    assert exited.value.code == 2 and "argument --seed: must be 0 or more, found -3" in capsys.readouterr().err
