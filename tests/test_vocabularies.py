@@ -457,3 +457,51 @@ def test_llama3_specials_equal_the_reference_names() -> None:
     # in Llama 3.1's tokenizer.json; splintr's is kept.
     assert differ == {128005: ("<|step_id|>", "<|reserved_special_token_2|>")}
 
+
+def test_llama3_decodes_every_special_and_refuses_an_unassigned_id() -> None:
+    decode = text_decoder(tokenizer="llama3")
+    shown = decode([9906, 128255, 128011, 9906])
+    assert shown == "Hello<|reserved_special_token_247|><|reserved_special_token_3|>Hello"
+    named = load_tokenizer("llama3")
+    assert decode(list(range(128000, 128256))) == "".join(named.id_to_token(i) for i in range(128000, 128256))
+    with pytest.raises(tokformats.TokenRangeError) as caught:
+        decode([9906, 128262, 9906])
+    message = str(caught.value)
+    assert "token id 128262 has no token in the tokenizer (at position 1 of the 3 ids decoded)" in message
+    assert "128,354 ids leaves 44 unassigned (128262-128299, 128342-128347)" in message
+
+
+def test_cl100k_refuses_its_unassigned_ids_when_decoding() -> None:
+    decode = text_decoder(tokenizer="cl100k_base")
+    for gap in (100256, 100261, 100275):
+        with pytest.raises(tokformats.TokenRangeError, match=rf"token id {gap} has no token in the tokenizer \(at "
+                           r"position 1 of the 4 ids decoded\): its vocabulary of 100,331 ids leaves 16 unassigned "
+                           r"\(100256, 100261-100275\)"):  # fmt: skip
+            decode([9906, gap, 100257, 9906])
+    with pytest.raises(tokformats.TokenRangeError, match=r"^token id 100256 has no token in the tokenizer"):
+        decode(np.array([100256], dtype="<u4"))
+    assert decode(np.array([9906, 100257, 100276, 100280], dtype="<u4")) == (
+        "Hello<|endoftext|><|endofprompt|><|im_start|>"
+    )
+
+
+def test_head_and_stats_name_an_unassigned_id_and_its_document(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tokformats.cli import main
+
+    path = tmp_path / "l3.bin"
+    np.array([128000, 9906, 128255, 128200, 128001, 128000, 9906, 128262, 128001], "<u4").tofile(path)
+    read = [str(path), "-t", "llama3", "--format", "raw", "--dtype", "uint32", "--eos", "128001"]
+    assert main(["head", *read, "-n", "1"]) == 0
+    first = capsys.readouterr().out
+    assert "<|begin_of_text|>Hello<|reserved_special_token_247|><|reserved_special_token_192|>" in first
+    assert main(["head", *read]) == 2
+    shown = capsys.readouterr()
+    assert "--- document 1 (4 tokens) ---" in shown.out  # the documents before it are printed
+    refused = "token id 128262 has no token in the tokenizer (at position 2 of the 4 ids decoded)"
+    assert f"tokformats: error: {path}, document 1: {refused}" in shown.err
+    assert main(["head", *read, "--json"]) == 2
+    assert f"{path}, document 1: {refused}" in capsys.readouterr().err
+    assert main(["stats", *read, "--top", "10"]) == 2
+    assert f"{path}, most frequent ids: token id 128262 has no token in the tokenizer" in capsys.readouterr().err
