@@ -453,8 +453,8 @@ def test_llama3_specials_equal_the_reference_names() -> None:
     named = load_tokenizer("llama3")
     ours = [named.id_to_token(i) for i in range(128000, 128256)]
     differ = {128000 + i: (a, b) for i, (a, b) in enumerate(zip(ours, reference, strict=True)) if a != b}
-    # One id differs, by the name only: 128005 is <|step_id|> in splintr (Meta's llama-models code), "reserved 2"
-    # in Llama 3.1's tokenizer.json; splintr's is kept.
+    # One id differs, by the name only: 128005 is <|step_id|> in splintr (Llama 3.2-Vision's name, its docs say),
+    # "reserved 2" in Llama 3.1's list; splintr's is kept.
     assert differ == {128005: ("<|step_id|>", "<|reserved_special_token_2|>")}
 
 

@@ -25,7 +25,7 @@ Where the ranks come from:
 - ``llama3``: Meta's 128,000 ranks and all 256 of Llama 3's specials at 128000-128255: the 11 splintr ships
   (``<|begin_of_text|>`` 128000 ... ``<|python_tag|>`` 128010, with splintr's ``<|step_id|>`` at 128005) and the
   245 it leaves out, :data:`LLAMA3_RESERVED` (``<|reserved_special_token_3|>`` 128011 ...
-  ``<|reserved_special_token_247|>`` 128255, Meta's Llama 3.1-3.3 names); then splintr's multimodal tokens
+  ``<|reserved_special_token_247|>`` 128255, Llama 3.1's names); then splintr's multimodal tokens
   128256-128261 and agent tokens 128300-128353. Ids 128262-128299 and 128342-128347 are unassigned; vocabulary
   size 128,354.
 - ``deepseek_v3`` (alias ``deepseek-v3``): DeepSeek-V3's 127,997 byte-level ranks (ids 3-127999) under its own
@@ -105,9 +105,10 @@ Pattern = str | tuple[str, ...]
 
 
 #: Llama 3's reserved specials splintr 0.22 leaves out (it ships 128000-128010 only): ids 128011-128255, named as
-#: Meta's Llama 3.1-3.3 ``tokenizer.json`` names them, ``<|reserved_special_token_3|>`` 128011 to
-#: ``<|reserved_special_token_247|>`` 128255 (the numbering counts on from 128005's ``<|reserved_special_token_2|>``,
-#: which splintr calls ``<|step_id|>``, as Meta's llama-models code does; splintr's name is kept).
+#: Llama 3.1's ``tokenizer.json`` names them (the tests check them against llama3-tokenizer-js's list),
+#: ``<|reserved_special_token_3|>`` 128011 to ``<|reserved_special_token_247|>`` 128255. The numbering counts on
+#: from 128005's ``<|reserved_special_token_2|>``, which splintr calls ``<|step_id|>`` (Llama 3.2-Vision's name, its
+#: docs say); splintr's name is kept.
 LLAMA3_RESERVED: dict[str, int] = {f"<|reserved_special_token_{i - 128008}|>": i for i in range(128011, 128256)}
 
 
