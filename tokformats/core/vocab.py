@@ -27,6 +27,8 @@ __all__ = [
     "token_bytes",
     "bytes_to_unicode",
     "padded_vocab_size",
+    "assigned_ids",
+    "check_decodable",
     "tokenizer_decoder",
     "vocabulary_size",
 ]
@@ -159,18 +161,62 @@ def token_bytes(tokenizer: Tokenizer, unassigned: Callable[[int], bytes] | None 
     return result
 
 
+def assigned_ids(tokenizer: Tokenizer) -> np.ndarray:
+    """One flag per id from 0 to the largest (:func:`vocabulary_size` of them): whether the tokenizer has a token,
+    ordinary or added, with that id. The others are holes, such as cl100k_base's 100256 and 100261-100275."""
+    ids = np.fromiter(tokenizer.get_vocab(with_added_tokens=True).values(), dtype=np.int64)
+    flags = np.zeros(int(ids.max(initial=-1)) + 1, dtype=bool)
+    flags[ids] = True
+    return flags
+
+
+def _id_runs(ids: np.ndarray, limit: int = 4) -> str:
+    """Sorted ids as runs, the first ``limit`` of them: ``100256, 100261-100275``."""
+    breaks = np.flatnonzero(np.diff(ids) != 1) + 1
+    runs = [(int(run[0]), int(run[-1])) for run in np.split(ids, breaks)]
+    shown = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs[:limit])
+    return shown + (f" and {len(runs) - limit:,} more runs" if len(runs) > limit else "")
+
+
+def _where(position: int, count: int) -> str:
+    return f" (at position {position:,} of the {count:,} ids decoded)" if count > 1 else ""
+
+
+def check_decodable(ids: np.ndarray, assigned: np.ndarray) -> None:
+    """Raise :class:`~tokformats.TokenRangeError` naming the first id (and its position) that no token has: outside
+    the vocabulary, or inside its range but unassigned (``tokenizers`` would decode such an id to nothing)."""
+    ids = ids.ravel()
+    if ids.dtype.kind not in "iu":
+        raise TokenRangeError(f"token ids must be integers, found {ids.dtype}.")
+    size = len(assigned)
+    outside = (ids < 0) | (ids >= size)
+    if outside.any():
+        position = int(np.argmax(outside))
+        raise TokenRangeError(
+            f"token id {int(ids[position])} is not in the tokenizer's vocabulary of {size:,} tokens"
+            f"{_where(position, len(ids))}."
+        )
+    holes = ~assigned[ids]
+    if holes.any():
+        position = int(np.argmax(holes))
+        unassigned = np.flatnonzero(~assigned)
+        raise TokenRangeError(
+            f"token id {int(ids[position])} has no token in the tokenizer{_where(position, len(ids))}: its vocabulary "
+            f"of {size:,} ids leaves {len(unassigned):,} unassigned ({_id_runs(unassigned)}); ids like it were not "
+            "made with this tokenizer."
+        )
+
+
 def tokenizer_decoder(tokenizer: Tokenizer) -> Callable[[Any], str]:
-    """A function turning ids into text with ``tokenizer`` (specials kept); ids outside its vocabulary raise
-    :class:`~tokformats.TokenRangeError` naming the id."""
-    size = vocabulary_size(tokenizer)
+    """A function turning ids into text with ``tokenizer`` (specials kept); an id outside its vocabulary, or inside
+    its range but assigned to no token (cl100k_base's 100256), raises :class:`~tokformats.TokenRangeError` naming
+    the id and its position in the ids decoded, instead of vanishing from the text."""
+    assigned = assigned_ids(tokenizer)
 
     def decode(ids: Any) -> str:
         array = np.asarray(ids)
         if array.size:
-            bad = (array < 0) | (array >= size)
-            if bad.any():
-                value = int(array.ravel()[np.argmax(bad.ravel())])
-                raise TokenRangeError(f"token id {value} is not in the tokenizer's vocabulary of {size:,} tokens.")
+            check_decodable(array, assigned)
         return str(tokenizer.decode(array.tolist(), skip_special_tokens=False))
 
     return decode

@@ -22,6 +22,12 @@ Where the ranks come from:
   tokens" to each (cl100k_base: 54 at 100277-100330, ``<|im_start|>`` = 100280), kept as decodable specials; the
   vocabulary size is the largest id plus one (cl100k_base: 100,331; ids 100256 and 100261-100275 are unassigned,
   as in tiktoken).
+- ``llama3``: Meta's 128,000 ranks and all 256 of Llama 3's specials at 128000-128255: the 11 splintr ships
+  (``<|begin_of_text|>`` 128000 ... ``<|python_tag|>`` 128010, with splintr's ``<|step_id|>`` at 128005) and the
+  245 it leaves out, :data:`LLAMA3_RESERVED` (``<|reserved_special_token_3|>`` 128011 ...
+  ``<|reserved_special_token_247|>`` 128255, Llama 3.1's names); then splintr's multimodal tokens
+  128256-128261 and agent tokens 128300-128353. Ids 128262-128299 and 128342-128347 are unassigned; vocabulary
+  size 128,354.
 - ``deepseek_v3`` (alias ``deepseek-v3``): DeepSeek-V3's 127,997 byte-level ranks (ids 3-127999) under its own
   three splits (digits in runs of up to 3, runs of CJK/kana, then its word regex, as its ``tokenizer.json`` has
   them); specials ``<｜begin▁of▁sentence｜>`` 0, ``<｜end▁of▁sentence｜>`` 1 (the end of document), ``<｜▁pad▁｜>`` 2,
@@ -42,7 +48,8 @@ from __future__ import annotations
 import base64
 import gzip
 import hashlib
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -56,6 +63,7 @@ __all__ = [
     "VOCABULARIES",
     "ALIASES",
     "REFUSED",
+    "LLAMA3_RESERVED",
     "TIKTOKEN_FILES",
     "VocabularySpec",
     "is_vocabulary_name",
@@ -96,13 +104,23 @@ DEEPSEEK_V3_SPLITS = (
 Pattern = str | tuple[str, ...]
 
 
+#: Llama 3's reserved specials splintr 0.22 leaves out (it ships 128000-128010 only): ids 128011-128255, named as
+#: Llama 3.1's ``tokenizer.json`` names them (the tests check them against llama3-tokenizer-js's list),
+#: ``<|reserved_special_token_3|>`` 128011 to ``<|reserved_special_token_247|>`` 128255. The numbering counts on
+#: from 128005's ``<|reserved_special_token_2|>``, which splintr calls ``<|step_id|>`` (Llama 3.2-Vision's name, its
+#: docs say); splintr's name is kept.
+LLAMA3_RESERVED: dict[str, int] = {f"<|reserved_special_token_{i - 128008}|>": i for i in range(128011, 128256)}
+
+
 @dataclass(frozen=True)
 class VocabularySpec:
-    """A named vocabulary: splintr's name for it, its split regex (or regexes, applied in turn), and what it is."""
+    """A named vocabulary: splintr's name for it, its split regex (or regexes, applied in turn), what it is, and the
+    model's specials splintr does not ship (added at their ids)."""
 
     splintr_name: str
     pattern: Pattern
     description: str
+    more_specials: Mapping[str, int] = field(default_factory=dict)
 
 
 #: The names ``tokenizer=`` accepts (CLI ``-t NAME``).
@@ -116,8 +134,10 @@ VOCABULARIES: dict[str, VocabularySpec] = {
         "200018, splintr's 54 agent tokens 200019-200072"
     ),
     "llama3": VocabularySpec(
-        "llama3", CL100K_PATTERN, "Llama 3 / 3.1-3.3: Meta's 128,000 tiktoken ranks under cl100k's split, "
-        "<|begin_of_text|> 128000, <|end_of_text|> 128001, the 256 reserved specials, splintr's agent tokens"
+        "llama3", CL100K_PATTERN, "Llama 3 / 3.1-3.3: Meta's 128,000 tiktoken ranks under cl100k's split, Meta's "
+        "256 specials 128000-128255 (<|begin_of_text|> 128000, <|end_of_text|> 128001, <|eot_id|> 128009, "
+        "<|reserved_special_token_247|> 128255), splintr's multimodal tokens 128256-128261 and 54 agent tokens "
+        "128300-128353", LLAMA3_RESERVED,
     ),
     "deepseek_v3": VocabularySpec(
         "deepseek_v3", DEEPSEEK_V3_SPLITS, "DeepSeek-V3 / R1: 127,997 ranks (ids 3-127999) under DeepSeek's three "
@@ -291,6 +311,18 @@ def _splintr_ranks(name: str) -> tuple[dict[bytes, int], dict[str, int]]:
     return ranks, specials
 
 
+def _with_more_specials(name: str, shipped: dict[str, int], more: Mapping[str, int]) -> dict[str, int]:
+    """splintr's specials for ``name`` and the model's own that splintr leaves out; a name or an id in both means
+    splintr changed what it ships, and the table here must be checked again."""
+    clashes = sorted(set(shipped) & set(more)) + sorted(map(str, set(shipped.values()) & set(more.values())))
+    if clashes:
+        raise ConfigError(
+            f"the vocabulary {name!r}: splintr now ships {', '.join(clashes[:5])}, which tokformats adds itself; "
+            "check tokformats.core.vocabularies against this splintr version."
+        )
+    return {**shipped, **more}
+
+
 #: A named vocabulary's tokenizer as just built by :func:`_named`, handed out by the first :func:`load_vocabulary`
 #: (taken, never shared: a caller may change its tokenizer); later loads parse the cached json (0.35 s for cl100k).
 _FRESH: dict[str, Tokenizer] = {}
@@ -300,7 +332,7 @@ _FRESH: dict[str, Tokenizer] = {}
 def _named(name: str) -> str:
     spec = VOCABULARIES[name]
     ranks, specials = _splintr_ranks(spec.splintr_name)
-    built = tokenizer_from_ranks(ranks, spec.pattern, specials)
+    built = tokenizer_from_ranks(ranks, spec.pattern, _with_more_specials(name, specials, spec.more_specials))
     _FRESH[name] = built
     return str(built.to_str())
 
