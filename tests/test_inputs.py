@@ -209,7 +209,9 @@ def test_an_output_ending_in_a_slash_is_refused(
     err = capsys.readouterr().err
     assert status == 2
     assert err.strip() == (
-        "tokformats: error: --output takes a path prefix, not a folder: found 'l/'; "
-        "name the files inside it, e.g. --output l/corpus."
+        "tokformats: error: output takes a path prefix, not a folder: found --output l/; name the files inside it, "
+        "e.g. --output l/corpus (a prefix beside it writes beside the folder)."
     )
+    with pytest.raises(ConfigError, match=r"found output='l/'; name the files inside it, e\.g\. output='l/corpus'"):
+        tokformats.tokenize(Path("a.txt"), tokenizer_path, "l/", "raw", progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "l"] and not any(Path("l").iterdir())

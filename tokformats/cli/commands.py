@@ -626,7 +626,7 @@ def run_train_tokenizer(args: argparse.Namespace) -> int:
         if path.exists() and not args.overwrite:
             raise OutputExistsError(f"{path} already exists; pass --overwrite to replace it (nothing was written).")
     tokenizer = train_tokenizer(
-        [Path(p) for p in args.inputs],
+        _input_paths(args.inputs),
         args.vocab_size,
         min_frequency=args.min_frequency,
         unit=args.unit,
@@ -665,22 +665,11 @@ def _input_paths(texts: list[str]) -> list[Path]:
     return [Path(text) for text in texts]
 
 
-def _output_prefix(output: str) -> str:
-    """``--output`` as given: a path prefix (``out/corpus`` writes ``out/corpus.bin``, ...). One ending in a slash
-    names a folder, whose files a prefix would put beside it (``out.bin``): refused, with a prefix inside it."""
-    if output.endswith(("/", os.sep)):
-        raise ConfigError(
-            f"--output takes a path prefix, not a folder: found {output!r}; name the files inside it, e.g. "
-            f"--output {output}corpus."
-        )
-    return output
-
-
 def run_tokenize(args: argparse.Namespace) -> int:
     from ..tokenization.pipeline import tokenize
 
     inputs = _input_paths(args.inputs)
-    output = _output_prefix(args.output)
+    output = args.output  # a prefix: one naming a folder ("out/") is refused by tokenize
     bad = [option for option in args.writer_option if "=" not in option]
     if bad:
         raise FormatError(f"--writer-option takes NAME=VALUE, found {bad[0]!r}.")

@@ -50,7 +50,7 @@ from .encoder import VERIFY_BYTES, Encoder, FirstSample, verification_rate
 from .outputs import checked_writer_options, write_outputs
 from .parallel import encode_in_parallel, start_workers
 from .partition_run import encode_partition
-from .plan import Plan, chat_plan, eos_mode, make_plan, output_paths, split_fractions, verify_budget
+from .plan import Plan, chat_plan, check_options, eos_mode, make_plan, output_paths, split_fractions, verify_budget
 from .progress import Progress, Stats
 from .sources import Input, Record, iter_records, read_by_line, resolve_inputs
 from .tokenizer import load_tokenizer
@@ -106,8 +106,9 @@ def tokenize(
     bytes, seconds, per output).
 
     Args:
-        inputs: files, globs or folders (``.txt``, ``.json``, ``.jsonl``, ``.parquet``; ``.gz``/``.zst``), or an
-            iterable of strings (a ``datasets.Dataset`` column works).
+        inputs: files, globs or folders (``.txt``, ``.json``, ``.jsonl``, ``.parquet``; ``.gz``/``.zst``; one
+            string is always a path or glob), or an iterable of strings to tokenize (a list, or a
+            ``datasets.Dataset`` column).
         tokenizer: a ``tokenizers.Tokenizer``, a ``tokenizer.json``, a folder holding one, a vocabulary name
             (``"cl100k_base"``, ``"o200k_base"``, ``"llama3"``, ``"deepseek_v3"``; offline) or a ``.tiktoken`` rank
             file.
@@ -166,7 +167,9 @@ def tokenize(
     started = time.perf_counter()
     format = format or default_corpus_format()
     writer_class = api.corpus_writer(format)
-    eos = eos_mode(eos, writer_class, on_error, verify_fraction, engine)
+    check_options(output=output, engine=engine, on_error=on_error, verify_fraction=verify_fraction, unit=unit,
+                  seed=seed)  # fmt: skip
+    eos = eos_mode(eos, writer_class)
     resolved = resolve_inputs(inputs)
     work = Path(f"{output}.tokenize")
     with owned_work_folder(work), contextlib.ExitStack() as naming:  # one run at a time: a second one is refused

@@ -3,6 +3,7 @@ the output paths, the split each document goes to, and the checks of the run's p
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -17,7 +18,7 @@ from ..errors import ConfigError, FormatError, option
 from .chat import schema_name
 from .chat_encoding import ChatSpec
 from .engines import ENGINES
-from .sources import Input
+from .sources import UNITS, Input
 from .templates import THOUGHT, TRAIN_ON, load_template
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "Plan",
     "assign_splits",
     "chat_plan",
+    "check_options",
     "checked_seed",
     "eos_mode",
     "make_plan",
@@ -138,22 +140,32 @@ def assign_splits(seed: int, inputs: np.ndarray, positions: np.ndarray, fraction
     return np.searchsorted(edges, uniform, side="right")
 
 
-def eos_mode(
-    eos: str | None, writer_class: type[TokenWriter], on_error: str, verify_fraction: float, engine: str = "auto"
-) -> str:
-    """The run's end-of-document mode (by default the format's convention), after checking the plain options (the
-    engine's name too, before anything starts: a parallel run's parent gates nothing)."""
-    if engine not in ENGINES:
-        raise ConfigError(f"engine must be one of {', '.join(ENGINES)}; found {engine!r}.")
+def eos_mode(eos: str | None, writer_class: type[TokenWriter]) -> str:
+    """The run's end-of-document mode: ``eos`` checked, by default the format's convention."""
     if eos is None:
         eos = "prepend" if writer_class.boundaries == "bos" else "append"
     if eos not in EOS_MODES:
         raise ConfigError(f"eos must be one of {', '.join(EOS_MODES)}; found {option('eos', repr(eos))}.")
+    return eos
+
+
+def check_options(*, output: Any, engine: str, on_error: str, verify_fraction: float, unit: str, seed: Any) -> None:
+    """Refuse a run's plain options before anything starts (before its work folder exists): the engine's name too,
+    since a parallel run's parent gates nothing."""
+    if isinstance(output, str) and output.endswith(("/", os.sep)):  # a Path drops the slash: a prefix already
+        raise ConfigError(
+            f"output takes a path prefix, not a folder: found {option('output', repr(output))}; name the files inside "
+            f"it, e.g. {option('output', repr(output + 'corpus'))} (a prefix beside it writes beside the folder)."
+        )
+    if engine not in ENGINES:
+        raise ConfigError(f"engine must be one of {', '.join(ENGINES)}; found {engine!r}.")
     if on_error not in ("raise", "skip"):
         raise ConfigError(f"on_error must be raise or skip; found {option('on_error', repr(on_error))}.")
     if not 0 <= verify_fraction <= 1:
         raise ConfigError(f"verify_fraction must be between 0 and 1, found {verify_fraction}.")
-    return eos
+    if unit not in UNITS:
+        raise ConfigError(f"unit must be one of {', '.join(UNITS)}; found {unit!r}.")
+    checked_seed(seed)
 
 
 def checked_seed(seed: Any) -> int:
