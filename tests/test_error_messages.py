@@ -58,3 +58,31 @@ def test_naming_output_leaves_library_errors_as_they_are(tmp_path: Path) -> None
     disk_full = OSError(28, "No space left on device", str(tmp_path / "out.idx.tmp"))
     renamed = naming_output(disk_full, tmp_path / "out")
     assert type(renamed) is OSError and renamed.filename == str(tmp_path / "out") and renamed.errno == 28
+
+
+# 2. A list or a glob given for a Megatron dataset: opened when it names one dataset, else a sentence that says so.
+
+
+def test_a_list_or_glob_naming_one_megatron_dataset_opens_it(two: tuple[Path, Path]) -> None:
+    a, _ = two
+    for path in ([a], [str(a)], [f"{a}.bin", f"{a}.idx"], f"{a}.*", f"{a.parent}/a.?dx"):
+        with tokformats.open(path) as reader:
+            assert isinstance(reader, megatron.Reader) and reader.prefix == a and len(reader) == 3, path
+
+
+def test_a_list_or_glob_naming_several_megatron_datasets_says_how_to_merge(
+    two: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, b = two
+    for path, given in (([a, b], "the list of paths"), (f"{a.parent}/*.bin", repr(f"{a.parent}/*.bin"))):
+        with pytest.raises(ConfigError) as caught:
+            tokformats.open(path)
+        message = str(caught.value)
+        assert message.startswith(f"a Megatron dataset is opened by one PREFIX (or its .bin or .idx); {given} names 2")
+        assert f"tokformats merge {a} {b} -o {a.parent / 'merged'}" in message
+        assert "[" not in message.split(";")[0] and ".idx does not exist" not in message
+    status, _, err = run(["stats", str(a), str(b)], capsys)
+    assert status == 2 and "names 2 datasets" in err
+    command = err.split("merge them first: ")[1].split(" (in Python")[0]
+    status, out, _ = run(command.split()[1:], capsys)  # the hint runs as printed
+    assert status == 0 and "6 documents" in out

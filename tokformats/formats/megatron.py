@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import shlex
 import struct
 import weakref
 from collections.abc import Iterable, Sequence
@@ -43,9 +44,10 @@ from ..core.documents import offsets_from_lengths
 from ..core.dtypes import as_token_array, check_lengths, little_endian, resolve_dtype
 from ..core.protocol import PathLike, TokenReader, TokenWriter, checked_position
 from ..core.registry import FormatDescriptor, Probe
-from ..errors import DTypeError, FormatError, HeaderError, NoFilesError, SizeMismatchError
+from ..errors import ConfigError, DTypeError, FormatError, HeaderError, NoFilesError, SizeMismatchError
 from ..fs.atomic import AtomicFiles, naming_output
 from ..fs.filecopy import append_file, append_open_file
+from ..fs.paths import expand_path_texts, is_pattern
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -122,6 +124,36 @@ def resolve_prefix(path: PathLike) -> Path:
         if text.endswith(suffix) and (Path(text[: -len(suffix)] + ".idx").exists() or not Path(text).exists()):
             return Path(text[: -len(suffix)])
     return Path(text)
+
+
+def one_prefix(path: Any) -> Path:
+    """The one dataset ``path`` names: a prefix or either of its files, a list of those naming one dataset (``[PREFIX]``,
+    ``[PREFIX.bin, PREFIX.idx]``), or a glob whose matches are one dataset's files (``data/owt.*``).
+
+    Raises:
+        NoFilesError: a glob that matches nothing, or an empty list.
+        ConfigError: it names several datasets; Megatron opens one (the message says how to merge them).
+    """
+    if isinstance(path, (str, os.PathLike)) and not is_pattern(os.fspath(path)):
+        return resolve_prefix(path)
+    prefixes = list(dict.fromkeys(resolve_prefix(text) for text in expand_path_texts(path)))
+    if len(prefixes) == 1:
+        return prefixes[0]
+    raise ConfigError(_several_datasets(path, prefixes))
+
+
+def _several_datasets(path: Any, prefixes: list[Path]) -> str:
+    """Why ``path``, naming the datasets ``prefixes``, does not open, and the merge that makes them one (as a command
+    and in Python: both run as printed)."""
+    given = repr(os.fspath(path)) if isinstance(path, (str, os.PathLike)) else "the list of paths"
+    shown = ", ".join(map(str, prefixes[:3])) + (f" and {len(prefixes) - 3} more" if len(prefixes) > 3 else "")
+    merged = str(prefixes[0].parent / "merged")
+    command = shlex.join(["tokformats", "merge", *map(str, prefixes), "-o", merged])
+    call = f"tokformats.merge({[str(p) for p in prefixes]!r}, {merged!r})"
+    return (
+        f"a Megatron dataset is opened by one PREFIX (or its .bin or .idx); {given} names {len(prefixes)} datasets: "
+        f"{shown}. To read them as one, merge them first: {command} (in Python, {call})."
+    )
 
 
 def detect(probe: Probe) -> bool:
@@ -231,7 +263,7 @@ class Reader(TokenReader):
     def __init__(self, path: PathLike, *, multimodal: bool | None = None, remote: LazyFiles | None = None) -> None:
         super().__init__(path, multimodal=multimodal, remote=remote)
         self._remote = remote
-        self.prefix = resolve_prefix(path)
+        self.prefix = one_prefix(path)
         self.idx_path = Path(f"{self.prefix}.idx")
         self.bin_path = Path(f"{self.prefix}.bin")
         # Each local file is opened once: pinned from the fstat of the descriptor that is mapped (no stat beside it).
