@@ -86,3 +86,64 @@ def test_a_list_or_glob_naming_several_megatron_datasets_says_how_to_merge(
     command = err.split("merge them first: ")[1].split(" (in Python")[0]
     status, out, _ = run(command.split()[1:], capsys)  # the hint runs as printed
     assert status == 0 and "6 documents" in out
+
+
+# 3. A delimiter that cannot occur in the stream is refused, naming the option and the dtype's range.
+
+IMPOSSIBLE = ["x", 2.5, True, -1, 70000, np.int64(70000)]
+
+
+@pytest.fixture()
+def raw_stream(tmp_path: Path) -> Path:
+    path = tmp_path / "train.bin"
+    np.arange(100, dtype=np.uint16).tofile(path)
+    return path
+
+
+@pytest.mark.parametrize("value", IMPOSSIBLE, ids=repr)
+@pytest.mark.parametrize("name", ["eos", "bos"])
+def test_raw_reader_refuses_a_delimiter_the_dtype_cannot_hold(raw_stream: Path, name: str, value: object) -> None:
+    with pytest.raises(ConfigError) as caught:
+        tokformats.open(raw_stream, format="raw", dtype="uint16", **{name: value})
+    message = str(caught.value)
+    assert message.startswith(f"{raw_stream}: {name}=ID must be an id from 0 to 65,535 (uint16's range)")
+    assert message.endswith(f"found {value.item() if isinstance(value, np.generic) else value!r} "
+                            f"({type(value).__name__}).")
+
+
+def test_raw_reader_refuses_eos_and_bos_together(raw_stream: Path) -> None:
+    with pytest.raises(ConfigError, match=r"train.bin: pass eos=ID .* or bos=ID .*, not both; found eos=1, bos=2"):
+        tokformats.open(raw_stream, format="raw", dtype="uint16", eos=1, bos=2)
+
+
+def test_raw_reader_takes_an_id_of_any_integer_type(raw_stream: Path) -> None:
+    for value in (5, np.uint16(5), np.int64(5)):
+        with tokformats.open(raw_stream, format="raw", dtype="uint16", eos=value) as reader:
+            assert reader.eos == 5 and type(reader.eos) is int and len(reader) == 2
+
+
+@pytest.fixture()
+def llmc_shard(tmp_path: Path) -> Path:
+    with tokformats.create(tmp_path / "s", "llmc", bos=50256, vocab_size=50257) as writer:
+        writer.write([1, 2, 3])
+        writer.write([4, 5])
+    (shard,) = tmp_path.glob("s*.bin")
+    return shard
+
+
+@pytest.mark.parametrize("value", IMPOSSIBLE[1:], ids=repr)
+def test_llmc_reader_refuses_a_delimiter_the_dtype_cannot_hold(llmc_shard: Path, value: object) -> None:
+    for name in ("bos", "eos"):
+        with pytest.raises(ConfigError, match=rf"{llmc_shard.name}: {name}=ID must be an id from 0 to 65,535"):
+            tokformats.open(llmc_shard, **{name: value})
+
+
+def test_llmc_reader_delimiters_given_still_open(llmc_shard: Path) -> None:
+    with pytest.raises(ConfigError, match="not both; found eos=3, bos=50256"):
+        tokformats.open(llmc_shard, eos=3, bos=50256)
+    with tokformats.open(llmc_shard, eos=3) as reader:
+        assert (reader.bos, reader.eos, len(reader)) == (None, 3, 2)
+    with tokformats.open(llmc_shard, bos=None) as reader:
+        assert (reader.bos, reader.eos, len(reader)) == (None, None, 1)
+    with tokformats.open(llmc_shard) as reader:
+        assert (reader.bos, reader.bos_rule, len(reader)) == (50256, "family", 2)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Generic, TypeVar, ove
 
 import numpy as np
 
-from ..errors import FormatError
+from ..errors import ConfigError, FormatError, option
 from ..fs.atomic import AtomicFiles, naming_output
 from ..fs.journal import recover_near
 from .arrays import LazyArray, TokenArray
@@ -38,7 +38,16 @@ if TYPE_CHECKING:
     import numpy.typing as npt
     from typing_extensions import Self
 
-__all__ = ["Reader", "TokenReader", "Writer", "TokenWriter", "PathLike", "checked_position", "loss_mask_formats"]
+__all__ = [
+    "Reader",
+    "TokenReader",
+    "Writer",
+    "TokenWriter",
+    "PathLike",
+    "checked_position",
+    "checked_delimiters",
+    "loss_mask_formats",
+]
 
 PathLike = str | os.PathLike[str]
 Item = TypeVar("Item")
@@ -52,6 +61,37 @@ def checked_position(key: Any, count: int, what: str, unit: str, where: str = ""
     if not 0 <= position < count:
         raise IndexError(f"{what} {index} is out of range for {count:,} {unit}{where}")
     return position
+
+
+def checked_delimiters(path: Any, dtype: np.dtype, eos: Any, bos: Any) -> tuple[int | None, int | None]:
+    """A reader's ``eos=`` and ``bos=`` as ids (None stays None), each one that can occur in a stream of ``dtype``:
+    an int (not a bool) from 0 to the dtype's largest value. A delimiter that cannot occur would open the whole
+    stream silently as one document, so it is refused.
+
+    Raises:
+        ConfigError: both are given, or one is not such an id (the message names the option and the range).
+    """
+    if eos is not None and bos is not None:
+        raise ConfigError(
+            f"{path}: pass {option('eos', 'ID')} (each document ends with it) or {option('bos', 'ID')} (each starts "
+            f"with it), not both; found eos={eos!r}, bos={bos!r}."
+        )
+    return _delimiter(path, dtype, "eos", eos), _delimiter(path, dtype, "bos", bos)
+
+
+def _delimiter(path: Any, dtype: np.dtype, name: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    high = np.iinfo(dtype).max if dtype.kind in "iu" else None
+    is_id = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    if is_id and 0 <= value and (high is None or value <= high):
+        return int(value)
+    span = f"an id from 0 to {high:,} ({dtype.name}'s range)" if high is not None else "a non-negative int id"
+    found = value.item() if isinstance(value, np.generic) else value  # 70000, not np.int64(70000)
+    raise ConfigError(
+        f"{path}: {option(name, 'ID')} must be {span}, the only values a {dtype.name} stream holds; "
+        f"found {found!r} ({type(value).__name__})."
+    )
 
 
 def _public_name(cls: type) -> str:
