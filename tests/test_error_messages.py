@@ -86,6 +86,10 @@ def test_a_list_or_glob_naming_several_megatron_datasets_says_how_to_merge(
     command = err.split("merge them first: ")[1].split(" (in Python")[0]
     status, out, _ = run(command.split()[1:], capsys)  # the hint runs as printed
     assert status == 0 and "6 documents" in out
+    call = err.split("(in Python, ")[1].rsplit(").", 1)[0]
+    assert call.startswith("tokformats.megatron.merge(")
+    merged = eval(call.replace("merged'", "merged_in_python'"))  # the Python spelling runs as printed too
+    assert len(merged) == 6
 
 
 # 3. A delimiter that cannot occur in the stream is refused, naming the option and the dtype's range.

@@ -149,7 +149,7 @@ def _several_datasets(path: Any, prefixes: list[Path]) -> str:
     shown = ", ".join(map(str, prefixes[:3])) + (f" and {len(prefixes) - 3} more" if len(prefixes) > 3 else "")
     merged = str(prefixes[0].parent / "merged")
     command = shlex.join(["tokformats", "merge", *map(str, prefixes), "-o", merged])
-    call = f"tokformats.merge({[str(p) for p in prefixes]!r}, {merged!r})"
+    call = f"tokformats.megatron.merge({[str(p) for p in prefixes]!r}, {merged!r})"
     return (
         f"a Megatron dataset is opened by one PREFIX (or its .bin or .idx); {given} names {len(prefixes)} datasets: "
         f"{shown}. To read them as one, merge them first: {command} (in Python, {call})."
