@@ -151,3 +151,46 @@ def test_llmc_reader_delimiters_given_still_open(llmc_shard: Path) -> None:
         assert (reader.bos, reader.eos, len(reader)) == (None, None, 1)
     with tokformats.open(llmc_shard) as reader:
         assert (reader.bos, reader.bos_rule, len(reader)) == (50256, "family", 2)
+
+
+# 4. Bare Python errors from user input are library errors that say what was expected.
+
+
+@pytest.mark.parametrize("path", [None, 123, 1.5, b"data/a", [None], ["data/a", 3]], ids=repr)
+def test_open_of_something_that_is_no_path_says_what_open_takes(path: object) -> None:
+    with pytest.raises(ConfigError) as caught:
+        tokformats.open(path)
+    message = str(caught.value)
+    assert message.startswith("a dataset is named by a path (a str or os.PathLike: a file, a Megatron prefix, a folder")
+    found = path[-1] if isinstance(path, list) else path
+    assert f"found {found!r} ({type(found).__name__})" in message
+    assert message.endswith(" in the list.") == isinstance(path, list)
+
+
+@pytest.mark.parametrize("format", ["megatron", "raw", "llmc"])
+def test_a_write_after_close_names_the_file(tmp_path: Path, format: str) -> None:
+    writer = tokformats.create(tmp_path / "out", format, dtype="uint16")
+    writer.write([1, 2])
+    writer.close()
+    with pytest.raises(tokformats.FormatError) as caught:
+        writer.write([3])
+    assert str(caught.value).startswith(f"{writer.path}: this {format} writer is already committed")
+    aborted = tokformats.create(tmp_path / "gone", format, dtype="uint16")
+    aborted.abort()
+    with pytest.raises(tokformats.FormatError, match="already aborted .nothing of it was written"):
+        aborted.write([3])
+
+
+def test_a_document_that_is_not_numbers_names_the_file(tmp_path: Path) -> None:
+    for format in ("megatron", "raw"):
+        with tokformats.create(tmp_path / format, format, dtype="uint16") as writer:
+            writer.write([1])
+            with pytest.raises(tokformats.TokenRangeError) as caught:
+                writer.write(["a"])
+            assert str(caught.value) == f"{writer.path}: document 1 must be integers or floats, found dtype <U1."
+            with pytest.raises(tokformats.TokenRangeError, match=rf"^{writer.path}: flat_ids must be integers"):
+                writer.write_batch(["a", "b"], [2])
+    with tokformats.create(tmp_path / "m2", "megatron", dtype="uint16") as writer:
+        with pytest.raises(tokformats.TokenRangeError, match=rf"^{writer.path}: a sequence of document 0 must be"):
+            writer.add_item(["a"])
+

@@ -508,8 +508,13 @@ class Writer(ABC, Generic[Item]):
         return self._state != "open"
 
     def _check_open(self) -> None:
+        """Refuse a write once the writer has committed or aborted (a close after an abort too): its files are final."""
         if self._state != "open":
-            raise ValueError(f"this {self.format} writer for {self.path} is already {self._state}")
+            done = "its files are written" if self._state == "committed" else "nothing of it was written"
+            raise FormatError(
+                f"{self.path}: this {self.format} writer is already {self._state} ({done}); nothing more can be "
+                "written with it: create a new writer to write more."
+            )
 
     @abstractmethod
     def write(self, item: Item) -> None:
@@ -683,7 +688,7 @@ class TokenWriter(Writer[Any]):
         """Append one document (a sequence of ids), with its loss mask (one 0/1 per token, 1: trained on) when the
         format stores masks (:attr:`stores_loss_mask`)."""
         self._check_open()
-        flat = self._validated(as_token_array(item, what="a document"), None)
+        flat = self._validated(as_token_array(item, what=f"{self.path}: document {self.num_documents:,}"), None)
         self._write_checked(flat, np.array([len(flat)], dtype=np.int64), loss_mask)
 
     def write_batch(
@@ -695,7 +700,7 @@ class TokenWriter(Writer[Any]):
         This is the fast path: one validation and one cast for the whole batch, no per-document Python work.
         """
         self._check_open()
-        flat = as_token_array(flat_ids, what="flat_ids")
+        flat = as_token_array(flat_ids, what=f"{self.path}: flat_ids")
         sizes = check_lengths(lengths, len(flat), where=f"{self.path}: ")
         flat = self._validated(flat, sizes)
         self._write_checked(flat, sizes, loss_mask)

@@ -776,7 +776,7 @@ class Writer(TokenWriter):
     def add_item(self, sequence: npt.ArrayLike, mode: int = 0) -> None:
         """Append one sequence to the current document (``IndexedDatasetBuilder.add_item``)."""
         self._check_open()
-        flat = self._validated(as_token_array(sequence, what="a sequence"), None)
+        flat = self._validated(as_token_array(sequence, what=f"{self.path}: a sequence of document {self.num_documents:,}"), None)
         self._add_sequences(flat, np.array([len(flat)], dtype=np.int64), None if mode is None else [mode])
         self._mask_all(len(flat))
         self._open_sequences += 1
@@ -791,7 +791,8 @@ class Writer(TokenWriter):
     def write_document(self, sequences: Iterable[npt.ArrayLike], modes: Sequence[int] | None = None) -> None:
         """Append one document made of several sequences (``add_document``, e.g. ``--split-sentences``)."""
         self._check_open()
-        arrays = [as_token_array(s, what="a sequence") for s in sequences]
+        what = f"{self.path}: a sequence of document {self.num_documents:,}"
+        arrays = [as_token_array(s, what=what) for s in sequences]
         lengths = np.array([len(a) for a in arrays], dtype=np.int64)
         flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=self.dtype)
         flat = self._validated(flat, None)
