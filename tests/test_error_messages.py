@@ -194,3 +194,26 @@ def test_a_document_that_is_not_numbers_names_the_file(tmp_path: Path) -> None:
         with pytest.raises(tokformats.TokenRangeError, match=rf"^{writer.path}: a sequence of document 0 must be"):
             writer.add_item(["a"])
 
+
+# 5. verify names an id out of range by its document and its place there, with plain numbers.
+
+
+def test_verify_names_the_document_and_the_token_within_it(two: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    _, b = two  # documents of 10, 11 and 12 ids from 300
+    with tokformats.open(b) as reader:
+        found = reader.problems(vocab_size=310)
+    assert [str(p) for p in found] == [
+        f"{b}: document 1 ids: its token 10 (token 20 of the stream) holds 310, which is not below vocab_size 310",
+        f"{b}: document 2 ids: its token 10 (token 31 of the stream) holds 310, which is not below vocab_size 310",
+        f"{b}: document 2 ids: its token 11 (token 32 of the stream) holds 311, which is not below vocab_size 310",
+    ]
+    status, out, err = run(["verify", str(b), "--vocab-size", "310"], capsys)
+    assert status != 0 and "np." not in out + err and "its token 10 (token 20 of the stream) holds 310" in out + err
+
+
+def test_verify_names_a_float_value_plainly(tmp_path: Path) -> None:
+    path = tmp_path / "v.bin"
+    np.array([1.0, np.nan, 2.0], dtype=np.float32).tofile(path)
+    with tokformats.open(path, format="raw", dtype="float32", eos=None) as reader:
+        (problem,) = reader.problems()
+    assert problem.message == "its token 1 (token 1 of the stream) holds nan, which is not finite"
