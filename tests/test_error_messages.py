@@ -217,3 +217,30 @@ def test_verify_names_a_float_value_plainly(tmp_path: Path) -> None:
     with tokformats.open(path, format="raw", dtype="float32", eos=None) as reader:
         (problem,) = reader.problems()
     assert problem.message == "its token 1 (token 1 of the stream) holds nan, which is not finite"
+
+
+# 6. A refused option's hint spells each option as the caller can type it: no Python keyword offered as a flag.
+
+
+def test_a_refused_option_names_the_options_as_the_caller_types_them(
+    two: tuple[Path, Path], llmc_shard: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, _ = two
+    status, _, err = run(["head", str(a), "--eos", "5"], capsys)
+    assert status == 2
+    assert err == (
+        f"tokformats: error: {a}: the megatron reader takes no command-line option (multimodal= in Python only), "
+        "not --eos; it applies to dolma, llmc, pt, raw.\n"
+    )
+    status, _, err = run(["info", str(llmc_shard), "--dtype", "uint32"], capsys)
+    assert status == 2
+    assert err == (
+        f"tokformats: error: {llmc_shard}: the llmc reader takes --bos, --eos (and open_maps= in Python only), "
+        "not --dtype; it applies to datatrove, dolma, raw, sequences.\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        tokformats.open(llmc_shard, dtype="uint32")
+    assert str(caught.value) == (
+        f"{llmc_shard}: the llmc reader takes bos=, eos=, open_maps=, not dtype=; "
+        "it applies to datatrove, dolma, raw, sequences."
+    )
