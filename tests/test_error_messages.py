@@ -12,6 +12,10 @@ import tokformats
 from tokformats import ConfigError, NoFilesError, OutputExistsError
 from tokformats.cli import main
 from tokformats.formats import megatron
+from tokformats.remote import NotFoundError, RemoteError
+from tokformats.remote.cache import NotCachedError
+
+from .http_server import FileServer
 
 
 def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -244,3 +248,55 @@ def test_a_refused_option_names_the_options_as_the_caller_types_them(
         f"{llmc_shard}: the llmc reader takes bos=, eos=, open_maps=, not dtype=; "
         "it applies to datatrove, dolma, raw, sequences."
     )
+
+
+# 7. By URL: the file the URL names is the one a message is about, and a folder that is not there says the status.
+
+
+@pytest.fixture()
+def served_shard(server: FileServer) -> str:
+    with tokformats.create(Path(server.root) / "l" / "owt2", "llmc", vocab_size=1000, bos=0) as writer:
+        writer.write([1, 2])
+        writer.write([3])
+    return f"{server.url}/l/owt2_000000.bin"
+
+
+@pytest.mark.usefixtures("quick_retries")
+def test_an_llmc_shard_by_url_offline_and_uncached_names_the_shard(tmp_path: Path, served_shard: str) -> None:
+    with pytest.raises(NotCachedError) as caught:
+        tokformats.open(served_shard, cache_dir=tmp_path / "cache", offline=True)
+    assert str(caught.value).startswith(f"{served_shard} is not in the cache (")
+    assert ".idx" not in str(caught.value)
+    with tokformats.open(served_shard, cache_dir=tmp_path / "cache") as reader:  # online once: then offline opens
+        assert reader.format == "llmc"
+    with tokformats.open(served_shard, cache_dir=tmp_path / "cache", offline=True) as reader:
+        assert [d.tolist() for d in reader] == [[0, 1, 2], [0, 3]]
+
+
+@pytest.mark.usefixtures("quick_retries")
+def test_a_missing_file_by_url_names_that_file(tmp_path: Path, server: FileServer) -> None:
+    with pytest.raises(NotFoundError) as caught:
+        tokformats.open(f"{server.url}/nothere/x.bin", cache_dir=tmp_path / "cache")
+    assert str(caught.value) == f"{server.url}/nothere/x.bin does not exist (HTTP 404)."
+
+
+@pytest.mark.usefixtures("quick_retries")
+def test_a_folder_url_that_is_not_there_names_the_http_status(
+    tmp_path: Path, server: FileServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"{server.url}/nothere/"
+    with pytest.raises(NotFoundError) as caught:
+        tokformats.open(url, cache_dir=tmp_path / "cache")
+    message = str(caught.value)
+    assert message.startswith(f"{url} names no dataset: the store lists no file there")
+    assert "(SHA256SUMS, manifest.json, meta.json, index.json, state.json: each answered HTTP 404)" in message
+    assert "Check the URL" in message
+    server.fault("elsewhere/SHA256SUMS", "status", 404)
+    for name in ("manifest.json", "meta.json", "index.json", "state.json"):
+        server.fault(f"elsewhere/{name}", "status", 403)
+    with pytest.raises(RemoteError, match=r"answered HTTP 403") as denied:
+        tokformats.open(f"{server.url}/elsewhere/", cache_dir=tmp_path / "cache")
+    assert not isinstance(denied.value, NotFoundError)
+    with pytest.raises(RemoteError, match=r"cannot be listed offline: none of SHA256SUMS, manifest.json"):
+        tokformats.open(url, cache_dir=tmp_path / "cache2", offline=True)
+
