@@ -300,3 +300,49 @@ def test_a_folder_url_that_is_not_there_names_the_http_status(
     with pytest.raises(RemoteError, match=r"cannot be listed offline: none of SHA256SUMS, manifest.json"):
         tokformats.open(url, cache_dir=tmp_path / "cache2", offline=True)
 
+
+# 8. A truncated Megatron .bin: no token count the index contradicts; head refuses it as info does.
+
+
+@pytest.fixture()
+def truncated(tmp_path: Path) -> Path:
+    """A Megatron dataset of 10,000 five-token documents (three blocks of sequences) whose .bin lost its last 5
+    tokens: the leading documents read, the far end of the index does not match."""
+    prefix = tmp_path / "big" / "c"
+    with tokformats.create(prefix, "megatron", dtype="uint16") as writer:
+        writer.write_batch(np.arange(50_000) % 1000, np.full(10_000, 5))
+    data = Path(f"{prefix}.bin")
+    data.write_bytes(data.read_bytes()[:-10])
+    return prefix
+
+
+SHORT = r"c.bin: the index's sequences end at byte 100,000 \(50,000 uint16 tokens\), but the file has 99,990 bytes"
+
+
+def test_a_truncated_megatron_bin_states_no_token_count(truncated: Path) -> None:
+    with tokformats.open(truncated) as reader:
+        assert reader[0].tolist() == [0, 1, 2, 3, 4]  # what is readable reads (no far page at open or first read)
+        with pytest.raises(tokformats.SizeMismatchError, match=SHORT):
+            reader.num_tokens  # noqa: B018
+        text = repr(reader)
+        assert "tokens=unknown (" in text and "99,990 bytes" in text and "49,995" not in text
+        assert "49,995" not in reader._repr_html_()
+
+
+@pytest.mark.parametrize("command", ["head", "tail", "sample"])
+def test_head_refuses_a_truncated_megatron_bin_as_info_does(
+    truncated: Path, command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, err = run([command, str(truncated), "-n", "2"], capsys)
+    assert status == 2 and out == ""
+    assert err.startswith("tokformats: error: ") and "99,990 bytes (truncated, or not this index's data)" in err
+    status, _, err = run(["info", str(truncated)], capsys)
+    assert status == 2 and "99,990 bytes" in err
+
+
+def test_an_intact_megatron_dataset_counts_its_tokens(two: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    a, _ = two
+    with tokformats.open(a) as reader:
+        assert reader.num_tokens == 33 and "tokens=33 " in repr(reader)
+    status, out, _ = run(["head", str(a), "-n", "1"], capsys)
+    assert status == 0 and out.startswith("--- document 0 (10 tokens) ---")

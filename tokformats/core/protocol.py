@@ -469,20 +469,27 @@ class TokenReader(Reader[np.ndarray]):
         return ("tokens", "_view")
 
     def _summary(self) -> dict[str, Any]:
+        try:
+            tokens: int | str = self.num_tokens
+        except FormatError as error:  # a count the index contradicts (a truncated .bin) is not stated; why is
+            tokens = f"unknown ({error})"
         return {
             "format": self.format,
             "path": str(self.path),
             "documents": len(self),
-            "tokens": self.num_tokens,
+            "tokens": tokens,
             "dtype": self.dtype.name,
         }
 
     def _preview(self) -> str | None:
         if len(self) == 0:
             return None
-        first = np.asarray(self._item(0)[:32]).tolist()
-        more = " ..." if self.lengths[0] > 32 else ""
-        return f"{first}{more}"
+        try:
+            document = self._item(0)
+        except FormatError:  # damage a first read finds (the summary's token count says what it is)
+            return None
+        more = " ..." if len(document) > 32 else ""
+        return f"{np.asarray(document[:32]).tolist()}{more}"
 
 
 class Writer(ABC, Generic[Item]):

@@ -408,6 +408,7 @@ class Reader(TokenReader):
                 f"{'' if count else 'for an index of no sequences '}(truncated, or not this index's data)."
             )
         self._num_tokens = bin_size // itemsize
+        self._end_checked = False  # set by the first _check_end that passes
         self._sequences = count
         self._itemsize = itemsize
         #: One state per block of ``1 << _BLOCK_BITS`` sequences: _UNSEEN, _SEEN (read once, by the per-access
@@ -416,7 +417,9 @@ class Reader(TokenReader):
 
     def _check_end(self) -> None:
         """The last sequence must end where the ``.bin`` ends (checked where the far end is used: the last block's
-        first access, :attr:`sequence_offsets`, :meth:`problems`)."""
+        first access, :attr:`sequence_offsets`, :attr:`num_tokens`, :meth:`problems`); once it passes, not again."""
+        if self._end_checked:
+            return
         count, itemsize = self._sequences, self._dtype.itemsize
         lengths, pointers = self.sequence_lengths, self.sequence_pointers
         end = int(pointers[-1]) + int(lengths[-1]) * itemsize if count else 0
@@ -426,6 +429,7 @@ class Reader(TokenReader):
                 f"{self._dtype.name} tokens), but the file has {self._num_tokens * itemsize:,} bytes (truncated, or "
                 "not this index's data)."
             )
+        self._end_checked = True
 
     def _check_block(self, block: int) -> bool:
         """Check, vectorised, every pointer of sequence block ``block`` (and the links to its neighbours): each
@@ -486,6 +490,9 @@ class Reader(TokenReader):
 
     @property
     def num_tokens(self) -> int:
+        """The tokens of the ``.bin``, once the index's far end agrees (its last sequence ends where the file does):
+        a truncated ``.bin`` raises :class:`SizeMismatchError` here, never a count the index contradicts."""
+        self._check_end()
         return self._num_tokens
 
     @cached_property
