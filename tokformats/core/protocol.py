@@ -84,7 +84,7 @@ def _delimiter(path: Any, dtype: np.dtype, name: str, value: Any) -> int | None:
         return None
     high = np.iinfo(dtype).max if dtype.kind in "iu" else None
     is_id = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-    if is_id and 0 <= value and (high is None or value <= high):
+    if is_id and value >= 0 and (high is None or value <= high):
         return int(value)
     span = f"an id from 0 to {high:,} ({dtype.name}'s range)" if high is not None else "a non-negative int id"
     found = value.item() if isinstance(value, np.generic) else value  # 70000, not np.int64(70000)

@@ -127,8 +127,8 @@ def resolve_prefix(path: PathLike) -> Path:
 
 
 def one_prefix(path: Any) -> Path:
-    """The one dataset ``path`` names: a prefix or either of its files, a list of those naming one dataset (``[PREFIX]``,
-    ``[PREFIX.bin, PREFIX.idx]``), or a glob whose matches are one dataset's files (``data/owt.*``).
+    """The one dataset ``path`` names: a prefix or either of its files, a list of those naming one dataset
+    (``[PREFIX]``, ``[PREFIX.bin, PREFIX.idx]``), or a glob whose matches are one dataset's files (``data/owt.*``).
 
     Raises:
         NoFilesError: a glob that matches nothing, or an empty list.
@@ -783,7 +783,8 @@ class Writer(TokenWriter):
     def add_item(self, sequence: npt.ArrayLike, mode: int = 0) -> None:
         """Append one sequence to the current document (``IndexedDatasetBuilder.add_item``)."""
         self._check_open()
-        flat = self._validated(as_token_array(sequence, what=f"{self.path}: a sequence of document {self.num_documents:,}"), None)
+        what = f"{self.path}: a sequence of document {self.num_documents:,}"
+        flat = self._validated(as_token_array(sequence, what=what), None)
         self._add_sequences(flat, np.array([len(flat)], dtype=np.int64), None if mode is None else [mode])
         self._mask_all(len(flat))
         self._open_sequences += 1
