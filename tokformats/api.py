@@ -115,12 +115,10 @@ def _takes(accepted: list[str], refused: str) -> str:
     if not _spelled(refused).startswith("--"):  # from Python: every option as a keyword
         return f"takes {', '.join(spelled)}" if spelled else "takes no options"
     flags = [s for s in spelled if s.startswith("--")]
-    python_only = [s for s in spelled if not s.startswith("--")]
+    python_only = ", ".join(s for s in spelled if not s.startswith("--"))
     if not flags:
-        return f"takes no command-line option ({', '.join(python_only)} in Python only)" if python_only else (
-            "takes no options"
-        )
-    return f"takes {', '.join(flags)}" + (f" (and {', '.join(python_only)} in Python only)" if python_only else "")
+        return f"takes no command-line option ({python_only} in Python only)" if python_only else "takes no options"
+    return f"takes {', '.join(flags)}" + (f" (and {python_only} in Python only)" if python_only else "")
 
 
 def _spelled(name: str) -> str:
