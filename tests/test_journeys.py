@@ -194,7 +194,10 @@ def test_reader_options_open_or_are_refused_naming_the_formats(tmp_path: Path) -
                 assert name in ("raw", "llmc", "pt", "dolma", "datatrove"), (name, key, error)
     status, _, stderr = cli("info", str(corpora["megatron"][0]), "--eos", "0", cwd=tmp_path)
     assert status == 2 and stderr.count("\n") == 1
-    assert stderr.endswith("the megatron reader takes multimodal=, not --eos; it applies to dolma, llmc, pt, raw.\n")
+    assert stderr.endswith(
+        "the megatron reader takes no command-line option (multimodal= in Python only), not --eos; "
+        "it applies to dolma, llmc, pt, raw.\n"
+    )
 
 
 # -- item 5: the dtype holds every id stored, chosen before encoding -------------------------------------------

@@ -103,13 +103,27 @@ def _check_options(path: Any, name: str, role: str, options: dict[str, Any]) -> 
     key = unknown[0]
     others = sorted(n for n, d in formats.items() if key in (_parameters(getattr(d, role)) or set()))
     where = f"it applies to {', '.join(others)}" if others else "no format takes it"
-    accepted = [_spelled(k) for k in sorted((taken or set()) - {"remote"})]  # remote: set by open(URL) itself
-    takes = f"takes {', '.join(accepted)}" if accepted else "takes no options"
-    raise ConfigError(f"{path}: the {name} {role} {takes}, not {_spelled(key)}; {where}.")
+    accepted = sorted((taken or set()) - {"remote"})  # remote: set by open(URL) itself
+    raise ConfigError(f"{path}: the {name} {role} {_takes(accepted, key)}, not {_spelled(key)}; {where}.")
+
+
+def _takes(accepted: list[str], refused: str) -> str:
+    """The options a reader or writer takes, each as the caller can type it. On the command line (the refused
+    option came as a flag: a user types no other) an option with no flag of this subcommand is named as existing
+    in Python only (``multimodal=`` is no flag)."""
+    spelled = [_spelled(k) for k in accepted]
+    if not _spelled(refused).startswith("--"):  # from Python: every option as a keyword
+        return f"takes {', '.join(spelled)}" if spelled else "takes no options"
+    flags = [s for s in spelled if s.startswith("--")]
+    python_only = ", ".join(s for s in spelled if not s.startswith("--"))
+    if not flags:
+        return f"takes no command-line option ({python_only} in Python only)" if python_only else "takes no options"
+    return f"takes {', '.join(flags)}" + (f" (and {python_only} in Python only)" if python_only else "")
 
 
 def _spelled(name: str) -> str:
-    """An option's name as the caller spells it (``--eos`` on the command line, ``eos=`` in Python)."""
+    """An option's name as the caller spells it (``--eos`` on the command line, ``eos=`` in Python, and ``eos=``
+    for an option the command line has no flag for)."""
     return option(name, "X").split(" ")[0].replace("=X", "=")
 
 

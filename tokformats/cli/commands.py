@@ -481,6 +481,7 @@ def run_explain(args: argparse.Namespace) -> int:
 def _print_documents(args: argparse.Namespace, pick: Callable[[int], list[int]]) -> int:
     decode = _decoder(args)
     with _open_corpus(args) as reader:
+        reader.num_tokens  # noqa: B018 - refused up front, as by info, when the data contradicts its index
         masked = getattr(args, "mask", False)
         if masked and reader.loss_masks is None:
             print(f"tokformats: {reader.path} stores no loss mask: every token is trained on.", file=sys.stderr)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Generic, TypeVar, ove
 
 import numpy as np
 
-from ..errors import FormatError
+from ..errors import ConfigError, FormatError, option
 from ..fs.atomic import AtomicFiles, naming_output
 from ..fs.journal import recover_near
 from .arrays import LazyArray, TokenArray
@@ -38,7 +38,16 @@ if TYPE_CHECKING:
     import numpy.typing as npt
     from typing_extensions import Self
 
-__all__ = ["Reader", "TokenReader", "Writer", "TokenWriter", "PathLike", "checked_position", "loss_mask_formats"]
+__all__ = [
+    "Reader",
+    "TokenReader",
+    "Writer",
+    "TokenWriter",
+    "PathLike",
+    "checked_position",
+    "checked_delimiters",
+    "loss_mask_formats",
+]
 
 PathLike = str | os.PathLike[str]
 Item = TypeVar("Item")
@@ -52,6 +61,37 @@ def checked_position(key: Any, count: int, what: str, unit: str, where: str = ""
     if not 0 <= position < count:
         raise IndexError(f"{what} {index} is out of range for {count:,} {unit}{where}")
     return position
+
+
+def checked_delimiters(path: Any, dtype: np.dtype, eos: Any, bos: Any) -> tuple[int | None, int | None]:
+    """A reader's ``eos=`` and ``bos=`` as ids (None stays None), each one that can occur in a stream of ``dtype``:
+    an int (not a bool) from 0 to the dtype's largest value. A delimiter that cannot occur would open the whole
+    stream silently as one document, so it is refused.
+
+    Raises:
+        ConfigError: both are given, or one is not such an id (the message names the option and the range).
+    """
+    if eos is not None and bos is not None:
+        raise ConfigError(
+            f"{path}: pass {option('eos', 'ID')} (each document ends with it) or {option('bos', 'ID')} (each starts "
+            f"with it), not both; found eos={eos!r}, bos={bos!r}."
+        )
+    return _delimiter(path, dtype, "eos", eos), _delimiter(path, dtype, "bos", bos)
+
+
+def _delimiter(path: Any, dtype: np.dtype, name: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    high = np.iinfo(dtype).max if dtype.kind in "iu" else None
+    is_id = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    if is_id and value >= 0 and (high is None or value <= high):
+        return int(value)
+    span = f"an id from 0 to {high:,} ({dtype.name}'s range)" if high is not None else "a non-negative int id"
+    found = value.item() if isinstance(value, np.generic) else value  # 70000, not np.int64(70000)
+    raise ConfigError(
+        f"{path}: {option(name, 'ID')} must be {span}, the only values a {dtype.name} stream holds; "
+        f"found {found!r} ({type(value).__name__})."
+    )
 
 
 def _public_name(cls: type) -> str:
@@ -429,20 +469,27 @@ class TokenReader(Reader[np.ndarray]):
         return ("tokens", "_view")
 
     def _summary(self) -> dict[str, Any]:
+        try:
+            tokens: int | str = self.num_tokens
+        except FormatError as error:  # a count the index contradicts (a truncated .bin) is not stated; why is
+            tokens = f"unknown ({error})"
         return {
             "format": self.format,
             "path": str(self.path),
             "documents": len(self),
-            "tokens": self.num_tokens,
+            "tokens": tokens,
             "dtype": self.dtype.name,
         }
 
     def _preview(self) -> str | None:
         if len(self) == 0:
             return None
-        first = np.asarray(self._item(0)[:32]).tolist()
-        more = " ..." if self.lengths[0] > 32 else ""
-        return f"{first}{more}"
+        try:
+            document = self._item(0)
+        except FormatError:  # damage a first read finds (the summary's token count says what it is)
+            return None
+        more = " ..." if len(document) > 32 else ""
+        return f"{np.asarray(document[:32]).tolist()}{more}"
 
 
 class Writer(ABC, Generic[Item]):
@@ -468,8 +515,13 @@ class Writer(ABC, Generic[Item]):
         return self._state != "open"
 
     def _check_open(self) -> None:
+        """Refuse a write once the writer has committed or aborted (a close after an abort too): its files are final."""
         if self._state != "open":
-            raise ValueError(f"this {self.format} writer for {self.path} is already {self._state}")
+            done = "its files are written" if self._state == "committed" else "nothing of it was written"
+            raise FormatError(
+                f"{self.path}: this {self.format} writer is already {self._state} ({done}); nothing more can be "
+                "written with it: create a new writer to write more."
+            )
 
     @abstractmethod
     def write(self, item: Item) -> None:
@@ -643,7 +695,7 @@ class TokenWriter(Writer[Any]):
         """Append one document (a sequence of ids), with its loss mask (one 0/1 per token, 1: trained on) when the
         format stores masks (:attr:`stores_loss_mask`)."""
         self._check_open()
-        flat = self._validated(as_token_array(item, what="a document"), None)
+        flat = self._validated(as_token_array(item, what=f"{self.path}: document {self.num_documents:,}"), None)
         self._write_checked(flat, np.array([len(flat)], dtype=np.int64), loss_mask)
 
     def write_batch(
@@ -655,7 +707,7 @@ class TokenWriter(Writer[Any]):
         This is the fast path: one validation and one cast for the whole batch, no per-document Python work.
         """
         self._check_open()
-        flat = as_token_array(flat_ids, what="flat_ids")
+        flat = as_token_array(flat_ids, what=f"{self.path}: flat_ids")
         sizes = check_lengths(lengths, len(flat), where=f"{self.path}: ")
         flat = self._validated(flat, sizes)
         self._write_checked(flat, sizes, loss_mask)

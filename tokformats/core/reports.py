@@ -51,6 +51,14 @@ def _document_of(reader: TokenReader, position: int) -> int:
     return int(np.searchsorted(reader.offsets, position, side="right")) - 1
 
 
+def _token_at(reader: TokenReader, position: int) -> tuple[int, str]:
+    """The document holding stream position ``position`` and the token named as writers name it, by its place in
+    that document, with the stream position beside it: ``its token 2 (token 20 of the stream)``."""
+    document = _document_of(reader, position)
+    within = position - int(reader.offsets[document])
+    return document, f"its token {within:,} (token {position:,} of the stream)"
+
+
 def problems(reader: TokenReader, vocab_size: int | None = None, *, progress: bool = False) -> list[Problem]:
     """Every problem found in ``reader``: the format's own checks, then ids, values and delimiters."""
     found: list[Problem] = list(reader._problems())
@@ -87,9 +95,9 @@ def _mask_problems(reader: TokenReader) -> list[Problem]:
         values = np.asarray(chunk)
         bad = np.flatnonzero(values > 1)
         if len(bad):
-            token = position + int(bad[0])
-            message = f"token {token:,} has mask value {int(values[bad[0]])}; a loss mask holds 0 or 1"
-            return [Problem(path, "loss_masks", message, _document_of(reader, token))]
+            document, token = _token_at(reader, position + int(bad[0]))
+            message = f"{token} has mask value {int(values[bad[0]])}; a loss mask holds 0 or 1"
+            return [Problem(path, "loss_masks", message, document)]
         position += len(values)
     return []
 
@@ -112,15 +120,10 @@ def _value_problems(reader: TokenReader, vocab_size: int | None, bar: Any = None
                 bad = np.flatnonzero((values < 0) | (values >= vocab_size))
                 what = f"is not below vocab_size {vocab_size:,}"
         for k in bad[: _LIMIT - len(found)].tolist():
-            token = position + k
-            found.append(
-                Problem(
-                    path,
-                    "ids" if dtype.kind != "f" else "values",
-                    f"token {token:,} ({values[k]!r}) {what}",
-                    _document_of(reader, token),
-                )
-            )
+            document, token = _token_at(reader, position + k)
+            value = values[k].item()  # 351, not np.uint16(351)
+            field = "ids" if dtype.kind != "f" else "values"
+            found.append(Problem(path, field, f"{token} holds {value}, which {what}", document))
         if len(bad) and len(found) >= _LIMIT:
             found.append(Problem(path, "ids", "more values are out of range; only the first are listed"))
             break

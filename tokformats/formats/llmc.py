@@ -40,7 +40,7 @@ import numpy as np
 
 from ..core.documents import add_delimiter, split_offsets
 from ..core.dtypes import check_id, resolve_dtype
-from ..core.protocol import PathLike, TokenWriter
+from ..core.protocol import PathLike, TokenWriter, checked_delimiters
 from ..core.registry import FormatDescriptor, Probe
 from ..errors import ConfigError, DataWarning, FormatError, HeaderError, NoFilesError, SizeMismatchError, option
 from ..fs.paths import expand_path_texts
@@ -347,16 +347,14 @@ class Reader(MappedParts):
             self._set_parts([Part(p, HEADER_BYTES, ntok, self.family.dtype) for p, (_, ntok) in zip(paths, headers)])
         self.shards  # noqa: B018 - map now (several local shards: as each is first read, after its header)
         self.eos: int | None = None
-        if eos is not None:
-            if bos not in ("auto", None):
-                raise ConfigError(f"{paths[0]}: pass bos= or eos=, not both.")
-            self.bos, self.eos, self.bos_rule = None, int(eos), "given"
-        elif bos == "auto":
-            self._convention(read_convention(first_head))
-        elif bos is None or isinstance(bos, (int, np.integer)):
-            self.bos, self.bos_rule = (None if bos is None else int(bos)), "given"
-        else:
+        if isinstance(bos, str) and bos != "auto":
             raise ConfigError(f"{paths[0]}: bos must be an id, None or 'auto', not {bos!r}.")
+        if eos is not None or bos != "auto":  # given: each an id the shards' dtype holds, never both
+            given_bos = None if bos == "auto" else bos
+            self.eos, self.bos = checked_delimiters(paths[0], self.family.dtype, eos, given_bos)
+            self.bos_rule = "given"
+        else:
+            self._convention(read_convention(first_head))
         # pickles re-open with the delimiter found here
         self._init_kwargs["bos"] = self.bos if self.bos_rule != "unknown" else None
         self._init_kwargs["eos"] = self.eos

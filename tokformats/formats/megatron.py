@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import shlex
 import struct
 import weakref
 from collections.abc import Iterable, Sequence
@@ -43,9 +44,10 @@ from ..core.documents import offsets_from_lengths
 from ..core.dtypes import as_token_array, check_lengths, little_endian, resolve_dtype
 from ..core.protocol import PathLike, TokenReader, TokenWriter, checked_position
 from ..core.registry import FormatDescriptor, Probe
-from ..errors import DTypeError, FormatError, HeaderError, NoFilesError, SizeMismatchError
+from ..errors import ConfigError, DTypeError, FormatError, HeaderError, NoFilesError, SizeMismatchError
 from ..fs.atomic import AtomicFiles, naming_output
 from ..fs.filecopy import append_file, append_open_file
+from ..fs.paths import expand_path_texts, is_pattern
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -122,6 +124,36 @@ def resolve_prefix(path: PathLike) -> Path:
         if text.endswith(suffix) and (Path(text[: -len(suffix)] + ".idx").exists() or not Path(text).exists()):
             return Path(text[: -len(suffix)])
     return Path(text)
+
+
+def one_prefix(path: Any) -> Path:
+    """The one dataset ``path`` names: a prefix or either of its files, a list of those naming one dataset
+    (``[PREFIX]``, ``[PREFIX.bin, PREFIX.idx]``), or a glob whose matches are one dataset's files (``data/owt.*``).
+
+    Raises:
+        NoFilesError: a glob that matches nothing, or an empty list.
+        ConfigError: it names several datasets; Megatron opens one (the message says how to merge them).
+    """
+    if isinstance(path, (str, os.PathLike)) and not is_pattern(os.fspath(path)):
+        return resolve_prefix(path)
+    prefixes = list(dict.fromkeys(resolve_prefix(text) for text in expand_path_texts(path)))
+    if len(prefixes) == 1:
+        return prefixes[0]
+    raise ConfigError(_several_datasets(path, prefixes))
+
+
+def _several_datasets(path: Any, prefixes: list[Path]) -> str:
+    """Why ``path``, naming the datasets ``prefixes``, does not open, and the merge that makes them one (as a command
+    and in Python: both run as printed)."""
+    given = repr(os.fspath(path)) if isinstance(path, (str, os.PathLike)) else "the list of paths"
+    shown = ", ".join(map(str, prefixes[:3])) + (f" and {len(prefixes) - 3} more" if len(prefixes) > 3 else "")
+    merged = str(prefixes[0].parent / "merged")
+    command = shlex.join(["tokformats", "merge", *map(str, prefixes), "-o", merged])
+    call = f"tokformats.megatron.merge({[str(p) for p in prefixes]!r}, {merged!r})"
+    return (
+        f"a Megatron dataset is opened by one PREFIX (or its .bin or .idx); {given} names {len(prefixes)} datasets: "
+        f"{shown}. To read them as one, merge them first: {command} (in Python, {call})."
+    )
 
 
 def detect(probe: Probe) -> bool:
@@ -231,7 +263,7 @@ class Reader(TokenReader):
     def __init__(self, path: PathLike, *, multimodal: bool | None = None, remote: LazyFiles | None = None) -> None:
         super().__init__(path, multimodal=multimodal, remote=remote)
         self._remote = remote
-        self.prefix = resolve_prefix(path)
+        self.prefix = one_prefix(path)
         self.idx_path = Path(f"{self.prefix}.idx")
         self.bin_path = Path(f"{self.prefix}.bin")
         # Each local file is opened once: pinned from the fstat of the descriptor that is mapped (no stat beside it).
@@ -376,6 +408,7 @@ class Reader(TokenReader):
                 f"{'' if count else 'for an index of no sequences '}(truncated, or not this index's data)."
             )
         self._num_tokens = bin_size // itemsize
+        self._end_checked = False  # set by the first _check_end that passes
         self._sequences = count
         self._itemsize = itemsize
         #: One state per block of ``1 << _BLOCK_BITS`` sequences: _UNSEEN, _SEEN (read once, by the per-access
@@ -384,7 +417,9 @@ class Reader(TokenReader):
 
     def _check_end(self) -> None:
         """The last sequence must end where the ``.bin`` ends (checked where the far end is used: the last block's
-        first access, :attr:`sequence_offsets`, :meth:`problems`)."""
+        first access, :attr:`sequence_offsets`, :attr:`num_tokens`, :meth:`problems`); once it passes, not again."""
+        if self._end_checked:
+            return
         count, itemsize = self._sequences, self._dtype.itemsize
         lengths, pointers = self.sequence_lengths, self.sequence_pointers
         end = int(pointers[-1]) + int(lengths[-1]) * itemsize if count else 0
@@ -394,6 +429,7 @@ class Reader(TokenReader):
                 f"{self._dtype.name} tokens), but the file has {self._num_tokens * itemsize:,} bytes (truncated, or "
                 "not this index's data)."
             )
+        self._end_checked = True
 
     def _check_block(self, block: int) -> bool:
         """Check, vectorised, every pointer of sequence block ``block`` (and the links to its neighbours): each
@@ -454,6 +490,9 @@ class Reader(TokenReader):
 
     @property
     def num_tokens(self) -> int:
+        """The tokens of the ``.bin``, once the index's far end agrees (its last sequence ends where the file does):
+        a truncated ``.bin`` raises :class:`SizeMismatchError` here, never a count the index contradicts."""
+        self._check_end()
         return self._num_tokens
 
     @cached_property
@@ -744,7 +783,8 @@ class Writer(TokenWriter):
     def add_item(self, sequence: npt.ArrayLike, mode: int = 0) -> None:
         """Append one sequence to the current document (``IndexedDatasetBuilder.add_item``)."""
         self._check_open()
-        flat = self._validated(as_token_array(sequence, what="a sequence"), None)
+        what = f"{self.path}: a sequence of document {self.num_documents:,}"
+        flat = self._validated(as_token_array(sequence, what=what), None)
         self._add_sequences(flat, np.array([len(flat)], dtype=np.int64), None if mode is None else [mode])
         self._mask_all(len(flat))
         self._open_sequences += 1
@@ -759,7 +799,8 @@ class Writer(TokenWriter):
     def write_document(self, sequences: Iterable[npt.ArrayLike], modes: Sequence[int] | None = None) -> None:
         """Append one document made of several sequences (``add_document``, e.g. ``--split-sentences``)."""
         self._check_open()
-        arrays = [as_token_array(s, what="a sequence") for s in sequences]
+        what = f"{self.path}: a sequence of document {self.num_documents:,}"
+        arrays = [as_token_array(s, what=what) for s in sequences]
         lengths = np.array([len(a) for a in arrays], dtype=np.int64)
         flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=self.dtype)
         flat = self._validated(flat, None)

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..core.documents import add_delimiter, split_offsets
 from ..core.dtypes import check_id, parse_dtype, resolve_dtype
-from ..core.protocol import PathLike, TokenReader, TokenWriter
+from ..core.protocol import PathLike, TokenReader, TokenWriter, checked_delimiters
 from ..core.registry import FormatDescriptor, Probe
 from ..errors import DataWarning, DTypeError, NoFilesError, SizeMismatchError, option
 
@@ -147,17 +147,14 @@ class Reader(TokenReader):
             raise NoFilesError(f"{self._path} does not exist or is not a file.")
         if dtype is None:
             raise DTypeError(f"{self._path}: a dtype is required for raw streams. " + describe_headerless(self._path))
-        if eos is not None and bos is not None:
-            raise ValueError(f"{self._path}: pass eos= or bos=, not both.")
         self._dtype = parse_dtype(dtype)
+        self.eos, self.bos = checked_delimiters(self._path, self._dtype, eos, bos)
         self._size = self._path.stat().st_size
         if self._size % self._dtype.itemsize:
             raise SizeMismatchError(
                 f"{self._path}: the file size ({self._size:,} bytes) is not a multiple of the {self._dtype.name} "
                 f"itemsize ({self._dtype.itemsize}): the file is truncated or its dtype is not {self._dtype.name}."
             )
-        self.eos = eos
-        self.bos = bos
         self._pin(self._path)
         self.tokens  # noqa: B018 - map now: what was validated is what is read
         problem = implausible(self.tokens.view(np.uint8)[: 1 << 16].tobytes(), self._dtype)

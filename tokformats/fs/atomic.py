@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO
 
-from ..errors import OutputExistsError, option
+from ..errors import FormatError, OutputExistsError, option
 from .journal import (
     finish_journal,
     folder_lock,
@@ -37,7 +37,11 @@ __all__ = ["AtomicFiles", "naming_output", "replace_file"]
 
 def naming_output(error: OSError, output: str | os.PathLike[str]) -> OSError:
     """The same kind of ``OSError`` (ENOSPC, EROFS, EACCES, ...), naming the output the user asked for rather than
-    the hidden temporary (or nothing, as a failed ``write`` does)."""
+    the hidden temporary (or nothing, as a failed ``write`` does). A library error that is also an ``OSError``
+    (:class:`~tokformats.errors.OutputExistsError`, :class:`~tokformats.errors.NoFilesError`) already names its
+    file in a full sentence: it is returned as it is, never rebuilt from ``(errno, strerror, filename)``."""
+    if isinstance(error, FormatError):
+        return error
     if error.filename is not None and not str(error.filename).endswith((".tmp", ".spool")):
         return error
     renamed = type(error)(error.errno, error.strerror or str(error), os.fspath(output))

@@ -16,12 +16,12 @@ import itertools
 import operator
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from ..errors import FormatError, NoFilesError
+from ..errors import ConfigError, FormatError, NoFilesError
 
 __all__ = [
     "URL_SCHEMES",
@@ -230,7 +230,8 @@ def pattern_matches(text: str, *, recursive: bool = False) -> list[Path]:
 
 
 def expand_path_texts(path: Any) -> list[str]:
-    """:func:`expand_paths` as strings (no ``Path`` built per match: a glob of 600,000 shards)."""
+    """:func:`expand_paths` as strings (no ``Path`` built per match: a glob of 600,000 shards); :class:`ConfigError`
+    for anything that is not a path or a list of paths (None, a number, bytes)."""
     if isinstance(path, (str, os.PathLike)):
         text = os.fspath(path)
         if is_pattern(text):
@@ -239,10 +240,23 @@ def expand_path_texts(path: Any) -> list[str]:
                 raise NoFilesError(f"the pattern {text!r} matches no file.")
             return list(matches)
         return [text]
-    texts = [os.fspath(p) for p in path]
+    if isinstance(path, (bytes, bytearray)) or not isinstance(path, Iterable):
+        raise ConfigError(_not_a_path(path))
+    texts = [os.fspath(p) if isinstance(p, (str, os.PathLike)) else _refuse_in_list(p) for p in path]
     if not texts:
         raise NoFilesError("an empty list of paths was given; name at least one file.")
     return texts
+
+
+def _not_a_path(found: Any, where: str = "") -> str:
+    return (
+        "a dataset is named by a path (a str or os.PathLike: a file, a Megatron prefix, a folder, a glob pattern or "
+        f"a URL) or by a list of paths; found {found!r} ({type(found).__name__}){where}."
+    )
+
+
+def _refuse_in_list(item: Any) -> str:
+    raise ConfigError(_not_a_path(item, " in the list"))
 
 
 def expand_paths(path: Any) -> list[Path]:

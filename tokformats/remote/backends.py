@@ -52,6 +52,9 @@ _T = TypeVar("_T")
 class RemoteError(FormatError):
     """A remote dataset could not be fetched (network, permissions, a wrong checksum)."""
 
+    #: The HTTP status the store answered, when it answered one (404, 403, 503, ...).
+    status: int | None = None
+
 
 class NotFoundError(RemoteError):
     """The store has nothing at the URL (HTTP 404, a missing object)."""
@@ -311,6 +314,7 @@ class HTTPBackend(Backend):
             else:
                 failure = RemoteError(f"{public_url(url)} answered HTTP {error.code} {str(error.reason)[:200]}.")
                 failure.transient = error.code >= 500 or error.code == 429  # type: ignore[attr-defined]
+            failure.status = error.code
         except (OSError, http.client.HTTPException, ValueError) as error:
             failure = network_error(request.get_method(), url, error)
         else:

@@ -125,16 +125,33 @@ def _folder_entries(cache: Cache, sums: dict[str, str]) -> list[Entry]:
         where = f"the listing of {cache.url}/"
         visible = [n for n in listing if n != SUMS and not any(p.startswith(".") for p in str(n).split("/"))]
         return [Entry(cache.check_name(n, where)) for n in visible]
+    absent: list[NotFoundError] = []
     for index_names, reader in index_readers():
         for index in index_names:
             try:
                 cache.fetch(index)
-            except NotFoundError:
+            except NotFoundError as error:
+                absent.append(error)
                 continue
             return [Entry(index), *_index_entries(cache, index, reader)]
-    raise RemoteError(
-        f"{cache.url}/ cannot be listed: publish it with tokformats publish (which writes {SUMS}), or open one of "
-        "its files, or an index the formats know."
+    raise _unlistable(cache, absent)
+
+
+def _unlistable(cache: Cache, absent: list[NotFoundError]) -> RemoteError:
+    """Why the folder at ``cache.url`` names no file: what the store answered for the files that would have named
+    them (HTTP 404 for each: the URL is most likely wrong), or that they are not in the cache offline."""
+    tried = ", ".join([*([] if cache.path(SUMS).is_file() else [SUMS]), *(n for ns, _ in index_readers() for n in ns)])
+    hint = f"publish a dataset there with tokformats publish (which writes {SUMS}), or open one of its files by URL"
+    if cache.offline:
+        return RemoteError(
+            f"{cache.url}/ cannot be listed offline: none of {tried} is in the cache ({cache.folder}); open it once "
+            f"online first, or {hint}."
+        )
+    statuses = sorted({e.status for e in absent if e.status is not None})  # 404 over HTTP; none from a bucket
+    answer = f"each answered HTTP {', '.join(map(str, statuses))}" if statuses else "none of them exists"
+    return NotFoundError(
+        f"{cache.url}/ names no dataset: the store lists no file there, and it holds none of the "
+        f"files that name a dataset's contents ({tried}: {answer}). Check the URL; or {hint}."
     )
 
 
@@ -261,7 +278,7 @@ def _bring(
     rest = [e for e in entries if not published_last(e.name)]
     lease = Lease()
     done: dict[str, bool] = {}
-    missing: list[RemoteError] = []
+    missing: dict[str, RemoteError] = {}  # optional files the store (or the offline cache) does not have
     bringing = {cache.path(e.name) for e in entries}  # never evicted by this fetch's own downloads
     meter = ByteProgress.shown({e.name: e.size for e in entries}, f"fetch {plan.cache.url}", enabled=progress)
 
@@ -274,7 +291,7 @@ def _bring(
             absent = isinstance(error, NotFoundError) or cache.query_for is not None  # a presigned file's neighbours
             if entry.required or not absent:
                 raise
-            missing.append(error)
+            missing[entry.name] = error
             return
         meter.done(entry.name, path.stat().st_size)  # downloaded, or found in the cache
         done[entry.name] = True
@@ -289,8 +306,18 @@ def _bring(
         cache.forget_others({SUMS, *(e.name for e in plan.entries)})
     fetched = list(dict.fromkeys(e.name for e in entries if e.name in done))
     if not fetched and names != []:
-        raise missing[0] if missing else NotFoundError(f"{public_url(plan.url)} does not exist.")
+        raise _first_missing(plan, missing)
     return Dataset(plan.target, fetched, cache, lease, plan.entries)
+
+
+def _first_missing(plan: _Plan, missing: dict[str, RemoteError]) -> RemoteError:
+    """Why nothing of ``plan`` could be fetched: what the store (or the offline cache) said of the file the URL names
+    (an llm.c ``.bin`` offline is "not in the cache", not its Megatron ``.idx`` that was never there)."""
+    targets = set(plan.target) if isinstance(plan.target, list) else {plan.target}
+    named = [error for name, error in missing.items() if plan.cache.path(name) in targets]
+    if named or missing:
+        return (named or list(missing.values()))[0]
+    return NotFoundError(f"{public_url(plan.url)} does not exist.")
 
 
 def _get_all(get: Callable[[Entry], None], first: list[Entry], rest: list[Entry]) -> None:
