@@ -354,3 +354,15 @@ def test_an_intact_megatron_dataset_counts_its_tokens(
         assert reader.num_tokens == 33 and "tokens=33 " in repr(reader)
     status, out, _ = run(["head", str(a), "-n", "1"], capsys)
     assert status == 0 and out.startswith("--- document 0 (10 tokens) ---")
+
+
+def test_a_tokenizer_that_is_not_there_lists_the_vocabularies_or_names_the_one_misspelt(tmp_path: Path) -> None:
+    from tokformats.core.vocab import load_tokenizer
+
+    with pytest.raises(NoFilesError, match=r"^gpt2 does not exist; give a tokenizer.json, .* available offline "
+                       r"\(cl100k_base, o200k_base, llama3, deepseek_v3\); from Python, a tokenizers.Tokenizer too\.$"):
+        load_tokenizer("gpt2")
+    with pytest.raises(NoFilesError, match=r"^CL100K_BASE does not exist; the vocabulary's name is cl100k_base "):
+        load_tokenizer("CL100K_BASE")
+    with pytest.raises(NoFilesError, match=r"tok\.json does not exist; give a tokenizer\.json"):
+        load_tokenizer(tmp_path / "tok.json")

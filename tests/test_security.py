@@ -312,7 +312,8 @@ def test_a_stalled_transfer_fails_after_the_stall_timeout(scene: Scene) -> None:
         scene.server.fault("/d/blob.dat", "stall", 30)
     with within((RETRIES + 1) * STALL), pytest.raises(RemoteError, match="timed out") as caught:
         fetch(f"{scene.url}/d/blob.dat", **scene.options)
-    assert f"{scene.url}/d/blob.dat" in str(caught.value) and "attempts" in str(caught.value)
+    assert f"{scene.url}/d/blob.dat" in str(caught.value) and f"after {RETRIES} attempts" in str(caught.value)
+    assert scene.server.gets["/d/blob.dat"] == RETRIES  # retries= is the attempts a request makes, a download's too
 
 
 def test_a_trickling_transfer_counts_as_stalled(scene: Scene) -> None:

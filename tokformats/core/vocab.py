@@ -69,11 +69,25 @@ def load_tokenizer(tokenizer: Any) -> Tokenizer:
     if path.is_dir():
         path = path / "tokenizer.json"
     if not path.is_file():
-        raise NoFilesError(f"{path} does not exist; pass a tokenizers.Tokenizer, a tokenizer.json or its folder.")
+        raise NoFilesError(f"{path} does not exist; {_what_a_tokenizer_is(tokenizer)}")
     try:
         return Tokenizer.from_file(str(path))
     except Exception as exc:  # tokenizers raises a bare Exception for bad JSON
         raise FormatError(f"{path} is not a tokenizers tokenizer.json ({exc}).") from None
+
+
+def _what_a_tokenizer_is(given: Any) -> str:
+    """The hint of a tokenizer that is not there: the vocabulary it misspells in another case, or what may be given
+    (the names of the vocabularies available offline among them)."""
+    from .vocabularies import ALIASES, VOCABULARIES
+
+    lower = str(given).lower()
+    if lower in VOCABULARIES or lower in ALIASES:
+        return f"the vocabulary's name is {lower} (names are lower case)."
+    return (
+        f"give a tokenizer.json, a folder holding one, a .tiktoken rank file or the name of a vocabulary available "
+        f"offline ({', '.join(VOCABULARIES)}); from Python, a tokenizers.Tokenizer too."
+    )
 
 
 def vocabulary_size(tokenizer: Tokenizer) -> int:

@@ -427,7 +427,8 @@ class Cache:
         target.parent.mkdir(parents=True, exist_ok=True)
         transfer = Transfer(self.url_of(name), target, size, cap)
         failure: BaseException | None = None
-        for attempt in range(1, self.limits.retries + 2):
+        attempts = max(self.limits.retries, 1)  # as many as any other request makes (``retries``: attempts)
+        for attempt in range(1, attempts + 1):
             try:
                 complete = self._attempt(transfer, name)
             except (NotFoundError, DeniedError, ChecksumError, OversizeError) as error:  # no attempt would mend them
@@ -438,7 +439,7 @@ class Cache:
                 transfer.discard()
                 continue
             except (OSError, RemoteError) as error:
-                if attempt > self.limits.retries or not getattr(error, "transient", True):
+                if attempt >= attempts or not getattr(error, "transient", True):
                     failure = RemoteError(
                         f"downloading {_safe(transfer.url)} failed after {attempt} attempts: "
                         f"{scrub_secrets(str(error), transfer.url)}"
