@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.vocab import SPECIAL_TOKENS, load_tokenizer, tokenizer_decoder
+from ..errors import ConfigError
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -98,10 +99,12 @@ def train_tokenizer(
 def text_decoder(*, tokenizer: Any = None, vocab: Any = None) -> Callable[[Any], str]:
     """A function turning a document's ids into text, with an llm.c vocabulary or a ``tokenizers`` tokenizer.
 
-    Ids outside the vocabulary raise :class:`~tokformats.TokenRangeError` naming the id.
+    Ids outside the vocabulary, and ids inside its range that a tokenizer assigns no token (cl100k's 100256), raise
+    :class:`~tokformats.TokenRangeError` naming the id; an llm.c vocabulary shows its own placeholder for those.
     """
     if (tokenizer is None) == (vocab is None):
-        raise ValueError("pass exactly one of tokenizer= (tokenizer.json) or vocab= (an llm.c vocabulary)")
+        raise ConfigError("pass exactly one of tokenizer= (a tokenizer.json, or a vocabulary's name) or vocab= (an "
+                          "llm.c vocabulary).")  # fmt: skip
     if vocab is not None:
         from ..formats.llmc_vocab import Vocab
 
