@@ -81,7 +81,6 @@ for names, label in [
     (("pipeline.write_outputs", "pipeline._write_outputs"), "publish"),
     (("pipeline.load_tokenizer",), "tokenizer load"), (("pipeline.Encoder.__init__",), "gate (Encoder)"),
     (("engines.FastokensEngine.encode",), "fastokens"), (("engines.TokenizersEngine.encode",), "reference encodes"),
-    (("pipeline.Encoder._check",), "check in line"),
     (("pipeline.Encoder._compare",), "check compared (waits included)"),
     (("partition_run._add_eos", "pipeline._add_eos"), "end-of-document ids"),
     (("partition_run._PartitionRun._spool", "pipeline._PartitionRun._spool"), "spooling"),
@@ -103,7 +102,7 @@ print(json.dumps({"wall": wall, "cpu": cpu, **spent, "file": tokformats.__file__
 """
 
 SHOWN = ["wall", "cpu", "first sample read ahead", "gate (Encoder)", "engine selection (any thread)", "encode phase",
-         "fastokens", "check in line", "check compared (waits included)", "reference encodes",
+         "fastokens", "check compared (waits included)", "reference encodes",
          "main waiting for the reader", "reader blocked on a full queue", "checkpoints", "publish"]  # fmt: skip
 
 

@@ -52,6 +52,7 @@ PHASES = {
     "load_tokenizer": ("pipeline.load_tokenizer",),
     "make_plan": ("pipeline.make_plan", "pipeline._make_plan"),
     "worker_engine": ("parallel._worker_engine", "pipeline._worker_engine"),
+    "build_worker_engine": ("pipeline._build_worker_engine",),  # before 8e047be
     "encode_in_parallel": ("pipeline.encode_in_parallel", "pipeline._encode_in_parallel"),
     "encode_partition": ("parallel.encode_partition", "pipeline._encode_partition"),
     "write_outputs": ("pipeline.write_outputs", "pipeline._write_outputs"),

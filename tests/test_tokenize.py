@@ -427,9 +427,9 @@ def test_fast_json_parser_changes_no_text(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"seed": -3}, r"seed must be a whole number, 0 or more; found seed=-3\."),
-        ({"seed": 2.5}, r"seed must be a whole number, 0 or more; found seed=2\.5\."),
-        ({"seed": True}, r"seed must be a whole number, 0 or more; found seed=True\."),
+        ({"seed": -3}, r"seed must be an integer, 0 or more; found seed=-3\."),
+        ({"seed": 2.5}, r"seed must be an integer, 0 or more; found seed=2\.5\."),
+        ({"seed": True}, r"seed must be an integer, 0 or more; found seed=True\."),
         ({"eos": "end"}, r"eos must be one of append, prepend, none; found eos='end'\."),
         ({"on_error": "ignore"}, r"on_error must be raise or skip; found on_error='ignore'\."),
     ],
@@ -452,3 +452,17 @@ def test_a_negative_seed_on_the_command_line_names_the_flag(
     with pytest.raises(SystemExit) as exited:  # refused where it is parsed
         main(["tokenize", str(source), "-t", str(tokenizer_path), "-o", str(tmp_path / "o"), "--seed", "-3"])
     assert exited.value.code == 2 and "argument --seed: must be 0 or more, found -3" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("name", "home"), [("Spool", "spools"), ("assign_splits", "plan"), ("CHAT_CHUNK", "batching")])
+def test_names_moved_out_of_the_pipeline_module_still_import_with_a_deprecation_warning(name: str, home: str) -> None:
+    import importlib
+
+    from tokformats.tokenization import pipeline
+
+    with pytest.warns(DeprecationWarning, match=rf"pipeline\.{name} is now tokformats\.tokenization\.{home}\.{name}"):
+        moved = getattr(pipeline, name)
+    assert moved is getattr(importlib.import_module(f"tokformats.tokenization.{home}"), name)
+    with pytest.raises(AttributeError):
+        pipeline.no_such_name  # noqa: B018 - an attribute that never was
+

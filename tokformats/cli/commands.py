@@ -425,7 +425,7 @@ def _checked_sample(sample: int, samples: Any) -> int:
         return sample
     held = f"{count:,} samples (0-{count - 1:,}; negative counts from the end)" if count else "no samples"
     sizes = "--num-samples and --size" if hasattr(samples, "datasets") else "--num-samples (default: one epoch)"
-    raise ConfigError(f"--sample {sample} is out of range: the run has {held}; pass the training run's {sizes}")
+    raise ConfigError(f"--sample {sample} is out of range: the run has {held}; pass the training run's {sizes}.")
 
 
 def _samples_to_explain(args: argparse.Namespace, samples: Any) -> list[int]:

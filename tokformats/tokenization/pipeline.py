@@ -59,6 +59,38 @@ from .work_folder import check_outputs, errors_naming_output, owned_work_folder,
 __all__ = ["tokenize", "split_fractions", "output_paths", "verification_rate"]
 
 
+#: Names this module held before it was split into the run's parts, and the module that holds each now: imported
+#: from here they still work, with a DeprecationWarning, until the next release.
+_MOVED = {
+    "EOS_MODES": "plan",
+    "END_OF_DOCUMENT": "plan",
+    "assign_splits": "plan",
+    "CHECKPOINT": "spools",
+    "Spool": "spools",
+    "adopt_spool": "spools",
+    "copy_spool": "spools",
+    "join_spool": "spools",
+    "PARTITION_WAIT": "work_folder",
+    "CHAT_CHUNK": "batching",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A name moved out of this module (:data:`_MOVED`), from its new module, with a DeprecationWarning."""
+    if name not in _MOVED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    import warnings
+
+    home = f"{__package__}.{_MOVED[name]}"
+    warnings.warn(
+        f"{__name__}.{name} is now {home}.{name} (the old name goes away in the next release).",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(importlib.import_module(home), name)
+
+
 def parse_split(split: Any) -> dict[str, float] | None:
     """Deprecated name of :func:`split_fractions` (tokformats 0.1); it goes away in the next release."""
     import warnings

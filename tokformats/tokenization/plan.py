@@ -169,9 +169,10 @@ def check_options(*, output: Any, engine: str, on_error: str, verify_fraction: f
 
 
 def checked_seed(seed: Any) -> int:
-    """``seed`` checked: a whole number, 0 or more (it seeds the split assignment and the verification's draws)."""
+    """``seed`` checked: an integer (a Python or NumPy one), 0 or more; it seeds the split assignment and the
+    verification's draws."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ConfigError(f"seed must be a whole number, 0 or more; found {option('seed', repr(seed))}.")
+        raise ConfigError(f"seed must be an integer, 0 or more; found {option('seed', repr(seed))}.")
     return int(seed)
 
 

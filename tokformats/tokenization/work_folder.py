@@ -17,7 +17,9 @@ from ..fs.owner import LOCK_NAME, owned_folder
 
 __all__ = ["PARTITION_WAIT", "check_outputs", "errors_naming_output", "owned_work_folder", "remove_work_folder"]
 
-PARTITION_WAIT = 60.0  # seconds a partition waits for a killed run's orphaned worker to stop writing it
+#: Seconds a partition's folder is waited for while a killed run's orphaned worker may still write it (when a
+#: partition is encoded, :mod:`.partition_run`, and when ``overwrite`` starts a failed run over, here).
+PARTITION_WAIT = 60.0
 
 
 @contextlib.contextmanager
