@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from .sources import Record
 
-__all__ = ["CHAT_CHUNK", "MAX_BATCH_TEXT", "BatchPreparing", "read_batches", "stop_reader"]
+__all__ = ["CHAT_CHUNK", "MAX_BATCH_TEXT", "BatchPreparing", "batch_is_full", "read_batches", "stop_reader"]
 
 
 class BatchPreparing(Protocol):
@@ -37,6 +37,12 @@ MAX_BATCH_TEXT = 1 << 20
 CHAT_CHUNK = 32
 
 
+def batch_is_full(documents: int, text: int, size: int) -> bool:
+    """Whether a batch of ``documents`` records holding ``text`` characters is full: ``size`` documents, or
+    :data:`MAX_BATCH_TEXT` of text (the one rule of a batch's end, for the reader and the first sample's read-ahead)."""
+    return documents >= size or text >= MAX_BATCH_TEXT
+
+
 def read_batches(
     records: Iterator[Record],
     size: int,
@@ -58,7 +64,7 @@ def read_batches(
                 return
             batch.append(record)
             text += sum(map(len, record.texts)) if record.texts else 0
-            if len(batch) >= size or text >= MAX_BATCH_TEXT:
+            if batch_is_full(len(batch), text, size):
                 out.put((batch, sum(c.count for c in counters), preparing.batch(batch) if preparing else None))
                 batch, text = [], 0
                 preparing = prepare() if prepare else None

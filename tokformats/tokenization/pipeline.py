@@ -44,7 +44,7 @@ from typing import Any
 
 from .. import api
 from ..core.registry import default_corpus_format
-from .batching import MAX_BATCH_TEXT
+from .batching import MAX_BATCH_TEXT, batch_is_full
 from .chat_encoding import ChatSpec
 from .encoder import VERIFY_BYTES, Encoder, FirstSample, verification_rate
 from .outputs import checked_writer_options, write_outputs
@@ -314,7 +314,7 @@ def _first_sample(
             for record in records:  # the first batch, as read_batches groups it
                 batch.append(record)
                 text += sum(map(len, record.texts)) if record.texts else 0
-                if len(batch) >= batch_size or text >= MAX_BATCH_TEXT:
+                if batch_is_full(len(batch), text, batch_size):
                     break
     except Exception:  # the run's reader reads the same input and raises its error where it always has
         return None
