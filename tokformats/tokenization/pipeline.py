@@ -232,22 +232,29 @@ def tokenize(
         parts = _encoded_parts(plan, encoder or serialised, resolved, work, executor, partitions, settings,
                                (engine, rate), spec, monitor, (all_stats, chosen))  # fmt: skip
         outputs = write_outputs(plan, writer_class, targets, parts, writer_options, replace=bool(resume or overwrite))
-        engine_name, engine_reason = chosen[0]  # the first partition's: the one that checked the first documents
         total = Stats.total(all_stats)
         monitor.update(total, final=True)
         remove_work_folder(work)
-        return {
-            "documents": total.documents,
-            "tokens": total.tokens,
-            "bytes": total_bytes,
-            "text_characters": total.text,
-            "seconds": round(time.perf_counter() - started, 3),
-            "skipped": total.skipped,
-            "errors": total.errors,
-            "engine": engine_name,
-            "engine_reason": engine_reason,
-            "outputs": outputs,
-        }
+        # The engine is the first partition's: the one that checked the first documents.
+        return _summary(total, total_bytes, time.perf_counter() - started, chosen[0], outputs)
+
+
+def _summary(
+    total: Stats, total_bytes: int | None, seconds: float, engine: tuple[str, str], outputs: dict[str, Any]
+) -> dict[str, Any]:
+    """What ``tokenize`` returns: the run's counts, its time, its engine and why, and each output's summary."""
+    return {
+        "documents": total.documents,
+        "tokens": total.tokens,
+        "bytes": total_bytes,
+        "text_characters": total.text,
+        "seconds": round(seconds, 3),
+        "skipped": total.skipped,
+        "errors": total.errors,
+        "engine": engine[0],
+        "engine_reason": engine[1],
+        "outputs": outputs,
+    }
 
 
 def _encoded_parts(
