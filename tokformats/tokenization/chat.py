@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import chain, compress, count, repeat
+from itertools import chain, compress, repeat
 from operator import is_not
 from typing import Any, NamedTuple
 
@@ -162,39 +162,40 @@ def _tool_calls(calls: Any, where: Any, field: str) -> str:
 
 
 def _openai_messages(value: Any, where: Any, field: str) -> list[Message]:
+    """The messages of ``field``, each in any form the ``messages`` schema allows (tool calls, text parts, a thought
+    field), checked. One loop, no call per message, and a field's name spelled only in an error: this reads every
+    message that is not gathered (see :func:`_gathered`)."""
     if not isinstance(value, list):
         raise ChatError(f"{where}: field {field!r} should be a list of messages, found {type(value).__name__}.")
-    return list(map(_message, value, repeat(where), repeat(field), count()))
-
-
-def _message(item: Any, where: Any, field: str, k: int) -> Message:
-    """Message ``k`` of ``field`` in any form the ``messages`` schema allows (tool calls, text parts, a thought
-    field), checked. A field's name is spelled only in an error (formatting it costs more than reading the
-    message)."""
-    if not isinstance(item, dict):
-        if isinstance(item, Message):
-            return item
-        at = f"{field}[{k}]"
-        raise ChatError(f"{where}: field {at!r} should be an object with role and content, found {item!r:.80}.")
-    get = item.get
-    role = get("role")
-    if role not in ROLES:
-        raise ChatError(f"{where}: field '{field}[{k}].role' is {role!r}; expected one of {', '.join(ROLES)}.")
-    calls = get("tool_calls") if role == _ASSISTANT else None
-    content = get("content")
-    if not isinstance(content, str):  # what _text returns as it is
-        content = _text(content, where, f"{field}[{k}].content", empty=role == _ASSISTANT and bool(calls))
-    if calls:
-        called = _tool_calls(calls, where, f"{field}[{k}].tool_calls")
-        content = f"{content}\n{called}" if content else called
-    thought = None
-    for name in _THOUGHT_FIELDS:  # the first one present
-        if get(name) is not None:
-            thought = item[name]
-            break
-    if thought is not None and not isinstance(thought, str):
-        thought = _text(thought, where, f"{field}[{k}].thought")
-    return tuple.__new__(Message, (role, content, thought if role == _ASSISTANT else None))  # Message(...), quicker
+    messages: list[Message] = []
+    append, new = messages.append, tuple.__new__
+    for k, item in enumerate(value):
+        if not isinstance(item, dict):
+            if not isinstance(item, Message):
+                at = f"{field}[{k}]"
+                raise ChatError(f"{where}: field {at!r} should be an object with role and content, found {item!r:.80}.")
+            append(item)
+            continue
+        get = item.get
+        role = get("role")
+        if role not in ROLES:
+            raise ChatError(f"{where}: field '{field}[{k}].role' is {role!r}; expected one of {', '.join(ROLES)}.")
+        calls = get("tool_calls") if role == _ASSISTANT else None
+        content = get("content")
+        if not isinstance(content, str):  # what _text returns as it is
+            content = _text(content, where, f"{field}[{k}].content", empty=role == _ASSISTANT and bool(calls))
+        if calls:
+            called = _tool_calls(calls, where, f"{field}[{k}].tool_calls")
+            content = f"{content}\n{called}" if content else called
+        thought = None
+        for name in _THOUGHT_FIELDS:  # the first one present
+            if get(name) is not None:
+                thought = item[name]
+                break
+        if thought is not None and not isinstance(thought, str):
+            thought = _text(thought, where, f"{field}[{k}].thought")
+        append(new(Message, (role, content, thought if role == _ASSISTANT else None)))  # Message(...), quicker
+    return messages
 
 
 def _sharegpt_messages(record: dict[str, Any], where: Any) -> list[Message]:
