@@ -15,20 +15,23 @@ Schemas:
 A record that does not fit raises :class:`ChatError` naming where (file and line) and the field
 (``messages[2].role``), what was expected and what was found.
 
-:func:`turns_of` reads a whole batch of records into :class:`Turns` (every message of the batch in flat lists): the
-``messages`` schema's common form (each message an object of a role and a text, and an assistant's
-``reasoning_content``) is checked and read one field at a time over the whole batch, so a batch costs a few list
-passes rather than Python work per message; every other record is read by :func:`messages_of`, one by one, exactly
-as alone (so its error, or its skipping, is the same). :class:`TurnsReader` reads a batch the same way a chunk of
-records at a time, so that a reader can drop each chunk's parsed JSON as soon as it is read.
+:func:`turns_of` reads a whole batch of records into :class:`Turns` (every message of the batch in flat lists): a
+chunk of ``messages`` records all in the schema's common form (each message an object of a role and a text, and an
+assistant's ``reasoning_content``; stated once, in ``_gathered``) is checked and read one field at a time, so it
+costs a few list passes rather than Python work per message; any other chunk is read by :func:`messages_of`, one
+record at a time, exactly as alone (so its error, or its skipping, is the same). :class:`TurnsReader` reads a batch
+the same way a chunk at a time as its caller reads the records, so that the caller can drop each chunk's parsed JSON
+as soon as it is read. A message in the common form is read by :func:`messages_of` as the same :class:`Message`:
+the common form is only what may be read by field, never what a message means.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain, compress, repeat
+from operator import is_not
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -50,7 +53,6 @@ __all__ = [
 
 #: The roles a message may have.
 ROLES = ("system", "user", "assistant", "tool")
-_ROLE_SET = frozenset(ROLES)
 _ASSISTANT = "assistant"
 #: The built-in schemas (``tokenize(chat=...)`` also takes a callable).
 SCHEMAS = ("messages", "sharegpt", "alpaca")
@@ -160,45 +162,40 @@ def _tool_calls(calls: Any, where: Any, field: str) -> str:
 
 
 def _openai_messages(value: Any, where: Any, field: str) -> list[Message]:
+    """The messages of ``field``, each in any form the ``messages`` schema allows (tool calls, text parts, a thought
+    field), checked. One loop, no call per message, and a field's name spelled only in an error: this reads every
+    message that is not gathered (see :func:`_gathered`)."""
     if not isinstance(value, list):
         raise ChatError(f"{where}: field {field!r} should be a list of messages, found {type(value).__name__}.")
     messages: list[Message] = []
     append, new = messages.append, tuple.__new__
-    for item in value:  # the common cases inline (a role and a text; an assistant's text and thought), read once
-        if item.__class__ is dict:
-            get = item.get
-            role, content = get("role"), get("content")
-            if content.__class__ is str and role.__class__ is str and role in _ROLE_SET:
-                size = len(item)
-                if size == 2:
-                    append(new(Message, (role, content, None)))
-                    continue
-                thought = get("reasoning_content")
-                if size == 3 and thought.__class__ is str and role == "assistant":
-                    append(new(Message, (role, content, thought)))
-                    continue
-        append(_message(item, where, f"{field}[{len(messages)}]"))  # every item makes one message: k = len
+    for k, item in enumerate(value):
+        if not isinstance(item, dict):
+            if not isinstance(item, Message):
+                at = f"{field}[{k}]"
+                raise ChatError(f"{where}: field {at!r} should be an object with role and content, found {item!r:.80}.")
+            append(item)
+            continue
+        get = item.get
+        role = get("role")
+        if role not in ROLES:
+            raise ChatError(f"{where}: field '{field}[{k}].role' is {role!r}; expected one of {', '.join(ROLES)}.")
+        calls = get("tool_calls") if role == _ASSISTANT else None
+        content = get("content")
+        if not isinstance(content, str):  # what _text returns as it is
+            content = _text(content, where, f"{field}[{k}].content", empty=role == _ASSISTANT and bool(calls))
+        if calls:
+            called = _tool_calls(calls, where, f"{field}[{k}].tool_calls")
+            content = f"{content}\n{called}" if content else called
+        thought = None
+        for name in _THOUGHT_FIELDS:  # the first one present
+            if get(name) is not None:
+                thought = item[name]
+                break
+        if thought is not None and not isinstance(thought, str):
+            thought = _text(thought, where, f"{field}[{k}].thought")
+        append(new(Message, (role, content, thought if role == _ASSISTANT else None)))  # Message(...), quicker
     return messages
-
-
-def _message(item: Any, where: Any, at: str) -> Message:
-    """One message in any form the ``messages`` schema allows (tool calls, text parts, a thought field), checked."""
-    if isinstance(item, Message):
-        return item
-    if not isinstance(item, dict):
-        raise ChatError(f"{where}: field {at!r} should be an object with role and content, found {item!r:.80}.")
-    role = item.get("role")
-    if role not in ROLES:
-        raise ChatError(f"{where}: field '{at}.role' is {role!r}; expected one of {', '.join(ROLES)}.")
-    calls = item.get("tool_calls") if role == "assistant" else None
-    content = _text(item.get("content"), where, f"{at}.content", empty=role == "assistant" and bool(calls))
-    if calls:
-        called = _tool_calls(calls, where, f"{at}.tool_calls")
-        content = f"{content}\n{called}" if content else called
-    thought = next((item[f] for f in _THOUGHT_FIELDS if item.get(f) is not None), None)
-    if thought is not None:
-        thought = _text(thought, where, f"{at}.thought")
-    return Message(role, content, thought if role == "assistant" else None)
 
 
 def _sharegpt_messages(record: dict[str, Any], where: Any) -> list[Message]:
@@ -248,16 +245,24 @@ class Turns(NamedTuple):
     codes: np.ndarray | None = None
 
     @classmethod
-    def of(cls, conversations: Sequence[Sequence[Message]]) -> Turns:
-        """The conversations (lists of :class:`Message`), flat."""
-        counts = np.fromiter(map(len, conversations), np.int64, len(conversations))
-        messages = list(chain.from_iterable(conversations))
-        if not messages:
-            return cls([], [], counts, np.zeros(0, np.int64), [], np.zeros(0, np.int8))
-        roles, contents, thoughts = zip(*messages)
-        has = np.fromiter((t is not None for t in thoughts), bool, len(thoughts))
-        thought_at, kept = np.flatnonzero(has), [t for t in thoughts if t is not None]
-        return cls(list(roles), list(contents), counts, thought_at, kept, role_codes(roles))
+    def of(cls, conversations: Iterable[Sequence[Message]]) -> Turns:
+        """The conversations (lists of :class:`Message`), flat. Each is read as it comes and not held: from an
+        iterator, a conversation's :class:`Message` s can be freed before the next is made (many objects held at
+        once would set off the garbage collector)."""
+        counts: list[int] = []
+        roles: list[str] = []
+        contents: list[str] = []
+        thoughts: list[str | None] = []
+        for messages in conversations:
+            counts.append(len(messages))
+            if messages:
+                spoken, said, thought = zip(*messages)
+                roles += spoken
+                contents += said
+                thoughts += thought
+        has = np.fromiter(map(is_not, thoughts, repeat(None)), bool, len(thoughts))
+        kept = [thought for thought in thoughts if thought is not None] if has.any() else []
+        return cls(roles, contents, np.array(counts, dtype=np.int64), np.flatnonzero(has), kept, role_codes(roles))
 
     @classmethod
     def joined(cls, parts: Sequence[Turns]) -> Turns:
@@ -309,6 +314,11 @@ def role_codes(roles: Sequence[Any]) -> np.ndarray | None:
     return None if len(codes) and codes.min() < 0 else codes
 
 
+#: How many ``messages`` records :func:`turns_of` gathers at a time: a chunk with a record in another form is read
+#: one by one, so it should be small; the gathering costs per record about as much at 32 as for a whole batch.
+_GATHER = 32
+
+
 def turns_of(
     values: Sequence[Any],
     chat: str | Callable[[Any], Any],
@@ -318,37 +328,73 @@ def turns_of(
     """The conversations in a batch of records by schema ``chat``, flat, and which records hold them (indices into
     ``values``, ascending). A record that does not fit raises :class:`ChatError` naming ``where(k)`` and the field,
     as :func:`messages_of` does; with ``skip``, its error goes to ``skip`` (which may raise) and the record is left
-    out. ``messages`` records in the common form are read a field at a time over the batch (the same messages)."""
+    out. ``messages`` records are read a chunk at a time: a chunk all in the common form (:func:`_gathered`) is
+    gathered a field at a time (the same messages), and a run of other chunks read a record at a time."""
     if callable(chat) or chat != "messages":
-        kept, conversations = [], []
+        return _read_each(values, chat, where, skip)
+    parts: list[Turns | _Gathered] = []
+    kept: list[int] = []
+
+    def read(start: int, stop: int) -> None:  # a run of chunks not gathered, in one call: Turns.of's costs once
+        if start < stop:
+            held, turns = _read_each(values[start:stop], chat, lambda k: where(start + k), skip)
+            parts.append(turns)
+            kept.extend(start + k for k in held)
+
+    unread = 0  # where the run of chunks not gathered so far begins
+    for first in range(0, len(values), _GATHER):
+        gathered = _gathered(values[first : first + _GATHER])
+        if gathered is not None:
+            read(unread, first)
+            parts.append(gathered)
+            unread = min(first + _GATHER, len(values))
+            kept.extend(range(first, unread))
+    read(unread, len(values))
+    return kept, _joined(parts)
+
+
+def _read_each(
+    values: Sequence[Any],
+    chat: str | Callable[[Any], Any],
+    where: Callable[[int], Any],
+    skip: Callable[[ChatError], None] | None,
+) -> tuple[list[int], Turns]:
+    """:func:`turns_of` by :func:`messages_of`, a record at a time."""
+    kept: list[int] = []
+
+    def read() -> Iterator[list[Message]]:  # a generator: each record's messages freed once flat
         for k, value in enumerate(values):
             messages = _read_one(value, chat, where(k), skip)
             if messages is not None:
                 kept.append(k)
-                conversations.append(messages)
-        return kept, Turns.of(conversations)
-    slow, turns = _common_messages(values)
-    if not slow.any():
-        return list(range(len(values))), turns
-    parts, kept, first = [], [], 0
-    for k in [*np.flatnonzero(slow).tolist(), len(values)]:  # runs of common records between the others
-        if k > first:
-            parts.append(turns.part(first, k))
-            kept += range(first, k)
-        messages = _read_one(values[k], chat, where(k), skip) if k < len(values) else None
-        if messages is not None:
-            parts.append(Turns.of([messages]))
-            kept.append(k)
-        first = k + 1
-    return kept, Turns.joined(parts)
+                yield messages
+
+    turns = Turns.of(read())  # fills kept as it reads
+    return kept, turns
+
+
+def _joined(parts: Sequence[Turns | _Gathered]) -> Turns:
+    """The conversations of ``parts``, one after another: each run of gathered chunks made :class:`Turns` at once."""
+    joined: list[Turns] = []
+    run: list[_Gathered] = []
+    for part in [*parts, None]:
+        if isinstance(part, _Gathered):
+            run.append(part)
+            continue
+        if run:
+            joined.append(_gathered_turns(run))
+            run = []
+        if part is not None:
+            joined.append(part)
+    return joined[0] if len(joined) == 1 else Turns.joined(joined)
 
 
 class TurnsReader:
     """A batch of records read into :class:`Turns` a chunk at a time, by schema ``chat``: :meth:`add` reads a chunk
     (as :func:`turns_of` does, the same turns), so that the caller can drop the chunk's parsed JSON at once;
     :meth:`turns` joins the chunks read. A chunk of ``messages`` records all in the common form (see
-    :func:`_common_messages`) is only gathered into lists here, with no NumPy call, its arrays made once for the
-    batch: a chunk of a few dozen records then costs a few list passes, not a batch's fixed costs."""
+    :func:`_gathered`) is only gathered into lists here, with no NumPy call, its arrays made once for the batch: a
+    chunk of a few dozen records then costs a few list passes, not a batch's fixed costs."""
 
     def __init__(self, chat: str | Callable[[Any], Any]) -> None:
         self.chat = chat
@@ -375,18 +421,7 @@ class TurnsReader:
 
     def turns(self) -> Turns:
         """The conversations of every chunk read, one after another."""
-        joined: list[Turns] = []
-        run: list[_Gathered] = []
-        for part in [*self._parts, None]:  # runs of gathered chunks, each made Turns at once
-            if isinstance(part, _Gathered):
-                run.append(part)
-                continue
-            if run:
-                joined.append(_gathered_turns(run))
-                run = []
-            if part is not None:
-                joined.append(part)
-        return joined[0] if len(joined) == 1 else Turns.joined(joined)
+        return _joined(self._parts)
 
 
 class _Gathered(NamedTuple):
@@ -406,10 +441,13 @@ _TWO_OR_THREE = frozenset((2, 3))
 
 
 def _gathered(values: Sequence[Any]) -> _Gathered | None:
-    """A chunk of ``messages`` records gathered, when every record is in the common form :func:`_common_messages`
-    reads (each a ``dict`` whose ``messages`` is a ``list`` of ``dict`` s, each of a ``role`` of :data:`ROLES` and
-    a ``str`` ``content``, or an assistant's with a ``str`` ``reasoning_content`` too); else None (the chunk is
-    read by :func:`turns_of`). Only list passes and set tests, no NumPy: a chunk is small."""
+    """A chunk of ``messages`` records gathered, when every record is in the common form; else None (the chunk is
+    read a record at a time, by :func:`messages_of`). The one statement of that form, which :func:`turns_of` and
+    :class:`TurnsReader` both gather: a ``dict`` whose ``messages`` is a ``list`` of ``dict`` s, each of a ``role``
+    of :data:`ROLES` and a ``str`` ``content`` and nothing else, or an assistant's with a ``str``
+    ``reasoning_content`` too (its thought); :func:`messages_of` reads each such message as the same
+    :class:`Message`. ``type()``, not ``isinstance``: what only claims to be a dict, list or str is read one by one.
+    Only list passes and set tests, no NumPy: a chunk is small."""
     lists: list[Any] = [v.get("messages") if type(v) is dict else None for v in values]
     if set(map(type, lists)) - {list}:
         return None
@@ -465,55 +503,3 @@ def _read_one(
             raise
         skip(error)
         return None
-
-
-#: What a message that is not a JSON object reads as in :func:`_common_messages` (no role: not common).
-_NOT_A_MESSAGE: dict[str, Any] = {}
-
-
-def _common_messages(values: Sequence[Any]) -> tuple[np.ndarray, Turns]:
-    """The ``messages`` records in the common form, read a field at a time over the whole batch: which records are
-    not (``slow``: to be read one by one), and the turns of all (a slow record's are meaningless, though its
-    count is right). Common, as :func:`_openai_messages` reads inline: a ``dict`` whose ``messages`` is a ``list``
-    of ``dict`` s, each of a ``role`` (one of :data:`ROLES`) and a ``str`` ``content``, or an assistant's with a
-    ``str`` ``reasoning_content`` too (its thought)."""
-    # type(), not __class__: only true dicts, lists and strs are read here (what claims to be one goes one by one).
-    lists: list[Any] = [v.get("messages") if type(v) is dict else None for v in values]
-    slow = np.zeros(len(lists), dtype=bool)
-    if set(map(type, lists)) - {list}:
-        slow = np.fromiter((type(m) is not list for m in lists), bool, len(lists))
-        lists = [[] if s else m for m, s in zip(lists, slow.tolist())]
-    counts = np.fromiter(map(len, lists), np.int64, len(lists))
-    items = list(chain.from_iterable(lists))
-    n = len(items)
-    if set(map(type, items)) - {dict}:
-        items = [m if type(m) is dict else _NOT_A_MESSAGE for m in items]
-    roles: list[Any] = list(map(dict.get, items, repeat("role")))
-    contents: list[Any] = list(map(dict.get, items, repeat("content")))
-    sizes = np.fromiter(map(len, items), np.int64, n)
-    bad = sizes != 2
-    thought_at, thoughts = _thoughts(items, roles, np.flatnonzero(sizes == 3))
-    bad[thought_at] = False
-    codes = role_codes(roles)
-    if codes is None:
-        codes = np.fromiter((_ROLE_CODES.get(r, -1) if type(r) is str else -1 for r in roles), np.int8, n)
-        bad |= codes < 0
-        codes[codes < 0] = 0  # a slow record's: meaningless
-    if set(map(type, contents)) - {str}:
-        bad |= np.fromiter((type(c) is not str for c in contents), bool, n)
-    if bad.any():
-        slow[np.repeat(np.arange(len(lists)), counts)[bad]] = True
-    return slow, Turns(roles, contents, counts, thought_at, thoughts, codes)
-
-
-def _thoughts(items: list[dict[str, Any]], roles: list[Any], three: np.ndarray) -> tuple[np.ndarray, list[str]]:
-    """Of the messages ``three`` (three fields), the assistant's with a ``str`` ``reasoning_content``: where they
-    are, and their thoughts."""
-    at = three.tolist()
-    thoughts: list[Any] = list(map(dict.get, map(items.__getitem__, at), repeat("reasoning_content")))
-    spoken = list(map(roles.__getitem__, at))
-    if set(map(type, thoughts)) - {str} or set(map(type, spoken)) - {str} or set(spoken) - {_ASSISTANT}:
-        keep = [type(t) is str and type(roles[k]) is str and roles[k] == _ASSISTANT for k, t in zip(at, thoughts)]
-        thoughts = [t for t, kept in zip(thoughts, keep) if kept]
-        three = three[np.array(keep, dtype=bool)] if keep else three
-    return three.astype(np.int64, copy=False), thoughts
