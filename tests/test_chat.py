@@ -486,3 +486,24 @@ def test_chat_refuses_several_text_keys(tmp_path: Path, tokenizer_path: Path) ->
         tokformats.tokenize(
             [{"messages": []}], tokenizer_path, tmp_path / "o", "hf", chat="messages", text_key=["a", "b"]
         )
+
+
+def test_text_parts_of_every_kind_are_joined_and_any_other_part_is_refused(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    parts = [{"type": "input_text", "text": "in "}, {"type": "text", "text": "two "}, {"text": "and three"}]
+    record = {"messages": [{"role": "user", "content": parts}, {"role": "assistant", "content": [
+        {"type": "output_text", "text": "out"}]}]}  # fmt: skip
+    assert messages_of(record, "messages", "w") == [Message("user", "in two and three"), Message("assistant", "out")]
+    image = {"messages": [{"role": "user", "content": [{"type": "text", "text": "see"}, {"type": "image_url",
+             "image_url": {"url": "x"}}]}, {"role": "assistant", "content": "b"}]}  # fmt: skip
+    refused = r"^w: field 'messages\[0\]\.content\[1\]\.type' is 'image_url'; only text parts are tokenized"
+    with pytest.raises(ChatError, match=refused):
+        messages_of(image, "messages", "w")
+    # In a run: refused naming the record, or counted and skipped; never a turn with the image silently left out.
+    options: dict[str, Any] = {"chat": "messages", "progress": False}
+    with pytest.raises(ChatError, match=r"item 1: field 'messages\[0\]\.content\[1\]\.type' is 'image_url'"):
+        tokformats.tokenize([image, record], tokenizer_path, tmp_path / "a", "datatrove", **options)
+    summary = tokformats.tokenize([image, record], tokenizer_path, tmp_path / "b", "datatrove", on_error="skip",
+                                  **options)  # fmt: skip
+    assert summary["documents"] == 1 and summary["skipped"] == 1 and "image_url" in summary["errors"][0]

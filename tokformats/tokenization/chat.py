@@ -3,9 +3,10 @@
 Schemas:
 
 - ``"messages"`` (OpenAI): ``{"messages": [{"role": "system"|"user"|"assistant"|"tool", "content": ...}, ...]}``.
-  ``content`` is a string, a list of ``{"type": "text", "text": ...}`` parts (joined), or null (an assistant turn
-  that only calls tools). An assistant's ``reasoning_content`` (or ``thought``, ``reasoning``) is its thought;
-  its ``tool_calls`` are appended to its content, one JSON object ``{"name": ..., "arguments": ...}`` per line.
+  ``content`` is a string, a list of ``{"type": "text", "text": ...}`` parts (joined; ``input_text`` and
+  ``output_text`` parts too, a part of another type is refused), or null (an assistant turn that only calls tools). An
+  assistant's ``reasoning_content`` (or ``thought``, ``reasoning``) is its thought; its ``tool_calls`` are appended to
+  its content, one JSON object ``{"name": ..., "arguments": ...}`` per line.
 - ``"sharegpt"``: ``{"conversations": [{"from": "human"|"gpt"|"system"|"tool"|..., "value": ...}, ...]}``
   (``system_prompt``/``system`` at the top level becomes a first system turn).
 - ``"alpaca"``: ``{"instruction", "input" (optional), "output", "system" (optional)}``: a user turn holding the
@@ -126,14 +127,26 @@ def _field(record: dict[str, Any], name: str, where: Any) -> Any:
     return record[name]
 
 
+#: The content parts that hold text: OpenAI's chat parts (``text``) and its Responses API's (``input_text``,
+#: ``output_text``); a part of another type (an image, audio, a file) has no text to tokenize.
+TEXT_PARTS = ("text", "input_text", "output_text")
+
+
 def _text(value: Any, where: Any, field: str, *, empty: bool = False) -> str:
-    """A message's text: a string, or a list of text parts joined; null only where ``empty`` allows it."""
+    """A message's text: a string, or a list of text parts joined; null only where ``empty`` allows it. A part that
+    is not text raises: dropped, it would leave the turn without what the conversation says there."""
     if isinstance(value, str):
         return value
     if value is None and empty:
         return ""
     if isinstance(value, list) and all(isinstance(p, dict) for p in value):
-        texts = [p.get("text") for p in value if p.get("type", "text") == "text"]
+        for k, part in enumerate(value):
+            if part.get("type", "text") not in TEXT_PARTS:
+                raise ChatError(
+                    f"{where}: field {f'{field}[{k}].type'!r} is {part.get('type')!r}; only text parts are tokenized "
+                    f"({', '.join(TEXT_PARTS)})."
+                )
+        texts = [p.get("text") for p in value]
         if all(isinstance(t, str) for t in texts):
             return "".join(t for t in texts if isinstance(t, str))
     raise ChatError(
