@@ -52,6 +52,7 @@ def child(source: str, output: str, workers: int, cpus: str) -> None:
     import tokformats
 
     before = time.process_time()  # the interpreter's start and imports: before the clock, so out of the CPU too
+    machine_before = machine_cpu()
     started = time.perf_counter()
     if workers:
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -62,8 +63,11 @@ def child(source: str, output: str, workers: int, cpus: str) -> None:
         summary = tokformats.tokenize(source, "cl100k_base", output, "megatron", progress=False, overwrite=True)
         tree, aside_wall, aside_cpu = looked_at([])
     wall = time.perf_counter() - started - aside_wall
+    machine_after = machine_cpu()
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     parent = me.ru_utime + me.ru_stime - before - aside_cpu
+    busy, steal = (after - first for after, first in zip(machine_after, machine_before))
+    others = busy - aside_cpu - parent - (kids.ru_utime + kids.ru_stime)
     digest = hashlib.sha256()
     for result in summary["outputs"].values():
         for name in result["files"]:
@@ -71,7 +75,18 @@ def child(source: str, output: str, workers: int, cpus: str) -> None:
                 while piece := handle.read(1 << 24):
                     digest.update(piece)
     print(json.dumps({"wall": wall, "parent": parent, "workers": kids.ru_utime + kids.ru_stime,
-                      "hash": digest.hexdigest()[:16], **tree}))  # fmt: skip
+                      "hash": digest.hexdigest()[:16], "others": others, "steal": steal, **tree}))  # fmt: skip
+
+
+def machine_cpu() -> tuple[float, float]:
+    """CPU seconds every process on the machine has used since boot (``/proc/stat``: user, nice, system, irq and
+    softirq of all CPUs), and the seconds the hypervisor has taken from this machine's CPUs (steal). Over a run,
+    the first less the run's own CPU is what other processes took: the measure of a shared machine's noise that
+    the load average, which counts the run's own threads too, is not."""
+    with open("/proc/stat") as stat:
+        fields = [int(f) for f in stat.readline().split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    return (fields[0] + fields[1] + fields[2] + fields[5] + fields[6]) / tick, fields[7] / tick
 
 
 def looked_at(workers: list[int]) -> tuple[dict[str, Any], float, float]:
@@ -159,7 +174,8 @@ def main() -> None:
                               f"cpus={','.join(map(str, run['cpus']))} wall={run['wall']:.2f} "
                               f"cpu={run['parent'] + run['workers']:.2f} (parent {run['parent']:.2f}; workers "
                               f"{', '.join(f'{c:.2f}' for c in run['worker_cpu_s'])}) "
-                              f"of-bound={run['bound']:.2f} load={run['load']:.2f} "
+                              f"of-bound={run['bound']:.2f} load={run['load']:.2f} others={run['others']:.2f} "
+                              f"steal={run['steal']:.2f} "
                               f"affinity parent {run['parent_cpus']} workers {run['worker_cpus']}",
                               flush=True)  # fmt: skip
     finally:
@@ -207,14 +223,16 @@ def _cpu_list(cpus: list[int]) -> str:
 def report(results: dict[tuple[str, int, int], list[Run]], sides: dict[str, str], per_worker: list[int]) -> None:
     """The table of min/median/max per side, workers and placement, then the 2-over-1 ratios of the medians."""
     print("| side, workers, CPUs | wall s | CPU s (all) | parent CPU s | cores busy | of the CPUs' bound | load at "
-          "start |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+          "start | other processes' CPU s |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     for (side, workers, per), runs in results.items():
         cpu = [r["parent"] + r["workers"] for r in runs]
         busy = [c / r["wall"] for c, r in zip(cpu, runs)]
-        walls, parents, bounds, loads = ([r[key] for r in runs] for key in ("wall", "parent", "bound", "load"))
+        walls, parents, bounds, loads, others = ([r[key] for r in runs] for key in ("wall", "parent", "bound", "load",
+                                                                                     "others"))  # fmt: skip
         print(f"| {side}, {workers or 'no executor'}, {len(runs[0]['cpus'])} ({placement(per)}) | {spread(walls)} | "
-              f"{spread(cpu)} | {spread(parents)} | {spread(busy)} | {spread(bounds)} | {spread(loads)} |")  # fmt: skip
+              f"{spread(cpu)} | {spread(parents)} | {spread(busy)} | {spread(bounds)} | {spread(loads)} | "
+              f"{spread(others)} |")  # fmt: skip
     for side in sides:
         for per in per_worker:
             if (side, 1, per) in results and (side, 2, per) in results:
