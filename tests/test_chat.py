@@ -493,8 +493,9 @@ def test_text_parts_of_every_kind_are_joined_and_any_other_part_is_refused(
 ) -> None:
     parts = [{"type": "input_text", "text": "in "}, {"type": "text", "text": "two "}, {"text": "and three"}]
     record = {"messages": [{"role": "user", "content": parts}, {"role": "assistant", "content": [
-        {"type": "output_text", "text": "out"}]}]}  # fmt: skip
-    assert messages_of(record, "messages", "w") == [Message("user", "in two and three"), Message("assistant", "out")]
+        {"type": "output_text", "text": "out"}, {"type": "refusal", "refusal": ", no"}]}]}  # fmt: skip
+    want = [Message("user", "in two and three"), Message("assistant", "out, no")]
+    assert messages_of(record, "messages", "w") == want
     image = {"messages": [{"role": "user", "content": [{"type": "text", "text": "see"}, {"type": "image_url",
              "image_url": {"url": "x"}}]}, {"role": "assistant", "content": "b"}]}  # fmt: skip
     refused = r"^w: field 'messages\[0\]\.content\[1\]\.type' is 'image_url'; only text parts are tokenized"

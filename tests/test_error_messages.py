@@ -366,3 +366,22 @@ def test_a_tokenizer_that_is_not_there_lists_the_vocabularies_or_names_the_one_m
         load_tokenizer("CL100K_BASE")
     with pytest.raises(NoFilesError, match=r"tok\.json does not exist; give a tokenizer\.json"):
         load_tokenizer(tmp_path / "tok.json")
+
+
+def test_a_megatron_prefix_spelling_glob_characters_opens_as_the_prefix(tmp_path: Path) -> None:
+    prefix = tmp_path / "run[1]"
+    with tokformats.create(prefix, "megatron", vocab_size=1000) as writer:
+        writer.write_batch(np.arange(10) % 100, [4, 6])
+    with tokformats.open(prefix, format="megatron") as reader:
+        assert [len(d) for d in reader] == [4, 6]
+
+
+@pytest.mark.parametrize("options", [{"eos": -1}, {"eos": 70_000}, {"eos": "x"}, {"eos": 3, "bos": 1}])
+def test_pt_and_dolma_readers_refuse_a_delimiter_their_dtype_cannot_hold(tmp_path: Path, options: dict) -> None:
+    for name, target in (("pt", tmp_path / "p.pt"), ("dolma", tmp_path / "d")):
+        if (name == "dolma" and "bos" in options) or (name == "pt" and options == {"eos": 70_000}):
+            continue  # dolma's reader takes eos= only; a .pt stream is int64, which holds 70,000
+        with tokformats.create(target, name, vocab_size=1000, overwrite=True) as writer:
+            writer.write_batch(np.arange(10) % 100, [4, 6])
+        with pytest.raises(ConfigError, match=rf"{target.name}: (eos=ID must be an id from 0 to|pass eos=ID)"):
+            tokformats.open(target, format=name, **options)

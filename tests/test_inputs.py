@@ -103,7 +103,7 @@ def test_train_tokenizer_refuses_missing_paths_and_reads_one_string_as_a_path(
 
 def test_an_unknown_unit_is_a_config_error_naming_the_choices(tmp_path: Path, tokenizer_path: Path) -> None:
     (tmp_path / "a.txt").write_text("alpha\n", encoding="utf-8")
-    expected = r"^unit must be one of line, file, paragraph; found 'sentence'\.$"
+    expected = r"^unit must be one of line, file, paragraph; found unit='sentence'\.$"
     with pytest.raises(ConfigError, match=expected):
         tokformats.tokenize(tmp_path / "a.txt", tokenizer_path, tmp_path / "o", "raw", unit="sentence", progress=False)
     with pytest.raises(ConfigError, match=expected):

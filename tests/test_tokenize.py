@@ -432,6 +432,9 @@ def test_fast_json_parser_changes_no_text(tmp_path: Path) -> None:
         ({"seed": True}, r"seed must be an integer, 0 or more; found seed=True\."),
         ({"eos": "end"}, r"eos must be one of append, prepend, none; found eos='end'\."),
         ({"on_error": "ignore"}, r"on_error must be raise or skip; found on_error='ignore'\."),
+        ({"unit": "sentence"}, r"unit must be one of line, file, paragraph; found unit='sentence'\."),
+        ({"verify_fraction": 2.0}, r"verify_fraction must be between 0 and 1; found verify_fraction=2\.0\."),
+        ({"engine": "fast"}, r"engine must be one of .*; found engine='fast'\."),
     ],
 )
 def test_plain_options_are_refused_with_the_option_and_its_value(

@@ -505,3 +505,14 @@ def test_head_and_stats_name_an_unassigned_id_and_its_document(
     assert f"{path}, document 1: {refused}" in capsys.readouterr().err
     assert main(["stats", *read, "--top", "10"]) == 2
     assert f"{path}, most frequent ids: token id 128262 has no token in the tokenizer" in capsys.readouterr().err
+
+
+def test_the_llama3_table_takes_a_splintr_that_ships_the_same_specials_and_refuses_one_that_differs() -> None:
+    from tokformats.core.vocabularies import LLAMA3_RESERVED, _with_more_specials
+
+    shipped = {"<|begin_of_text|>": 128000, "<|reserved_special_token_3|>": 128011}  # a later splintr, agreeing
+    assert _with_more_specials("llama3", shipped, LLAMA3_RESERVED)["<|reserved_special_token_3|>"] == 128011
+    with pytest.raises(tokformats.ConfigError, match="splintr now ships <\\|reserved_special_token_3\\|>"):
+        _with_more_specials("llama3", {"<|reserved_special_token_3|>": 128012}, LLAMA3_RESERVED)
+    with pytest.raises(tokformats.ConfigError, match="splintr now ships <\\|reserved_special_token_3\\|>"):
+        _with_more_specials("llama3", {"<|another|>": 128011}, LLAMA3_RESERVED)

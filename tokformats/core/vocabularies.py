@@ -312,9 +312,11 @@ def _splintr_ranks(name: str) -> tuple[dict[bytes, int], dict[str, int]]:
 
 
 def _with_more_specials(name: str, shipped: dict[str, int], more: Mapping[str, int]) -> dict[str, int]:
-    """splintr's specials for ``name`` and the model's own that splintr leaves out; a name or an id in both means
-    splintr changed what it ships, and the table here must be checked again."""
-    clashes = sorted(set(shipped) & set(more)) + sorted(map(str, set(shipped.values()) & set(more.values())))
+    """splintr's specials for ``name`` and the model's own that splintr leaves out. A name both hold at other ids, or
+    an id both give other names, means splintr changed what it ships and the table here must be checked again; the
+    same name at the same id (a splintr that ships them too) is taken as it is."""
+    names_at = {i: n for n, i in shipped.items()}
+    clashes = sorted(n for n, i in more.items() if (n in shipped and shipped[n] != i) or names_at.get(i, n) != n)
     if clashes:
         raise ConfigError(
             f"the vocabulary {name!r}: splintr now ships {', '.join(clashes[:5])}, which tokformats adds itself; "

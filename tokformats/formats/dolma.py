@@ -32,7 +32,7 @@ import numpy as np
 from ..core.arrays import TokenArray
 from ..core.documents import add_delimiter, offsets_from_lengths, split_offsets
 from ..core.dtypes import check_id, parse_dtype, resolve_dtype
-from ..core.protocol import PathLike, TokenWriter
+from ..core.protocol import PathLike, TokenWriter, checked_delimiters
 from ..core.registry import FormatDescriptor, Probe
 from ..errors import DTypeError, NoFilesError, SizeMismatchError, option
 from ..fs.paths import expand_paths
@@ -228,6 +228,8 @@ class Reader(PartsReader):
         self._unchecked: set[int] = set()
         defer = dtype is not None and remote is None and len(files) > 1  # each file is then mapped on use
         self._set_parts([self._part(k, file, dtype, defer) for k, file in enumerate(files)])
+        if self._parts:  # the parts' dtype known (given, or read from the rows): an eos it cannot hold is refused
+            self.eos = checked_delimiters(path, self._parts[0].dtype, eos, None)[0]
         self.shards  # noqa: B018 - one file mapped now (what was validated is what is read); several: on use
 
     def _part(self, k: int, file: Path, dtype: npt.DTypeLike | None, defer: bool) -> Part:

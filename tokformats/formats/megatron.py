@@ -134,7 +134,9 @@ def one_prefix(path: Any) -> Path:
         NoFilesError: a glob that matches nothing, or an empty list.
         ConfigError: it names several datasets; Megatron opens one (the message says how to merge them).
     """
-    if isinstance(path, (str, os.PathLike)) and not is_pattern(os.fspath(path)):
+    if isinstance(path, (str, os.PathLike)) and (
+        not is_pattern(os.fspath(path)) or os.path.exists(f"{os.fspath(path)}.idx")  # a prefix spelling [, * or ?
+    ):
         return resolve_prefix(path)
     prefixes = list(dict.fromkeys(resolve_prefix(text) for text in expand_path_texts(path)))
     if len(prefixes) == 1:

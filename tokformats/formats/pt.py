@@ -43,7 +43,7 @@ import numpy as np
 from ..core.arrays import ConcatenatedArray, LazyArray, TokenArray, map_file
 from ..core.documents import add_delimiter, split_offsets
 from ..core.dtypes import check_id, check_tokens, resolve_dtype
-from ..core.protocol import PathLike, TokenReader, TokenWriter
+from ..core.protocol import PathLike, TokenReader, TokenWriter, checked_delimiters
 from ..core.registry import FormatDescriptor, Probe
 from ..errors import DTypeError, FormatError, NoFilesError, OutputExistsError, option
 from ..fs.atomic import AtomicFiles
@@ -339,7 +339,7 @@ class FileReader(Reader):
         self._key = key
         self._pin(self._path)
         self._array  # noqa: B018 - load now: what was validated is what is read
-        self.eos, self.bos = eos, bos
+        self.eos, self.bos = checked_delimiters(self._path, self._array.dtype, eos, bos)
 
     @cached_property
     def _array(self) -> np.ndarray:
@@ -433,7 +433,7 @@ class FolderReader(Reader):
                 raise NoFilesError(f"{self._path} holds no shard_N.pt files and no {MANIFEST}.")
             self._pin(*(shard for _, shard in self._shards))
         self._arrays  # noqa: B018 - load now: what was validated is what is read
-        self.eos, self.bos = eos, bos
+        self.eos, self.bos = checked_delimiters(self._path, self._arrays[0].dtype, eos, bos)
         recorded = (self.manifest or {}).get(DELIMITER_KEY)
         if eos is None and bos is None and isinstance(recorded, dict):
             self.eos, self.bos = _recorded_id(recorded, "eos"), _recorded_id(recorded, "bos")

@@ -441,7 +441,7 @@ class Cache:
             except (OSError, RemoteError) as error:
                 if attempt >= attempts or not getattr(error, "transient", True):
                     failure = RemoteError(
-                        f"downloading {_safe(transfer.url)} failed after {attempt} attempts: "
+                        f"downloading {_safe(transfer.url)} failed after {attempt} attempt{'s' * (attempt != 1)}: "
                         f"{scrub_secrets(str(error), transfer.url)}"
                     )
                     break

@@ -3,7 +3,7 @@
 Schemas:
 
 - ``"messages"`` (OpenAI): ``{"messages": [{"role": "system"|"user"|"assistant"|"tool", "content": ...}, ...]}``.
-  ``content`` is a string, a list of ``{"type": "text", "text": ...}`` parts (joined; ``input_text`` and
+  ``content`` is a string, a list of ``{"type": "text", "text": ...}`` parts (joined; ``refusal``, ``input_text`` and
   ``output_text`` parts too, a part of another type is refused), or null (an assistant turn that only calls tools). An
   assistant's ``reasoning_content`` (or ``thought``, ``reasoning``) is its thought; its ``tool_calls`` are appended to
   its content, one JSON object ``{"name": ..., "arguments": ...}`` per line.
@@ -127,9 +127,10 @@ def _field(record: dict[str, Any], name: str, where: Any) -> Any:
     return record[name]
 
 
-#: The content parts that hold text: OpenAI's chat parts (``text``) and its Responses API's (``input_text``,
-#: ``output_text``); a part of another type (an image, audio, a file) has no text to tokenize.
-TEXT_PARTS = ("text", "input_text", "output_text")
+#: The content parts that hold text, by type, and the field holding it: OpenAI's chat parts (``text``, an assistant's
+#: ``refusal``) and its Responses API's (``input_text``, ``output_text``); a part of another type (an image, audio,
+#: a file) has no text to tokenize.
+TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal"}
 
 
 def _text(value: Any, where: Any, field: str, *, empty: bool = False) -> str:
@@ -146,7 +147,7 @@ def _text(value: Any, where: Any, field: str, *, empty: bool = False) -> str:
                     f"{where}: field {f'{field}[{k}].type'!r} is {part.get('type')!r}; only text parts are tokenized "
                     f"({', '.join(TEXT_PARTS)})."
                 )
-        texts = [p.get("text") for p in value]
+        texts = [p.get(TEXT_PARTS[p.get("type", "text")]) for p in value]
         if all(isinstance(t, str) for t in texts):
             return "".join(t for t in texts if isinstance(t, str))
     raise ChatError(

@@ -18,7 +18,7 @@ from ..errors import ConfigError, FormatError, option
 from .chat import schema_name
 from .chat_encoding import ChatSpec
 from .engines import ENGINES
-from .sources import UNITS, Input
+from .sources import Input, check_unit
 from .templates import THOUGHT, TRAIN_ON, load_template
 
 __all__ = [
@@ -158,14 +158,15 @@ def check_options(*, output: Any, engine: str, on_error: str, verify_fraction: f
             f"it, e.g. {option('output', repr(output + 'corpus'))} (a prefix beside it writes beside the folder)."
         )
     if engine not in ENGINES:
-        raise ConfigError(f"engine must be one of {', '.join(ENGINES)}; found {engine!r}.")
+        raise ConfigError(f"engine must be one of {', '.join(ENGINES)}; found {option('engine', repr(engine))}.")
     if on_error not in ("raise", "skip"):
         raise ConfigError(f"on_error must be raise or skip; found {option('on_error', repr(on_error))}.")
     if not 0 <= verify_fraction <= 1:
-        raise ConfigError(f"verify_fraction must be between 0 and 1, found {verify_fraction}.")
-    if unit not in UNITS:
-        raise ConfigError(f"unit must be one of {', '.join(UNITS)}; found {unit!r}.")
-    checked_seed(seed)
+        raise ConfigError(
+            f"verify_fraction must be between 0 and 1; found {option('verify_fraction', repr(verify_fraction))}."
+        )
+    check_unit(unit)
+    checked_seed(seed)  # here, before the tokenizer loads and the workers start; the plan records it
 
 
 def checked_seed(seed: Any) -> int:
@@ -221,7 +222,7 @@ def make_plan(
         eos=eos,
         eos_id=eos_id if eos != "none" else None,
         split=split_fractions(split),
-        seed=checked_seed(seed),
+        seed=int(seed),  # checked by check_options
         unit=unit,
         # Every id stored: the tokenizer's, and an end-of-text id given beyond them (cl100k's 100257 with a
         # smaller tokenizer), so that the spools and the writer's dtype hold it from the start.

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from ..errors import ConfigError, FormatError, NoFilesError
+from ..errors import ConfigError, FormatError, NoFilesError, option
 from ..fs.paths import is_pattern, pattern_matches
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "SourceError",
     "TEXT_SUFFIXES",
     "UNITS",
+    "check_unit",
 ]
 
 #: Suffixes tokformats reads text from (before an optional .gz/.zst).
@@ -468,6 +469,12 @@ def _iterable_records(input_index: int, iterable: Iterable[Any], skip: int, whol
             yield Record(input_index, number, (text,))
 
 
+def check_unit(unit: Any) -> None:
+    """Refuse a ``unit=`` that is not one of :data:`UNITS` (a ``ConfigError`` naming them)."""
+    if unit not in UNITS:
+        raise ConfigError(f"unit must be one of {', '.join(UNITS)}; found {option('unit', repr(unit))}.")
+
+
 def iter_records(
     inputs: list[Input],
     keys: tuple[str, ...] | None = ("text",),
@@ -481,8 +488,7 @@ def iter_records(
     ``keys=None`` reads each record whole (its ``value``: chat data). ``counter`` collects objects whose ``count``
     is the bytes read from disk so far (for progress).
     """
-    if unit not in UNITS:  # checked by the call, not by the first record: before a run has begun its work
-        raise ConfigError(f"unit must be one of {', '.join(UNITS)}; found {unit!r}.")
+    check_unit(unit)  # checked by the call, not by the first record: before a run has begun its work
     return _records(inputs, keys, unit, start, counter if counter is not None else [])
 
 
