@@ -134,7 +134,7 @@ def test_unknown_engine_is_refused(tokenizer_path: Path) -> None:
 def test_an_unknown_engine_is_refused_before_a_parallel_run_starts(tmp_path: Path, tokenizer_path: Path) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(1) as pool, pytest.raises(tokformats.ConfigError, match="found 'fatsokens'"):
+    with ThreadPoolExecutor(1) as pool, pytest.raises(tokformats.ConfigError, match="found engine='fatsokens'"):
         tokformats.tokenize(_corpus(tmp_path), tokenizer_path, tmp_path / "o", "raw", engine="fatsokens",
                             executor=pool, progress=False)  # fmt: skip
     assert not (tmp_path / "o.tokenize").exists()

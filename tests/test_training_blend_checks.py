@@ -120,7 +120,7 @@ def test_cli_explain_a_sample_beyond_the_run(
         assert main([*args, "--sample", str(sample)]) == 2
         assert capsys.readouterr().err.splitlines() == [
             f"tokformats: error: --sample {sample} is out of range: the run has {count} samples (0-{count - 1}; "
-            "negative counts from the end); pass the training run's --num-samples (default: one epoch)"
+            "negative counts from the end); pass the training run's --num-samples (default: one epoch)."
         ]
     assert main([*args, "--sample", str(-count), "--json"]) == 0  # the first sample, counted from the end
     assert main([*args, "--sample", str(count - 1), "--json"]) == 0
@@ -129,7 +129,7 @@ def test_cli_explain_a_sample_beyond_the_run(
     assert main([*blend, "--sample", "30"]) == 2
     assert capsys.readouterr().err == (
         "tokformats: error: --sample 30 is out of range: the run has 30 samples (0-29; negative counts from the "
-        "end); pass the training run's --num-samples and --size\n"
+        "end); pass the training run's --num-samples and --size.\n"
     )
 
 
