@@ -339,6 +339,8 @@ def test_limits_are_options_with_environment_defaults(monkeypatch: pytest.Monkey
     monkeypatch.setenv("TOKFORMATS_MAX_INDEX_BYTES", "1000")
     assert Limits.of(retries=2) == Limits(30.0, 2.5, 2, 1000)
     assert Cache("https://host/d", stall_timeout=7).limits.stall_timeout == 7
+    with pytest.raises(tokformats.FormatError, match=r"retries=0: it must be positive"):
+        Limits.of(retries=0)  # refused, not read as "not given" (it was the environment's or the default's 5)
     monkeypatch.setenv("TOKFORMATS_CONNECT_TIMEOUT", "soon")
     with pytest.raises(tokformats.FormatError, match="TOKFORMATS_CONNECT_TIMEOUT"):
         Limits.of()

@@ -115,12 +115,17 @@ class Limits:
         retries: int | None = None,
         max_index_bytes: int | None = None,
     ) -> Limits:
-        """The limits given, the environment's for those not given, the defaults for the rest."""
+        """The limits given, the environment's for those not given, the defaults for the rest (a limit given as 0 is
+        refused, not taken for one not given)."""
+
+        def chosen(given: float | None, name: str, default: float) -> float:
+            return given if given is not None else _env_number(name, default)
+
         limits = cls(
-            float(connect_timeout or _env_number("TOKFORMATS_CONNECT_TIMEOUT", TIMEOUT)),
-            float(stall_timeout or _env_number("TOKFORMATS_STALL_TIMEOUT", STALL_TIMEOUT)),
-            int(retries or _env_number("TOKFORMATS_RETRIES", RETRIES)),
-            int(max_index_bytes or _env_number("TOKFORMATS_MAX_INDEX_BYTES", MAX_INDEX_BYTES)),
+            float(chosen(connect_timeout, "TOKFORMATS_CONNECT_TIMEOUT", TIMEOUT)),
+            float(chosen(stall_timeout, "TOKFORMATS_STALL_TIMEOUT", STALL_TIMEOUT)),
+            int(chosen(retries, "TOKFORMATS_RETRIES", RETRIES)),
+            int(chosen(max_index_bytes, "TOKFORMATS_MAX_INDEX_BYTES", MAX_INDEX_BYTES)),
         )
         for name, value in vars(limits).items():
             if not value > 0:
