@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from ..errors import ConfigError, FormatError, NoFilesError
 
@@ -255,7 +255,7 @@ def _not_a_path(found: Any, where: str = "") -> str:
     )
 
 
-def _refuse_in_list(item: Any) -> str:
+def _refuse_in_list(item: Any) -> NoReturn:
     raise ConfigError(_not_a_path(item, " in the list"))
 
 

@@ -315,9 +315,8 @@ def _first_missing(plan: _Plan, missing: dict[str, RemoteError]) -> RemoteError:
     (an llm.c ``.bin`` offline is "not in the cache", not its Megatron ``.idx`` that was never there)."""
     targets = set(plan.target) if isinstance(plan.target, list) else {plan.target}
     named = [error for name, error in missing.items() if plan.cache.path(name) in targets]
-    if named or missing:
-        return (named or list(missing.values()))[0]
-    return NotFoundError(f"{public_url(plan.url)} does not exist.")
+    first = next(iter(named or missing.values()), None)
+    return first if first is not None else NotFoundError(f"{public_url(plan.url)} does not exist.")
 
 
 def _get_all(get: Callable[[Entry], None], first: list[Entry], rest: list[Entry]) -> None:
