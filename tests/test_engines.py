@@ -121,7 +121,9 @@ def test_a_chat_run_asks_auto_for_the_engine_of_chat_text(monkeypatch: pytest.Mo
     chats = tmp_path / "chats.jsonl"
     turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
     chats.write_text(json.dumps({"messages": turns}) + "\n")
-    tokformats.tokenize(_corpus(tmp_path), tokenizer_path, tmp_path / "text", "datatrove", progress=False)
+    # Batches of 100: the text run's input is more than its first sample, so auto asks for an engine.
+    tokformats.tokenize(_corpus(tmp_path), tokenizer_path, tmp_path / "text", "datatrove", batch_size=100,
+                        progress=False)  # fmt: skip
     tokformats.tokenize(chats, tokenizer_path, tmp_path / "chat", "datatrove", chat="messages", progress=False)
     assert [gate["chat"] for gate in asked] == [False, True]
 
@@ -205,8 +207,8 @@ def test_gate_runs_once_per_tokenizer_per_process(
 
     monkeypatch.setattr(engines, "select_engine", choose)
     corpus = _corpus(tmp_path, 50)
-    for name in ("first", "second"):
-        summary = tokformats.tokenize(corpus, tokenizer_path, tmp_path / name, "raw", progress=False)
+    for name in ("first", "second"):  # batches of 20: the input is more than its first sample
+        summary = tokformats.tokenize(corpus, tokenizer_path, tmp_path / name, "raw", batch_size=20, progress=False)
         assert summary["engine"] == "lying" and summary["engine_reason"] == "a test engine"
     import hashlib
 
@@ -238,7 +240,8 @@ def test_first_batch_difference_falls_back_under_auto(
                                     progress=False)  # fmt: skip
     marker = sample_texts(400)[3][:12]
     _lying(monkeypatch, marker)
-    summary = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "auto", "raw", progress=False)
+    # Batches of 100: the input is more than the first sample (the first batch), so auto runs the engine.
+    summary = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "auto", "raw", batch_size=100, progress=False)
     assert summary["engine"] == "tokenizers"
     assert "on the first batch: tokenizers runs instead" in summary["engine_reason"]
     assert (tmp_path / "auto.bin").read_bytes() == (tmp_path / "ref.bin").read_bytes()

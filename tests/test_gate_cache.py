@@ -180,7 +180,9 @@ def test_a_forged_entry_only_names_the_engine_that_is_gated_here(
     engine, reason = select_engine(tokenizer, "auto", chat=False, tokenizer_hash=digest)
     assert reason.startswith("forged") and "gated again" in reason
     _GATED.clear()
-    summary = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "run", "megatron", progress=False)
+    # Batches of 100: the input is more than its first sample, so auto loads the (cached) engine.
+    summary = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "run", "megatron", batch_size=100,
+                                  progress=False)  # fmt: skip
     assert summary["engine"] == "tokenizers"
     assert "on the first batch: tokenizers runs instead" in summary["engine_reason"]
     for a, b in zip(summary["outputs"]["text"]["files"], reference["outputs"]["text"]["files"]):

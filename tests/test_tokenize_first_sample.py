@@ -17,7 +17,7 @@ import pytest
 import tokformats
 from tokformats.errors import FormatError
 from tokformats.tokenization import engines
-from tokformats.tokenization.encoder import Encoder, FirstSample
+from tokformats.tokenization.encoder import WHOLE_INPUT_SAMPLED, Encoder, FirstSample
 from tokformats.tokenization.engines import Engine, EngineMismatchError, TokenizersEngine
 from tokformats.tokenization.sample_text import sample_texts
 from tokformats.tokenization.spools import Spool
@@ -217,3 +217,42 @@ def test_a_first_batch_of_more_text_than_the_read_ahead_keeps_is_left_to_the_run
     tokformats.tokenize(corpus, tokenizer_path, tmp_path / "run", "megatron", progress=False)
     assert seen and {name.split("_")[0] for _, name in seen} == {"tokformats-verify"}
     assert (tmp_path / "run_text_document.bin").read_bytes() == (tmp_path / "list_text_document.bin").read_bytes()
+
+
+def test_an_input_all_in_its_first_sample_runs_on_tokenizers_under_auto(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path
+) -> None:
+    """Every id a faster engine would give such an input is re-encoded by the reference to check it, so ``auto``
+    neither loads nor gates one: the reference encodes the input once, in the read-ahead, and the output is the
+    same. Named explicitly, the engine still runs; one document past the first batch, auto asks for it."""
+    texts = _texts(40)
+    corpus = _corpus(tmp_path, texts)
+    reference = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "ref", "megatron", engine="tokenizers",
+                                    progress=False)  # fmt: skip
+    asked: list[str] = []
+
+    def choose(tokenizer: Any, engine: str = "auto", **gate: Any) -> tuple[Engine, str]:
+        asked.append(engine)
+        return _Copy(tokenizer), "a test engine"
+
+    monkeypatch.setattr(engines, "select_engine", choose)
+    seen = _recorded(monkeypatch)
+    summary = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "auto", "megatron", progress=False)
+    assert asked == []
+    assert (summary["engine"], summary["engine_reason"]) == ("tokenizers", WHOLE_INPUT_SAMPLED)
+    assert sorted(n for n, _ in seen) == list(range(40))  # each document encoded once, by the read-ahead
+    assert {name.split("_")[0] for _, name in seen} == {"tokformats-first-sample"}
+    for name in ("auto", "named", "past"):
+        if name == "named":
+            summary = tokformats.tokenize(corpus, tokenizer_path, tmp_path / name, "megatron", engine="fastokens",
+                                          progress=False)  # fmt: skip
+        elif name == "past":  # batches of 39 documents: the 40th is past the first
+            summary = tokformats.tokenize(corpus, tokenizer_path, tmp_path / name, "megatron", batch_size=39,
+                                          progress=False)  # fmt: skip
+        assert summary["tokens"] == reference["tokens"]
+        for suffix in (".bin", ".idx"):
+            assert (tmp_path / f"{name}_text_document{suffix}").read_bytes() == (
+                tmp_path / f"ref_text_document{suffix}"
+            ).read_bytes()
+    assert asked == ["fastokens", "auto"]
+    assert summary["engine"] == "copy"

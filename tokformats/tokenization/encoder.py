@@ -18,7 +18,7 @@ from ..errors import option
 from . import engines  # select_engine is looked up there at each call (a test replaces it)
 from .engines import Engine, EngineMismatchError, TokenizersEngine, differing_text, encoded
 
-__all__ = ["VERIFY_BYTES", "Encoder", "FirstSample", "SubmittedBatch", "verification_rate"]
+__all__ = ["VERIFY_BYTES", "WHOLE_INPUT_SAMPLED", "Encoder", "FirstSample", "SubmittedBatch", "verification_rate"]
 
 
 #: Gated engines of this process, by (the selecting function, tokenizer hash, engine asked for, chat run): the gate,
@@ -43,6 +43,13 @@ def _gated_engine(tokenizer: Any, engine: str, tokenizer_hash: str | None, chat:
     return gated
 
 
+#: Why ``auto`` runs ``tokenizers`` on an input that is all in its first sample.
+WHOLE_INPUT_SAMPLED = (
+    "the whole input is within the first sample, which tokenizers encodes anyway to check a faster engine: none "
+    "was loaded"
+)
+
+
 #: Text (characters) of documents drawn across the input that ``tokenize`` re-encodes with ``tokenizers`` by
 #: default, beyond the first :attr:`Encoder.FIRST_SAMPLE_BYTES`: the verification's cost is then fixed, not a share
 #: of the corpus (``verify_bytes=``).
@@ -61,19 +68,22 @@ def verification_rate(verify_fraction: float, verify_bytes: int | None, input_by
 
 
 class FirstSample(NamedTuple):
-    """A run's first sample read ahead (:func:`~.pipeline._first_sample`): its ``texts`` and the reference's ids of them
-    (a future)."""
+    """A run's first sample read ahead (:func:`~.pipeline._first_sample`): its ``texts``, the reference's ids of them
+    (a future), and whether they are the ``whole_input`` (every document of the run)."""
 
     texts: list[str]
     reference: Future[tuple[np.ndarray, np.ndarray]]
+    whole_input: bool = False
 
     @classmethod
-    def started(cls, texts: list[str], tokenizer: Any, cleanup: contextlib.ExitStack) -> FirstSample:
+    def started(
+        cls, texts: list[str], tokenizer: Any, cleanup: contextlib.ExitStack, whole_input: bool = False
+    ) -> FirstSample:
         """``texts`` with the reference's encoding of them (``tokenizer``'s) started in a thread of its own, shut
         down by ``cleanup``."""
         pool = ThreadPoolExecutor(1, thread_name_prefix="tokformats-first-sample")
         cleanup.callback(pool.shutdown, wait=True, cancel_futures=True)
-        sample = cls(texts, pool.submit(TokenizersEngine(tokenizer).encode, texts))
+        sample = cls(texts, pool.submit(TokenizersEngine(tokenizer).encode, texts), whole_input)
         pool.shutdown(wait=False)  # its one thread ends with its one job
         return sample
 
@@ -112,6 +122,10 @@ class Encoder:
         #: encoder was built (the engine's gate then runs beside it); used once, if the run's first sample is it.
         self._first = first_sample
         self.reference = TokenizersEngine(tokenizer, tokenizer_hash)  # shares its chat copy across runs
+        if chosen is None and engine == "auto" and first_sample is not None and first_sample.whole_input:
+            # Every id a faster engine would give is re-encoded by the reference to check it: loading and gating
+            # that engine (about 0.2 s for a 100,000-token BPE) would only add to the reference's work.
+            chosen = self.reference, WHOLE_INPUT_SAMPLED
         self.engine, self.reason = chosen or _gated_engine(tokenizer, engine, tokenizer_hash, chat)
         if isinstance(self.engine, TokenizersEngine):
             self.engine = self.reference  # the reference is not checked against itself

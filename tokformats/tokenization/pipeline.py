@@ -170,7 +170,8 @@ def tokenize(
             (:mod:`tokformats.tokenization.partitions`).
         overwrite: replace existing outputs.
         checkpoint_every: seconds between checkpoints (spools fsynced, position recorded): what a crash can lose.
-        engine: ``auto`` (fastokens when installed and it passes the identity gate, else tokenizers),
+        engine: ``auto`` (fastokens when installed and it passes the identity gate, else tokenizers; tokenizers for
+            an input that ends within its first batch and first MiB, which tokenizers encodes anyway as the check),
             ``fastokens`` (the same gate; an error when it is missing or differs) or ``tokenizers``. See
             :mod:`tokformats.engines`; the output is the same whichever engine runs.
         verify_fraction: a faster engine's ids are checked against tokenizers' during the run: the first MiB of
@@ -315,13 +316,14 @@ def _first_sample(
     if not all(map(read_by_line, resolved)):
         return None
     batch: list[Record] = []
-    text = 0
+    text, ended = 0, True
     try:
         with contextlib.closing(iter_records(resolved, tuple(plan.keys), plan.unit)) as records:
             for record in records:  # the first batch, as read_batches groups it
                 batch.append(record)
                 text += sum(map(len, record.texts)) if record.texts else 0
                 if batch_is_full(len(batch), text, batch_size):
+                    ended = False  # (a full batch that is the whole input is taken for more: nothing lost)
                     break
     except Exception:  # the run's reader reads the same input and raises its error where it always has
         return None
@@ -329,7 +331,7 @@ def _first_sample(
     count, held = Encoder.first_count(texts, Encoder.FIRST_SAMPLE_BYTES) if texts else (0, 0)
     if not count or held > _FIRST_SAMPLE_READ_AHEAD:
         return None
-    return FirstSample.started(texts[:count], loaded, cleanup)
+    return FirstSample.started(texts[:count], loaded, cleanup, whole_input=ended and count == len(texts))
 
 
 #: The most text the first sample's read-ahead keeps (its documents up to :attr:`Encoder.FIRST_SAMPLE_BYTES`, at
