@@ -10,6 +10,8 @@ Run: ``python benchmarks/bench_tokenize_sides.py --before /work/main --after . -
   checkout, timed from before ``import tokformats`` (the tokenizer load and the engine gate included);
 - ``after, no gate cache``: the same with ``TOKFORMATS_GATE_CACHE=off`` (a first run's set-up).
 
+Children run with bytecode caching on (``common.installed_env``), as an installed package would.
+
 Wall seconds and the process's CPU seconds (every thread) per run, the 1-minute load average before each, then
 min/median/max per side; the two checkouts' ``.bin``/``.idx`` must be byte-identical.
 """
@@ -24,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import spread, two_checkouts_parser
+from common import installed_env, spread, two_checkouts_parser
 
 ALONE = r"""
 import sys, time, orjson, fastokens
@@ -65,7 +67,7 @@ def main() -> None:
         for round_ in range(args.rounds):
             for side in sides if round_ % 2 == 0 else sides[::-1]:
                 load = os.getloadavg()[0]
-                env = dict(os.environ)
+                env = installed_env()  # bytecode cached, as installed: compiling is no part of a run
                 if side == "alone":
                     wall, cpu = map(float, child(ALONE, [str(args.corpus), str(args.tokenizer)], env))
                     engine = "fastokens"

@@ -70,11 +70,22 @@ def two_checkouts_parser(description: str | None, rounds: int) -> argparse.Argum
     return parser
 
 
+def installed_env(checkout: Path | None = None) -> dict[str, str]:
+    """The environment of a child that imports tokformats as an installed package would: from ``checkout`` (None:
+    whatever this process imports), with bytecode caching on (a private ``PYTHONPYCACHEPREFIX``), so that a
+    machine that sets ``PYTHONDONTWRITEBYTECODE`` does not add the compiling of every module to each run."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(scratch("pycache"))
+    if checkout is not None:
+        env["PYTHONPATH"] = str(checkout)
+    return env
+
+
 def run_in_checkout(code: str, argv: list[str], checkout: Path) -> dict[str, Any]:
-    """Run ``python -c code *argv`` in a fresh process that imports tokformats from ``checkout``; its last line
-    of output, a JSON object, with its ``file`` (the tokformats it imported, which must lie in ``checkout``)
-    taken out. A failed child stops the benchmark with its error."""
-    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    """Run ``python -c code *argv`` in a fresh process that imports tokformats from ``checkout`` (bytecode cached:
+    :func:`installed_env`); its last line of output, a JSON object, with its ``file`` (the tokformats it imported,
+    which must lie in ``checkout``) taken out. A failed child stops the benchmark with its error."""
+    env = installed_env(checkout)
     out = subprocess.run([sys.executable, "-c", code, *argv], env=env, capture_output=True, text=True, check=False,
                          cwd="/", timeout=600)  # fmt: skip
     if out.returncode:
