@@ -310,7 +310,8 @@ def _first_sample(
     sample is these very texts. None where no sample is checked (``engine="tokenizers"``), for a chat run, several
     text keys, a ``resume`` (its first sample is where it resumes), or where reading ahead is not cheap or not safe
     (:func:`~.sources.read_by_line`: an iterable, a Parquet row group, a ``.json`` array; ``unit="file"``, whose
-    first document is a whole file)."""
+    first document is a whole file). Its ``whole_input`` says that the input ended within the sample (``auto`` then
+    runs on the reference alone)."""
     if engine == "tokenizers" or plan.chat is not None or len(plan.keys) != 1 or resume or plan.unit == "file":
         return None
     if not all(map(read_by_line, resolved)):
