@@ -9,6 +9,12 @@ Run: ``python benchmarks/bench_tokenize_sides.py --before /work/main --after . -
 - ``before`` / ``after``: ``tokformats.tokenize(corpus, tokenizer, out, "megatron")`` with ``PYTHONPATH`` set to the
   checkout, timed from before ``import tokformats`` (the tokenizer load and the engine gate included);
 - ``after, no gate cache``: the same with ``TOKFORMATS_GATE_CACHE=off`` (a first run's set-up).
+- ``floor`` (``--floor``): the least a run doing the same work can cost, written out here with no library: timed
+  from before its imports, both tokenizers loaded (fastokens' in a thread), a reader thread parsing the JSONL with
+  orjson into batches, fastokens encoding each batch, ``tokenizers`` re-encoding the same check as ``tokenize``'s
+  (the first MiB of text, then about 1 MiB drawn across the input) in a thread of its own, each document ended by
+  EOS and every id written once to one file, fsynced; no spools, hashes, index, provenance or checkpoints. Its ids
+  are the ``.bin``'s (checked). Against ``alone``, it shows what two cores allow for the job with the check kept.
 
 Children run with bytecode caching on (``common.installed_env``), as an installed package would.
 
@@ -38,6 +44,62 @@ for k in range(0, len(texts), 1000):
 print(time.perf_counter() - wall, time.process_time() - cpu)
 """
 
+FLOOR = r"""
+import sys, time
+cpu, wall = time.process_time(), time.perf_counter()
+import os, queue, threading
+from concurrent.futures import ThreadPoolExecutor
+import numpy as np, orjson, fastokens, tokenizers
+corpus, tokenizer_path, output = sys.argv[1:4]
+text = open(tokenizer_path, encoding="utf-8").read()
+loading = ThreadPoolExecutor(1)
+fast = loading.submit(fastokens.Tokenizer.from_json_str, text)  # overlaps the reference's load and the first batch
+reference = tokenizers.Tokenizer.from_str(text)
+eos = reference.token_to_id("<|endoftext|>") or 0
+batches = queue.Queue(4)
+
+def read():
+    batch, size = [], 0
+    with open(corpus, "rb") as lines:
+        for line in lines:
+            batch.append(orjson.loads(line)["text"])
+            size += len(batch[-1])
+            if len(batch) == 1000 or size >= 4 << 20:
+                batches.put(batch)
+                batch, size = [], 0
+    batches.put(batch)
+    batches.put(None)
+
+threading.Thread(target=read, daemon=True).start()
+verifier, checks = ThreadPoolExecutor(1), []
+rate = min(0.01, (1 << 20) / os.path.getsize(corpus))
+draws, first = np.random.default_rng(0), 1 << 20
+fast = fast.result()
+with open(output, "wb") as out:
+    while (batch := batches.get()) is not None:
+        if first > 0:  # the first MiB of text, then about 1 MiB drawn across the input
+            sizes = np.cumsum([len(t) for t in batch])
+            chosen = np.arange(max(1, int(np.searchsorted(sizes, first, side="right"))))
+            first -= int(sizes[len(chosen) - 1])
+        else:
+            chosen = np.flatnonzero(draws.random(len(batch)) < rate)
+        picked = [batch[k] for k in chosen.tolist()]
+        expected = verifier.submit(lambda p: [e.ids for e in reference.encode_batch_fast(p, add_special_tokens=False)],
+                                   picked) if picked else None
+        ids, offsets = fast.encode_batch_flat(batch, add_special_tokens=False, split_special_tokens=False)
+        flat, bounds = np.frombuffer(ids, dtype="<u4"), np.frombuffer(offsets, dtype="<u8").astype(np.int64)
+        if expected is not None:
+            checks.append((expected, [flat[bounds[k] : bounds[k + 1]].copy() for k in chosen.tolist()]))
+        ends = bounds[1:][np.diff(bounds) > 0]  # Megatron's preprocess_data ends no empty document
+        out.write(np.insert(flat, ends, eos).astype(np.uint16).data)  # each document ended by EOS, written once
+    for expected, found in checks:
+        if any(list(a) != b.tolist() for a, b in zip(expected.result(), found)):
+            raise SystemExit("fastokens differs from tokenizers")
+    out.flush()
+    os.fsync(out.fileno())
+print(time.perf_counter() - wall, time.process_time() - cpu)
+"""
+
 RUN = r"""
 import sys, time
 cpu, wall = time.process_time(), time.perf_counter()
@@ -59,8 +121,9 @@ def child(code: str, args: list[str], env: dict[str, str]) -> list[str]:
 
 def main() -> None:
     parser = two_checkouts_parser(__doc__, rounds=3)
+    parser.add_argument("--floor", action="store_true", help="add the floor side (see above)")
     args = parser.parse_args()
-    sides = ["alone", "before", "after", "after, no gate cache"]
+    sides = ["alone", "before", "after", "after, no gate cache"] + (["floor"] * args.floor)
     results: dict[str, list[tuple[float, float, float]]] = {side: [] for side in sides}
     with tempfile.TemporaryDirectory() as folder:
         outputs = {"before": Path(folder) / "before" / "c", "after": Path(folder) / "after" / "c"}
@@ -70,6 +133,10 @@ def main() -> None:
                 env = installed_env()  # bytecode cached, as installed: compiling is no part of a run
                 if side == "alone":
                     wall, cpu = map(float, child(ALONE, [str(args.corpus), str(args.tokenizer)], env))
+                    engine = "fastokens"
+                elif side == "floor":
+                    floor_ids = str(Path(folder) / "floor.ids")
+                    wall, cpu = map(float, child(FLOOR, [str(args.corpus), str(args.tokenizer), floor_ids], env))
                     engine = "fastokens"
                 else:
                     env["PYTHONPATH"] = str((args.before if side == "before" else args.after).resolve())
@@ -86,6 +153,10 @@ def main() -> None:
         for suffix in (".bin", ".idx"):
             a, b = (Path(f"{outputs[s]}_text_document{suffix}") for s in ("before", "after"))
             assert filecmp.cmp(a, b, shallow=False), f"{a.name} differs between the checkouts"
+        if args.floor:
+            floor_bin = Path(folder) / "floor.ids"
+            after_bin = f"{outputs['after']}_text_document.bin"
+            assert filecmp.cmp(floor_bin, after_bin, shallow=False), "the floor's ids differ from the .bin"
     print("\n| side | wall s min/med/max | CPU s min/med/max | load | x alone (wall medians) |\n|---|---|---|---|---|")
     alone = sorted(w for w, _, _ in results["alone"])[len(results["alone"]) // 2]
     for side, runs in results.items():
