@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, scratch, table
+from common import installed_env, machine, scratch, table
 
 HERE = Path(__file__).resolve()
 
@@ -129,10 +129,7 @@ def metadata_path(path: Path) -> Path:
 
 def run(side: str, folder: Path, before: Path | None = None) -> dict[str, object]:
     command = [sys.executable, str(HERE), "--child", side, "--folder", str(folder)]
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env["PYTHONPYCACHEPREFIX"] = str(folder / ("pycache-before" if side.startswith("before") else "pycache"))
-    if side.startswith("before: ") and before is not None:
-        env["PYTHONPATH"] = str(before)
+    env = installed_env(before if side.startswith("before: ") else None)
     out = subprocess.run(command, check=True, capture_output=True, text=True, env=env).stdout
     return dict(json.loads(out.strip().splitlines()[-1]))
 

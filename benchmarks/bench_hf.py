@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, scratch, table
+from common import installed_env, machine, scratch, table
 
 HERE = Path(__file__).resolve()
 SIDES = ("tokformats", "datasets")
@@ -56,10 +56,8 @@ def child(side: str, folder: Path) -> None:
 
 
 def run(side: str, folder: Path, before: Path | None = None) -> dict[str, object]:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env["PYTHONPYCACHEPREFIX"] = str(scratch("hf") / "pycache")
+    env = installed_env(before if side == BEFORE else None)
     if side == BEFORE and before is not None:  # the earlier checkout's tokformats, same child code
-        env["PYTHONPATH"] = str(before)
         side = "tokformats"
     command = [sys.executable, str(HERE), "--child", side, "--folder", str(folder)]
     out = subprocess.run(command, check=True, capture_output=True, text=True, env=env).stdout

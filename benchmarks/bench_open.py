@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import drop_from_cache, machine, scratch, table
+from common import drop_from_cache, installed_env, machine, scratch, table
 
 HERE = Path(__file__).resolve()
 SIDES = ("tokformats detected", "tokformats format=megatron", "tokformats sequences[0]", "megatron-core")
@@ -66,21 +66,11 @@ def child(side: str, prefix: str, cold: bool) -> None:
     print(json.dumps({"seconds": seconds, "first": np.asarray(first).tolist()[:8]}))
 
 
-def environment(source: Path | None = None) -> dict[str, str]:
-    """The children's environment: bytecode cached (a private prefix); ``source``: the tokformats checkout they
-    import (``--baseline``), else whatever the parent imports."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env["PYTHONPYCACHEPREFIX"] = str(scratch("open") / "pycache")
-    if source is not None:
-        env["PYTHONPATH"] = str(source)
-    return env
-
-
 def run(side: str, prefix: str, cold: bool, baseline: Path | None = None) -> dict[str, object]:
     """One child; the ``BASELINE`` side is the detected route run against the ``--baseline`` checkout."""
     child_side, source = (SIDES[0], baseline) if side == BASELINE else (side, None)
     command = [sys.executable, str(HERE), "--child", child_side, "--prefix", prefix] + (["--cold"] if cold else [])
-    out = subprocess.run(command, check=True, capture_output=True, text=True, env=environment(source)).stdout
+    out = subprocess.run(command, check=True, capture_output=True, text=True, env=installed_env(source)).stdout
     return dict(json.loads(out.strip().splitlines()[-1]))
 
 
