@@ -256,3 +256,8 @@ def test_an_input_all_in_its_first_sample_runs_on_tokenizers_under_auto(
             ).read_bytes()
     assert asked == ["fastokens", "auto"]
     assert summary["engine"] == "copy"
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    summary = tokformats.tokenize(empty, tokenizer_path, tmp_path / "empty", "megatron", progress=False)
+    assert (summary["engine"], summary["engine_reason"], summary["documents"]) == ("tokenizers", WHOLE_INPUT_SAMPLED, 0)
+    assert asked == ["fastokens", "auto"]  # no engine asked for an input with no text

@@ -329,8 +329,10 @@ def _first_sample(
     except Exception:  # the run's reader reads the same input and raises its error where it always has
         return None
     texts = [r.texts[0] for r in batch if r.texts is not None]
-    count, held = Encoder.first_count(texts, Encoder.FIRST_SAMPLE_BYTES) if texts else (0, 0)
-    if not count or held > _FIRST_SAMPLE_READ_AHEAD:
+    if not texts:  # an input with no text at all is its whole first sample, an empty one
+        return FirstSample.started([], loaded, cleanup, whole_input=True) if ended else None
+    count, held = Encoder.first_count(texts, Encoder.FIRST_SAMPLE_BYTES)
+    if held > _FIRST_SAMPLE_READ_AHEAD:
         return None
     return FirstSample.started(texts[:count], loaded, cleanup, whole_input=ended and count == len(texts))
 
