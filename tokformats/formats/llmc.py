@@ -26,7 +26,6 @@ Several shards (a glob or a list) read as one corpus in sorted order, the way th
 
 from __future__ import annotations
 
-import functools
 import itertools
 import operator
 import os
@@ -101,12 +100,18 @@ _LLAMA3 = _Flavour("llama3", 20240801, 7, np.dtype("<u4"), 128000)
 _FLAVOURS = {_GPT2.magic: _GPT2, _LLAMA3.magic: _LLAMA3}
 
 
-@functools.cache
-def _families() -> dict[int, Family]:
-    """``FAMILIES``, built the first time it (or ``Family``, ``GPT2``, ``LLAMA3``) is asked for."""
-    from ._llmc_family import Family
+#: ``FAMILIES`` once built (:func:`_families`).
+_BUILT: list[dict[int, Family]] = []
 
-    return {magic: Family(f.name, f.magic, f.version, f.dtype, f.delimiter) for magic, f in _FLAVOURS.items()}
+
+def _families() -> dict[int, Family]:
+    """``FAMILIES``, built the first time it (or ``Family``, ``GPT2``, ``LLAMA3``) is asked for (not with
+    ``functools.cache``: its wrapper costs ~15 us at import)."""
+    if not _BUILT:
+        from ._llmc_family import Family
+
+        _BUILT.append({m: Family(f.name, f.magic, f.version, f.dtype, f.delimiter) for m, f in _FLAVOURS.items()})
+    return _BUILT[0]
 
 
 def _family(flavour: _Flavour) -> Family:
@@ -344,12 +349,11 @@ class Reader(MappedParts):
     ) -> None:
         super().__init__(path, bos=bos, eos=eos, remote=remote)
         self._remote = remote
-        if isinstance(path, (str, os.PathLike)) and Path(path).is_dir():
-            texts = sorted(os.fspath(p) for p in folder_shards(Path(path), remote))
-        else:
-            texts = expand_path_texts(path)
-            if len(texts) > 1 and not isinstance(path, (str, os.PathLike)):  # a glob's matches come sorted
-                texts = sorted(texts)
+        texts = expand_path_texts(path)
+        if isinstance(path, (str, os.PathLike)) and texts == [os.fspath(path)] and os.path.isdir(texts[0]):
+            texts = sorted(os.fspath(p) for p in folder_shards(Path(path), remote))  # a glob's matches: no stat here
+        elif len(texts) > 1 and not isinstance(path, (str, os.PathLike)):  # a glob's matches come sorted
+            texts = sorted(texts)
         if open_maps is not None:
             self.open_maps = self._init_kwargs["open_maps"] = int(open_maps)
         elif len(texts) <= _FEWEST_OPEN_MAPS:  # the default bound is never below this: no need to ask the rlimit
@@ -460,7 +464,8 @@ class Reader(MappedParts):
         """The family's own delimiter (50256, 128000) when the stream starts with it or it occurs among the first
         ``DELIMITER_PROBE`` tokens (a single shard from the middle of a corpus starts mid-document); else None.
         An empty corpus takes the family's: there is nothing to mis-split."""
-        first_shard = next((k for k, part in enumerate(self._parts) if part.tokens), None)
+        counts = self._part_counts()  # not the parts: no Part (and Path) made per shard passed over
+        first_shard = next((k for k in range(len(counts)) if counts[k]), None)
         if first_shard is None:
             return self._flavour.delimiter
         shard = self.shards[first_shard]

@@ -47,11 +47,16 @@ def read_head(path: Path, size: int) -> bytes:
 
     if not is_regular(path):
         return b""
-    try:
-        with open(path, "rb") as handle:
-            return handle.read(size)
+    try:  # one open and one pread: no buffered file object (~10 us of a first detection)
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError:
         return b""
+    try:
+        return os.pread(descriptor, size, 0)
+    except OSError:
+        return b""
+    finally:
+        os.close(descriptor)
 
 
 @contextlib.contextmanager
@@ -118,8 +123,12 @@ def scrub_secrets(text: str, url: str) -> str:
 
 def is_pattern(text: str) -> bool:
     """Whether ``text`` is a glob pattern rather than a path: it holds ``*``, ``?`` or ``[`` and nothing exists under
-    that exact name (a file may be called ``a[1].bin``). The one rule every path argument follows."""
-    return _GLOB_CHAR.search(text) is not None and not os.path.exists(text)
+    that exact name (a file may be called ``a[1].bin``). The one rule every path argument follows. Within
+    :func:`one_expansion`, a pattern already listed stays one (no ``stat`` of its name for each caller)."""
+    if _GLOB_CHAR.search(text) is None:
+        return False
+    listings = _LISTINGS.get()
+    return (listings is not None and text in listings) or not os.path.exists(text)
 
 
 class _Listing:
