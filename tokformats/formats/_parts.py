@@ -208,6 +208,8 @@ class MappedParts(TokenReader):
 
     @property
     def dtype(self) -> np.dtype:
+        if isinstance(self._parts, PartTable):  # one dtype for every part: no Part (and Path) made to ask
+            return self._parts.dtype
         return self._parts[0].dtype
 
     @property

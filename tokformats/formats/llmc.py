@@ -670,3 +670,8 @@ def __getattr__(name: str) -> Any:
     if name == "FAMILIES":
         return _families()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The module's names, those made on first use included."""
+    return sorted({*globals(), "Vocab", "Family", "GPT2", "LLAMA3", "FAMILIES"})
