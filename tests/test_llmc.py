@@ -306,6 +306,12 @@ def test_token_counts_are_the_same_below_and_above_the_python_check() -> None:
                 assert first_bad == expected_bad, (itemsize, bad_at, len(part))
                 if first_bad is None:
                     assert counts.dtype == np.int64 and counts.tolist() == list(range(len(part)))
+    # a body of 2 bytes is one uint16 token but half a uint32 one; bodies of one size and mixed sizes past the limit
+    sizes = [llmc.HEADER_BYTES + 4 * k for k in range(limit + 10)]
+    sizes[limit + 7] = llmc.HEADER_BYTES + 2
+    assert llmc._token_counts(sizes, 4)[1] == limit + 7 and llmc._token_counts(sizes, 2)[1] is None
+    assert llmc._token_counts(sizes, 2)[0][limit + 7] == 1 and llmc._token_counts(sizes, 2)[0][9] == 18
+    assert llmc._token_counts([llmc.HEADER_BYTES + 6] * (limit + 1), 2)[0].tolist() == [3] * (limit + 1)
 
 
 def test_family_is_a_named_tuple() -> None:
