@@ -324,7 +324,8 @@ def test_one_star_patterns_match_like_fnmatch_with_overlapping_ends() -> None:
     from tokformats.fs.paths import _matching_names
 
     rng = random.Random(28)
-    patterns = ["a*b", "*b", "a*", "*", ".*", "ab*ba", "aba*aba", "x_*.b", "*.", "a.*", ".a*a"]
+    patterns = ["a*b", "*b", "a*", "*", ".*", "ab*ba", "aba*aba", "x_*.b", "*.", "a.*", ".a*a", "a*a", "ab*bab"]
+    patterns += ["b_*_b", "x_*.x"]
     for _ in range(500):
         names = sorted({"".join(rng.choice("ab._x") for _ in range(rng.randint(1, 7))) for _ in range(40)})
         for pattern in patterns:

@@ -171,7 +171,9 @@ def _matching_names(pattern: str, names: list[str]) -> list[str]:
         found = list(itertools.compress(names, map(str.startswith, names, itertools.repeat(start))))  # C loops
         found = list(itertools.compress(found, map(str.endswith, found, itertools.repeat(end))))
         least = len(start) + len(end)  # a name shorter than this has its start and end overlap: no match
-        if min(map(len, found), default=least) < least:
+        # which needs a start ending with what the end starts with (``ab*ba``, not ``corpus_*.bin``): only then a pass
+        overlapping = any(start.endswith(end[:k]) for k in range(1, min(len(start), len(end)) + 1))
+        if overlapping and min(map(len, found), default=least) < least:
             found = [n for n in found if len(n) >= least]
     else:
         match = re.compile(fnmatch.translate(pattern)).match
