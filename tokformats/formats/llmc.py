@@ -357,8 +357,9 @@ class Reader(MappedParts):
         super().__init__(path, bos=bos, eos=eos, remote=remote)
         self._remote = remote
         texts = expand_path_texts(path)
+        # a folder of shards: asked of a plain path only (a glob's text is no file: no stat of it here)
         if isinstance(path, (str, os.PathLike)) and texts == [os.fspath(path)] and os.path.isdir(texts[0]):
-            texts = sorted(os.fspath(p) for p in folder_shards(Path(path), remote))  # a glob's matches: no stat here
+            texts = sorted(os.fspath(p) for p in folder_shards(Path(path), remote))
         elif len(texts) > 1 and not isinstance(path, (str, os.PathLike)):  # a glob's matches come sorted
             texts = sorted(texts)
         if open_maps is not None:
