@@ -263,6 +263,35 @@ def test_a_glob_is_listed_like_glob_and_once_per_open(tmp_path: Path) -> None:
     assert str(tmp_path / "a_9.bin") in expand_path_texts(str(tmp_path / "a_*.bin"))
 
 
+def test_a_pattern_listed_in_an_open_stays_a_pattern_for_that_open(tmp_path: Path) -> None:
+    # within one open a pattern's name is not stat'ed again by each caller: once listed it is a pattern for the
+    # whole block (the same view as its one listing), and outside it the rule is the name's own again
+    from tokformats.fs.paths import expand_path_texts, is_pattern, one_expansion
+
+    (tmp_path / "a_1.bin").write_bytes(b"")
+    pattern = str(tmp_path / "a_*.bin")
+    with one_expansion():
+        assert is_pattern(pattern) and expand_path_texts(pattern) == [str(tmp_path / "a_1.bin")]
+        Path(pattern).write_bytes(b"")  # a file named like the pattern appears mid-open
+        assert is_pattern(pattern) and expand_path_texts(pattern) == [str(tmp_path / "a_1.bin")]
+        assert not is_pattern(str(tmp_path / "a_1.bin")) and is_pattern(str(tmp_path / "b_[x].bin"))
+    assert not is_pattern(pattern) and expand_path_texts(pattern) == [pattern]
+
+
+def test_detection_reads_a_head_of_regular_files_only(tmp_path: Path) -> None:
+    import os
+
+    from tokformats.fs.paths import read_head
+
+    (tmp_path / "short").write_bytes(b"abc")
+    (tmp_path / "long").write_bytes(bytes(range(256)) * 40)
+    os.mkfifo(tmp_path / "fifo")  # never opened: it would block
+    (tmp_path / "folder").mkdir()
+    assert read_head(tmp_path / "short", 4096) == b"abc"
+    assert read_head(tmp_path / "long", 300) == (bytes(range(256)) * 2)[:300]
+    assert [read_head(tmp_path / n, 8) for n in ("fifo", "folder", "missing")] == [b"", b"", b""]
+
+
 @pytest.mark.parametrize("by_descriptor", [True, False])
 def test_a_listing_knows_its_folders_through_links(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, by_descriptor: bool
@@ -295,7 +324,8 @@ def test_one_star_patterns_match_like_fnmatch_with_overlapping_ends() -> None:
     from tokformats.fs.paths import _matching_names
 
     rng = random.Random(28)
-    patterns = ["a*b", "*b", "a*", "*", ".*", "ab*ba", "aba*aba", "x_*.b", "*.", "a.*", ".a*a"]
+    patterns = ["a*b", "*b", "a*", "*", ".*", "ab*ba", "aba*aba", "x_*.b", "*.", "a.*", ".a*a", "a*a", "ab*bab"]
+    patterns += ["b_*_b", "x_*.x"]
     for _ in range(500):
         names = sorted({"".join(rng.choice("ab._x") for _ in range(rng.randint(1, 7))) for _ in range(40)})
         for pattern in patterns:

@@ -306,6 +306,12 @@ def test_token_counts_are_the_same_below_and_above_the_python_check() -> None:
                 assert first_bad == expected_bad, (itemsize, bad_at, len(part))
                 if first_bad is None:
                     assert counts.dtype == np.int64 and counts.tolist() == list(range(len(part)))
+    # a body of 2 bytes is one uint16 token but half a uint32 one; bodies of one size and mixed sizes past the limit
+    sizes = [llmc.HEADER_BYTES + 4 * k for k in range(limit + 10)]
+    sizes[limit + 7] = llmc.HEADER_BYTES + 2
+    assert llmc._token_counts(sizes, 4)[1] == limit + 7 and llmc._token_counts(sizes, 2)[1] is None
+    assert llmc._token_counts(sizes, 2)[0][limit + 7] == 1 and llmc._token_counts(sizes, 2)[0][9] == 18
+    assert llmc._token_counts([llmc.HEADER_BYTES + 6] * (limit + 1), 2)[0].tolist() == [3] * (limit + 1)
 
 
 def test_family_is_a_named_tuple() -> None:
@@ -330,6 +336,24 @@ def test_family_is_a_named_tuple() -> None:
             assert (name, dtype) == ("llama3", np.dtype("<u4"))
         case _:
             pytest.fail("Family does not match positionally")
+
+
+def test_families_are_built_on_first_use_and_are_the_same_named_tuples_everywhere(tmp_path: Path) -> None:
+    # the open path reads headers without the named tuple; what users see is one Family value per family
+    from tokformats.formats.llmc import FAMILIES, GPT2, LLAMA3, Family
+
+    assert FAMILIES is llmc.FAMILIES and FAMILIES == {20240520: GPT2, 20240801: LLAMA3}
+    assert type(GPT2) is Family and GPT2 is llmc.GPT2 and LLAMA3.dtype == np.dtype("<u4")
+    _, pattern = _shards(tmp_path, 3)
+    with tokformats.open(pattern, bos=0) as reader:
+        assert reader.family is GPT2 and reader.metadata["family"] == "gpt2"  # type: ignore[attr-defined]
+    assert llmc.read_header(Path(sorted(tmp_path.glob("c_train_*.bin"))[0]))[0] is GPT2
+    with tokformats.create(tmp_path / "l", "llmc", vocab_size=200_000) as writer:
+        assert writer.family is LLAMA3  # type: ignore[attr-defined]
+        writer.write([1, 2])
+    assert {"Family", "GPT2", "LLAMA3", "FAMILIES", "Vocab"} <= set(dir(llmc))
+    with pytest.raises(AttributeError, match="has no attribute 'GPT3'"):
+        llmc.GPT3  # type: ignore[attr-defined]  # noqa: B018
 
 
 def test_a_glob_pins_each_shard_from_its_one_stat(tmp_path: Path) -> None:
@@ -456,7 +480,8 @@ def test_opening_a_glob_imports_only_what_reading_needs(tmp_path: Path) -> None:
                          env=env, timeout=120)  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     modules, vocab = run.stdout.splitlines()
-    # Not the writer's shard roll-over, the vocabulary format, nor `resource` for a glob below the least map bound.
+    # Not the writer's shard roll-over, the family's named tuple (`_llmc_family`), the vocabulary format, nor
+    # `resource` for a glob below the least map bound.
     assert modules == "['tokformats.formats._parts', 'tokformats.formats.llmc']"
     assert vocab == f"tokformats.formats.llmc_vocab {int(stream[:8].astype(np.int64).sum())}"
 

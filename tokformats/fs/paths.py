@@ -47,11 +47,16 @@ def read_head(path: Path, size: int) -> bytes:
 
     if not is_regular(path):
         return b""
-    try:
-        with open(path, "rb") as handle:
-            return handle.read(size)
+    try:  # one open and one pread: no buffered file object (~10 us of a first detection)
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError:
         return b""
+    try:
+        return os.pread(descriptor, size, 0)
+    except OSError:
+        return b""
+    finally:
+        os.close(descriptor)
 
 
 @contextlib.contextmanager
@@ -118,8 +123,12 @@ def scrub_secrets(text: str, url: str) -> str:
 
 def is_pattern(text: str) -> bool:
     """Whether ``text`` is a glob pattern rather than a path: it holds ``*``, ``?`` or ``[`` and nothing exists under
-    that exact name (a file may be called ``a[1].bin``). The one rule every path argument follows."""
-    return _GLOB_CHAR.search(text) is not None and not os.path.exists(text)
+    that exact name (a file may be called ``a[1].bin``). The one rule every path argument follows. Within
+    :func:`one_expansion`, a pattern already listed stays one (no ``stat`` of its name for each caller)."""
+    if _GLOB_CHAR.search(text) is None:
+        return False
+    listings = _LISTINGS.get()
+    return (listings is not None and text in listings) or not os.path.exists(text)
 
 
 class _Listing:
@@ -162,7 +171,9 @@ def _matching_names(pattern: str, names: list[str]) -> list[str]:
         found = list(itertools.compress(names, map(str.startswith, names, itertools.repeat(start))))  # C loops
         found = list(itertools.compress(found, map(str.endswith, found, itertools.repeat(end))))
         least = len(start) + len(end)  # a name shorter than this has its start and end overlap: no match
-        if min(map(len, found), default=least) < least:
+        # which needs a start ending with what the end starts with (``ab*ba``, not ``corpus_*.bin``): only then a pass
+        overlapping = any(start.endswith(end[:k]) for k in range(1, min(len(start), len(end)) + 1))
+        if overlapping and min(map(len, found), default=least) < least:
             found = [n for n in found if len(n) >= least]
     else:
         match = re.compile(fnmatch.translate(pattern)).match
