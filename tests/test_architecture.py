@@ -206,19 +206,6 @@ def test_old_module_paths_import_with_a_deprecation_warning(old: str) -> None:
     assert any(issubclass(w.category, DeprecationWarning) and MOVED[old] in str(w.message) for w in caught)
 
 
-def test_the_old_parts_path_still_has_every_name_it_had() -> None:
-    # ``tokformats.parts`` (0.1) held the parts and PartsReader; PartsReader now lives beside them, not with them
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        sys.modules.pop("tokformats.parts", None)
-        old = importlib.import_module("tokformats.parts")
-    from tokformats.formats import _part_documents, _parts
-
-    names = ["Part", "PartTable", "MappedParts", "PartsReader", "checked_offsets", "sibling_masks"]
-    homes = [_parts, _parts, _parts, _part_documents, _part_documents, _part_documents]
-    assert [getattr(old, n) for n in names] == [getattr(home, n) for n, home in zip(names, homes)]
-
-
 def _readme_names() -> set[str]:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     names = set(re.findall(r"\btokformats(?:\.[A-Za-z_][A-Za-z0-9_]*)+", readme))

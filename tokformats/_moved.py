@@ -30,7 +30,7 @@ MOVED: dict[str, str] = {
     "tokformats.journal": "tokformats.fs.journal",
     "tokformats.limits": "tokformats.fs.untrusted",
     "tokformats.oscopy": "tokformats.fs.filecopy",
-    "tokformats.parts": "tokformats.formats._part_documents",  # which holds _parts' names too
+    "tokformats.parts": "tokformats.formats._parts",
     "tokformats.shards": "tokformats.formats._shards",
     "tokformats.torchfile": "tokformats.formats._torchfile",
     "tokformats.pipeline": "tokformats.tokenization.pipeline",

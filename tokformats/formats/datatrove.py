@@ -32,8 +32,7 @@ from ..core.reports import Problem
 from ..errors import DTypeError, FormatError, NoFilesError, SizeMismatchError, option
 from ..fs.paths import expand_paths
 from ..fs.untrusted import read_file, require_regular
-from ._part_documents import PartsReader, checked_offsets
-from ._parts import Part
+from ._parts import Part, PartsReader, checked_offsets
 
 if TYPE_CHECKING:
     import numpy.typing as npt

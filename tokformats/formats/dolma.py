@@ -47,8 +47,7 @@ from ._dolma_rows import (
     start_end_columns,
     tail_scan,
 )
-from ._part_documents import PartsReader, checked_offsets, sibling_masks
-from ._parts import Part
+from ._parts import Part, PartsReader, checked_offsets, sibling_masks
 from ._shards import DocumentShards
 
 if TYPE_CHECKING:

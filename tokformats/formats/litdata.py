@@ -32,8 +32,7 @@ from ..core.registry import FormatDescriptor, Probe
 from ..errors import FormatError, NoFilesError, SizeMismatchError
 from ..fs.names import safe_relative_name
 from ..fs.untrusted import read_json_object
-from ._part_documents import PartsReader, checked_offsets
-from ._parts import Part
+from ._parts import Part, PartsReader, checked_offsets
 from ._shards import DocumentShards
 
 if TYPE_CHECKING:
