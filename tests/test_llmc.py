@@ -338,8 +338,8 @@ def test_family_is_a_named_tuple() -> None:
             pytest.fail("Family does not match positionally")
 
 
-def test_families_are_built_on_first_use_and_are_the_same_named_tuples_everywhere(tmp_path: Path) -> None:
-    # the open path reads headers without the named tuple; what users see is one Family value per family
+def test_families_are_the_same_named_tuples_everywhere(tmp_path: Path) -> None:
+    # one Family value per family: what FAMILIES holds is what an open, read_header and a writer give
     from tokformats.formats.llmc import FAMILIES, GPT2, LLAMA3, Family
 
     assert FAMILIES is llmc.FAMILIES and FAMILIES == {20240520: GPT2, 20240801: LLAMA3}
@@ -351,7 +351,7 @@ def test_families_are_built_on_first_use_and_are_the_same_named_tuples_everywher
     with tokformats.create(tmp_path / "l", "llmc", vocab_size=200_000) as writer:
         assert writer.family is LLAMA3  # type: ignore[attr-defined]
         writer.write([1, 2])
-    assert {"Family", "GPT2", "LLAMA3", "FAMILIES", "Vocab"} <= set(dir(llmc))
+    assert {"Family", "GPT2", "LLAMA3", "FAMILIES"} <= set(dir(llmc))
     with pytest.raises(AttributeError, match="has no attribute 'GPT3'"):
         llmc.GPT3  # type: ignore[attr-defined]  # noqa: B018
 
@@ -480,8 +480,7 @@ def test_opening_a_glob_imports_only_what_reading_needs(tmp_path: Path) -> None:
                          env=env, timeout=120)  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     modules, vocab = run.stdout.splitlines()
-    # Not the writer's shard roll-over, the family's named tuple (`_llmc_family`), the vocabulary format, nor
-    # `resource` for a glob below the least map bound.
+    # Not the writer's shard roll-over, the vocabulary format, nor `resource` for a glob below the least map bound.
     assert modules == "['tokformats.formats._parts', 'tokformats.formats.llmc']"
     assert vocab == f"tokformats.formats.llmc_vocab {int(stream[:8].astype(np.int64).sum())}"
 

@@ -34,7 +34,7 @@ import struct
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -51,14 +51,7 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
     from ..core.files import LazyFiles
-    from ._llmc_family import Family
     from .llmc_vocab import Vocab
-
-    #: The two families' named tuples (built on first use, see ``__getattr__``).
-    GPT2: Family
-    LLAMA3: Family
-    #: Shard families by magic number.
-    FAMILIES: dict[int, Family]
 
 __all__ = [
     "Reader",
@@ -84,40 +77,18 @@ HEADER_BYTES = HEADER_INTS * 4
 MAX_SHARD_BYTES = 1 << 31
 
 
-class _Flavour:
-    """A family's fields (:class:`Family`'s), as headers are read: a plain class with slots, so that opening shards
-    does not build the public named tuple's class (``_llmc_family``); :func:`_family` gives the named tuple."""
-
-    __slots__ = ("delimiter", "dtype", "magic", "name", "version")
-
-    def __init__(self, name: str, magic: int, version: int, dtype: np.dtype, delimiter: int) -> None:
-        self.name, self.magic, self.version, self.dtype, self.delimiter = name, magic, version, dtype, delimiter
+# The functional form with the types as objects (``typing`` compiles a class form's string annotations one by one).
+# A named tuple (public: it compares by value and unpacks), though its ``eval`` costs ~0.05 ms at import.
+Family = NamedTuple(  # noqa: UP014 - see above
+    "Family", [("name", str), ("magic", int), ("version", int), ("dtype", np.dtype), ("delimiter", int)]
+)
+Family.__doc__ = "A model family's shard flavour: its magic, version, token dtype and document delimiter."
 
 
-_GPT2 = _Flavour("gpt2", 20240520, 1, np.dtype("<u2"), 50256)
-_LLAMA3 = _Flavour("llama3", 20240801, 7, np.dtype("<u4"), 128000)
-#: The families by magic number, as headers are read (``FAMILIES`` holds the public named tuples).
-_FLAVOURS = {_GPT2.magic: _GPT2, _LLAMA3.magic: _LLAMA3}
-
-
-#: ``FAMILIES`` once built (:func:`_families`).
-_BUILT: list[dict[int, Family]] = []
-
-
-def _families() -> dict[int, Family]:
-    """``FAMILIES``, built the first time it (or ``Family``, ``GPT2``, ``LLAMA3``) is asked for (not with
-    ``functools.cache``: its wrapper costs ~15 us at import)."""
-    if not _BUILT:
-        from ._llmc_family import Family
-
-        _BUILT.append({m: Family(f.name, f.magic, f.version, f.dtype, f.delimiter) for m, f in _FLAVOURS.items()})
-    return _BUILT[0]
-
-
-def _family(flavour: _Flavour) -> Family:
-    """The public :class:`Family` (a named tuple: it compares by value, unpacks and pickles) of ``flavour``."""
-    return _families()[flavour.magic]
-
+GPT2 = Family("gpt2", 20240520, 1, np.dtype("<u2"), 50256)
+LLAMA3 = Family("llama3", 20240801, 7, np.dtype("<u4"), 128000)
+#: Shard families by magic number.
+FAMILIES: dict[int, Family] = {GPT2.magic: GPT2, LLAMA3.magic: LLAMA3}
 
 #: Magics of other llm.c files, so that a wrong file gets a precise message.
 OTHER_MAGICS = {
@@ -198,14 +169,8 @@ def read_header(path: Path, head: bytes | None = None, size: int | None = None) 
     """Validate a shard's header and size exactly as llm.c's loader does; return (family, ntok). ``head`` and
     ``size``: the header bytes and the file size when they come from elsewhere (a shard opened by URL, or a header
     read once at open)."""
-    flavour, ntok = _read_header(path, head, size)
-    return _family(flavour), ntok
-
-
-def _read_header(path: Path | str, head: bytes | None = None, size: int | None = None) -> tuple[_Flavour, int]:
-    """:func:`read_header`, the family as the open path reads it."""
     try:
-        size = require_regular(Path(path)) if size is None else size
+        size = require_regular(path) if size is None else size
         if head is None:
             head = _pread_head(path)
     except FileNotFoundError:
@@ -215,13 +180,13 @@ def _read_header(path: Path | str, head: bytes | None = None, size: int | None =
             f"{path}: an llm.c shard starts with a {HEADER_BYTES}-byte header, but the file has only {size:,} bytes."
         )
     magic, version, ntok = struct.unpack_from("<3i", head)  # not NumPy: its first frombuffer costs ~15 us
-    family = _FLAVOURS.get(magic)
+    family = FAMILIES.get(magic)
     if family is None:
         other = OTHER_MAGICS.get(magic)
         found = f"{magic} ({other})" if other else str(magic)
         raise HeaderError(
             f"{path}: header field 'magic' is {found}; an llm.c token shard has "
-            f"{_GPT2.magic} (GPT-2) or {_LLAMA3.magic} (Llama-3)."
+            f"{GPT2.magic} (GPT-2) or {LLAMA3.magic} (Llama-3)."
         )
     if version != family.version:
         raise HeaderError(
@@ -274,7 +239,7 @@ def _is_shard(path: Path | Probe) -> bool:
     if len(head) < 8:
         return False
     magic, version = int.from_bytes(head[:4], "little", signed=True), int.from_bytes(head[4:8], "little", signed=True)
-    family = _FLAVOURS.get(magic)
+    family = FAMILIES.get(magic)
     return family is not None and family.version == version
 
 
@@ -344,6 +309,8 @@ class Reader(MappedParts):
     format = "llmc"
 
     maps_on_use = True
+    #: The shards' model family (magic, version, dtype, delimiter).
+    family: Family
 
     def __init__(
         self,
@@ -376,21 +343,21 @@ class Reader(MappedParts):
             if remote is None:  # one local shard: its header read once
                 size = existing_regular(paths[0])
                 first_head = _pread_head_or_missing(paths[0])
-                headers = [_read_header(paths[0], first_head, size)]
+                headers = [read_header(paths[0], first_head, size)]
             else:  # each header by one ranged request; the shard itself arrives on first use
                 heads = [self._head(p, HEADER_BYTES) for p in paths]
-                headers = [_read_header(p, head, remote.size(p)) for p, head in zip(paths, heads)]
+                headers = [read_header(p, head, remote.size(p)) for p, head in zip(paths, heads)]
                 first_head = heads[0]
             self._check_one_family(paths, [family for family, _ in headers])
-            self._flavour = headers[0][0]
-            self._set_parts([Part(p, HEADER_BYTES, ntok, self._flavour.dtype) for p, (_, ntok) in zip(paths, headers)])
+            self.family = headers[0][0]
+            self._set_parts([Part(p, HEADER_BYTES, ntok, self.family.dtype) for p, (_, ntok) in zip(paths, headers)])
         self.shards  # noqa: B018 - map now (several local shards: as each is first read, after its header)
         self.eos: int | None = None
         if isinstance(bos, str) and bos != "auto":
-            raise ConfigError(f"{texts[0]}: bos must be an id, None or 'auto', not {bos!r}.")
+            raise ConfigError(f"{Path(texts[0])}: bos must be an id, None or 'auto', not {bos!r}.")
         if eos is not None or bos != "auto":  # given: each an id the shards' dtype holds, never both
             given_bos = None if bos == "auto" else bos
-            self.eos, self.bos = checked_delimiters(texts[0], self._flavour.dtype, eos, given_bos)
+            self.eos, self.bos = checked_delimiters(Path(texts[0]), self.family.dtype, eos, given_bos)
             self.bos_rule = "given"
         else:
             self._convention(read_convention(first_head))
@@ -414,11 +381,11 @@ class Reader(MappedParts):
             raise NoFilesError(f"{missing} does not exist.") from None
         first_head = _pread_head_or_missing(texts[0])
         sizes = pins[2::4]
-        self._flavour, _ = _read_header(texts[0], first_head, size=sizes[0])
+        self.family, _ = read_header(Path(texts[0]), first_head, size=sizes[0])
         self._headers_checked.add(0)
-        itemsize = self._flavour.dtype.itemsize
+        itemsize = self.family.dtype.itemsize
         counts, impossible = _token_counts(sizes, itemsize)
-        table = PartTable(texts, HEADER_BYTES, counts, self._flavour.dtype, pins)
+        table = PartTable(texts, HEADER_BYTES, counts, self.family.dtype, pins)
         if impossible is not None:
             where = Path(texts[impossible])
             self._files.pin_as(where, table.pin(impossible))
@@ -428,12 +395,12 @@ class Reader(MappedParts):
 
     def _checked_header(self, path: Path) -> int:
         """Shard ``path``'s header, validated against its pinned size and this corpus's family; its ``ntok``."""
-        family, ntok = _read_header(path, size=self._pinned_size(path))
-        self._check_one_family([path], [self._flavour, family])
+        family, ntok = read_header(path, size=self._pinned_size(path))
+        self._check_one_family([path], [self.family, family])
         return ntok
 
     @staticmethod
-    def _check_one_family(paths: list[Path], families: list[_Flavour]) -> None:
+    def _check_one_family(paths: list[Path], families: list[Family]) -> None:
         names = sorted({family.name for family in families})
         if len(names) > 1:
             raise HeaderError(f"{paths[0].parent}: the shards mix model families {names}; open them separately.")
@@ -474,9 +441,9 @@ class Reader(MappedParts):
         counts = self._part_counts()  # not the parts: no Part (and Path) made per shard passed over
         first_shard = next((k for k in range(len(counts)) if counts[k]), None)
         if first_shard is None:
-            return self._flavour.delimiter
+            return self.family.delimiter
         shard = self.shards[first_shard]
-        delimiter = self._flavour.delimiter
+        delimiter = self.family.delimiter
         if int(shard[0]) == delimiter:  # llm.c's own shards: one page read, not DELIMITER_PROBE tokens
             return delimiter
         probe = np.asarray(shard[:DELIMITER_PROBE])
@@ -490,8 +457,8 @@ class Reader(MappedParts):
         tokens = self.tokens
         first, last = int(tokens[0]), int(tokens[len(tokens) - 1])
         return (
-            f"the document delimiter is unknown: the header records none and the {self._flavour.name} "
-            f"delimiter {self._flavour.delimiter} does not occur, so the stream reads as one document. If each "
+            f"the document delimiter is unknown: the header records none and the {self.family.name} "
+            f"delimiter {self.family.delimiter} does not occur, so the stream reads as one document. If each "
             f"document starts with an id (this stream starts with {first}), pass {option('bos', str(first))}; if "
             f"each ends with one (it ends with {last}), pass {option('eos', str(last))}."
         )
@@ -503,11 +470,6 @@ class Reader(MappedParts):
         if self.bos_rule != "unknown":
             return []
         return [Problem(str(self.path), "delimiter", self._unknown)]
-
-    @property
-    def family(self) -> Family:
-        """The shards' model family (name, magic, version, dtype, delimiter)."""
-        return _family(self._flavour)
 
     @property
     def num_shards(self) -> int:
@@ -596,7 +558,7 @@ class Writer(TokenWriter):
     ) -> None:
         chosen = resolve_dtype(dtype, vocab_size, format=self.format, allowed=("uint16", "uint32"))
         super().__init__(path, dtype=chosen, vocab_size=vocab_size, overwrite=overwrite)
-        self.family = _family(_GPT2 if chosen.itemsize == 2 else _LLAMA3)
+        self.family = GPT2 if chosen.itemsize == 2 else LLAMA3
         capacity = (MAX_SHARD_BYTES - 1 - HEADER_BYTES) // chosen.itemsize
         if shard_size <= 0:
             raise ValueError(f"shard_size must be positive, found {shard_size}")
@@ -662,23 +624,9 @@ __all__ += ["Vocab"]
 
 
 def __getattr__(name: str) -> Any:
-    """``Vocab``, and ``Family`` with its values ``GPT2``, ``LLAMA3`` and ``FAMILIES``, made on first use (PEP 562):
-    opening shards needs none of them."""
+    """``Vocab``, imported on first use (PEP 562)."""
     if name == "Vocab":
         from .llmc_vocab import Vocab
 
         return Vocab
-    if name == "Family":
-        from ._llmc_family import Family
-
-        return Family
-    if name in ("GPT2", "LLAMA3"):
-        return _family(_GPT2 if name == "GPT2" else _LLAMA3)
-    if name == "FAMILIES":
-        return _families()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    """The module's names, those made on first use included."""
-    return sorted({*globals(), "Vocab", "Family", "GPT2", "LLAMA3", "FAMILIES"})

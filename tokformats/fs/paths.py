@@ -47,16 +47,11 @@ def read_head(path: Path, size: int) -> bytes:
 
     if not is_regular(path):
         return b""
-    try:  # one open and one pread: no buffered file object (~10 us of a first detection)
-        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except OSError:
-        return b""
     try:
-        return os.pread(descriptor, size, 0)
+        with open(path, "rb") as handle:
+            return handle.read(size)
     except OSError:
         return b""
-    finally:
-        os.close(descriptor)
 
 
 @contextlib.contextmanager
