@@ -171,7 +171,8 @@ def tokenize(
         overwrite: replace existing outputs.
         checkpoint_every: seconds between checkpoints (spools fsynced, position recorded): what a crash can lose.
         engine: ``auto`` (fastokens when installed and it passes the identity gate, else tokenizers; tokenizers for
-            an input that ends within its first batch and first MiB, which tokenizers encodes anyway as the check),
+            a file read by line, one text key, no chat, that ends within its first batch and first MiB: tokenizers
+            encodes all of it anyway as the check),
             ``fastokens`` (the same gate; an error when it is missing or differs) or ``tokenizers``. See
             :mod:`tokformats.engines`; the output is the same whichever engine runs.
         verify_fraction: a faster engine's ids are checked against tokenizers' during the run: the first MiB of
