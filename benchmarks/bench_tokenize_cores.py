@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import run_in_checkout, spread, two_checkouts_parser
+from common import compile_checkout, run_in_checkout, spread, two_checkouts_parser
 
 CHILD = r"""
 import json, os, sys, threading, time
@@ -126,6 +126,8 @@ def main() -> None:
     parser.add_argument("--show", action="store_true", help="print each run's timeline")
     args = parser.parse_args()
     sides = {"before": args.before.resolve(), "after": args.after.resolve()}
+    for checkout in sides.values():
+        compile_checkout(checkout)
     figures: dict[str, dict[str, list[float]]] = {side: {} for side in sides}
     loads: list[float] = []
     with tempfile.TemporaryDirectory() as folder:

@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import installed_env, spread, two_checkouts_parser
+from common import compile_checkout, installed_env, spread, two_checkouts_parser
 
 ALONE = r"""
 import sys, time, orjson, fastokens
@@ -130,9 +130,8 @@ def main() -> None:
     results: dict[str, list[tuple[float, float, float]]] = {side: [] for side in sides}
     with tempfile.TemporaryDirectory() as folder:
         outputs = {"before": Path(folder) / "before" / "c", "after": Path(folder) / "after" / "c"}
-        for checkout in (args.before, args.after):  # bytecode compiled before round 0, as pip install does
-            subprocess.run([sys.executable, "-m", "compileall", "-q", str(checkout.resolve() / "tokformats")],
-                           env=installed_env(), check=True)  # fmt: skip
+        for checkout in (args.before, args.after):
+            compile_checkout(checkout)
         for round_ in range(args.rounds):
             for side in sides if round_ % 2 == 0 else sides[::-1]:
                 load = os.getloadavg()[0]

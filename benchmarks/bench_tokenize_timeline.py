@@ -33,7 +33,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import run_in_checkout, spread, two_checkouts_parser
+from common import compile_checkout, run_in_checkout, spread, two_checkouts_parser
 
 CHILD = r"""
 import collections, importlib, json, os, queue, resource, sys, threading, time
@@ -111,6 +111,8 @@ def main() -> None:
     parser.add_argument("--engine", default="auto", choices=["auto", "fastokens"])
     args = parser.parse_args()
     sides = {"before": args.before.resolve(), "after": args.after.resolve()}
+    for checkout in sides.values():
+        compile_checkout(checkout)
     runs: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
     loads: list[float] = []
     with tempfile.TemporaryDirectory() as folder:

@@ -81,6 +81,13 @@ def installed_env(checkout: Path | None = None) -> dict[str, str]:
     return env
 
 
+def compile_checkout(checkout: Path) -> None:
+    """Compile ``checkout``'s tokformats into :func:`installed_env`'s bytecode cache, as ``pip install`` does, so that
+    a benchmark's first round does not pay for compiling every module."""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(checkout.resolve() / "tokformats")],
+                   env=installed_env(), check=True, capture_output=True)  # fmt: skip
+
+
 def run_in_checkout(code: str, argv: list[str], checkout: Path) -> dict[str, Any]:
     """Run ``python -c code *argv`` in a fresh process that imports tokformats from ``checkout`` (bytecode cached:
     :func:`installed_env`); its last line of output, a JSON object, with its ``file`` (the tokformats it imported,
