@@ -222,5 +222,5 @@ def test_a_fresh_process_runs_fastokens_on_the_cores_but_one_and_unsets_the_vari
     reference = tokformats.tokenize(source, tokenizer_path, tmp_path / "r", "megatron", engine="tokenizers",
                                     progress=False)  # fmt: skip
     for suffix in (".bin", ".idx"):
-        ours, theirs = Path(f"{tmp_path / 'f'}_text_document{suffix}"), Path(reference["outputs"]["text"]["path"] + suffix)
-        assert ours.read_bytes() == theirs.read_bytes()
+        theirs = Path(reference["outputs"]["text"]["path"] + suffix)
+        assert Path(f"{tmp_path / 'f'}_text_document{suffix}").read_bytes() == theirs.read_bytes()
