@@ -41,7 +41,7 @@ __all__ = ["ENCODE_AHEAD", "encode_partition"]
 
 #: Batches started (given to the engine's thread) beyond the one being finished: the engine encodes the next while
 #: the one after waits in its queue, so that it has work whenever it is done, however long this thread takes to
-#: spool a batch and to take the next from the reader (with one, the engine waited between batches for 15-20% of
+#: spool a batch and to take the next from the reader (with one, the engine waited between batches for 15-25% of
 #: the encode phase: `benchmarks/README.md`, `tok6`).
 ENCODE_AHEAD = 2
 

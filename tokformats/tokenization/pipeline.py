@@ -165,7 +165,9 @@ def tokenize(
             process gates ``engine`` itself (the summary's ``engine`` is the first partition's). Its workers are
             started (one small job per core) as soon as the run owns its work folder, while the tokenizer loads.
             A standard-library process pool's workers each give their engine ``max(1, C // N)`` threads (N workers,
-            C cores; :func:`~.executors.engine_threads`, :func:`~.engines.limit_threads`).
+            C cores; :func:`~.executors.engine_threads`, :func:`~.engines.limit_threads`). None: encoded here, by
+            fastokens on ``max(1, C - 1)`` threads where it is not loaded yet and ``FASTOKENS_BPE_THREADS`` is not
+            set (a core left to the reader and this thread; :func:`~.engines.size_fastokens_pool`).
         partitions: how many partitions (default: one per input file, and one per 64 MiB where the inputs are
             larger). Large files are cut at line starts (JSON Lines, text per line) or row groups (Parquet); the
             output is byte-identical to a single-process run whatever the partitioning
