@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
@@ -17,8 +19,8 @@ import pytest
 
 import tokformats
 from tokformats.tokenization import executors
-from tokformats.tokenization.engines import limit_threads
-from tokformats.tokenization.executors import engine_threads
+from tokformats.tokenization.engines import limit_threads, size_fastokens_pool, unset_environment
+from tokformats.tokenization.executors import engine_threads, in_process_engine_threads
 from tokformats.tokenization.sample_text import sample_texts
 
 _VARIABLES = ("RAYON_NUM_THREADS", "FASTOKENS_BPE_THREADS", "TOKENIZERS_PARALLELISM")
@@ -152,3 +154,73 @@ def test_each_worker_of_a_pool_is_limited_and_the_output_is_unchanged(
 def _threads_here() -> tuple[int, tuple[str | None, ...]]:
     time.sleep(0.5)
     return os.getpid(), tuple(os.environ.get(name) for name in _VARIABLES)
+
+
+@pytest.mark.parametrize(("cores", "threads"), [(1, 1), (2, 1), (4, 3), (8, 7)])
+def test_a_run_in_this_process_leaves_a_core_to_its_reader_and_main_thread(
+    monkeypatch: pytest.MonkeyPatch, cores: int, threads: int
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    monkeypatch.setattr(executors, "_cgroup_quota", lambda: None)
+    assert in_process_engine_threads() == threads
+
+
+def test_fastokens_threads_are_sized_only_before_it_is_loaded_and_never_over_the_users(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _unset(monkeypatch)
+    monkeypatch.delitem(sys.modules, "fastokens", raising=False)  # not loaded: its pool cannot exist yet
+    assert size_fastokens_pool(3) == {"FASTOKENS_BPE_THREADS": "3"}
+    assert os.environ["FASTOKENS_BPE_THREADS"] == "3"
+    unset_environment({"FASTOKENS_BPE_THREADS": "3"})
+    assert "FASTOKENS_BPE_THREADS" not in os.environ
+    assert size_fastokens_pool(0) == {"FASTOKENS_BPE_THREADS": "1"}  # at least the calling thread
+    monkeypatch.setenv("FASTOKENS_BPE_THREADS", "5")  # the user's value counts, and is not removed
+    assert size_fastokens_pool(3) == {}
+    unset_environment({"FASTOKENS_BPE_THREADS": "3"})
+    assert os.environ["FASTOKENS_BPE_THREADS"] == "5"
+    monkeypatch.delenv("FASTOKENS_BPE_THREADS")
+    monkeypatch.setitem(sys.modules, "fastokens", object())  # loaded: its pool may exist, it is left as it is
+    assert size_fastokens_pool(3) == {}
+    assert "FASTOKENS_BPE_THREADS" not in os.environ
+
+
+_SIZED_RUN = r"""
+import json, os, sys
+import tokformats
+from tokformats.tokenization import engines, executors
+seen = []
+build = engines.FastokensEngine.__init__
+def built(self, *args):
+    seen.append(os.environ.get("FASTOKENS_BPE_THREADS"))
+    build(self, *args)
+engines.FastokensEngine.__init__ = built
+summary = tokformats.tokenize(sys.argv[1], sys.argv[2], sys.argv[3], "megatron", engine="fastokens", progress=False)
+workers = [t for t in os.listdir("/proc/self/task") if open(f"/proc/self/task/{t}/comm").read().startswith("fastokens")]
+print(json.dumps({"seen": seen, "after": os.environ.get("FASTOKENS_BPE_THREADS"), "workers": len(workers),
+                  "engine": summary["engine"], "threads": executors.in_process_engine_threads()}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts the process's threads in /proc")
+def test_a_fresh_process_runs_fastokens_on_the_cores_but_one_and_unsets_the_variable(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    pytest.importorskip("fastokens")
+    source = tmp_path / "a.jsonl"
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in sample_texts(1500)), encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k not in _VARIABLES}
+    env["PYTHONPATH"] = str(Path(tokformats.__file__).resolve().parents[1])
+    env["TOKFORMATS_GATE_CACHE"] = "off"
+    out = subprocess.run([sys.executable, "-c", _SIZED_RUN, str(source), str(tokenizer_path), str(tmp_path / "f")],
+                         env=env, capture_output=True, text=True, check=True, cwd=tmp_path, timeout=300)  # fmt: skip
+    found = json.loads(out.stdout)
+    threads = found["threads"]
+    assert found["engine"] == "fastokens" and found["seen"] and set(found["seen"]) == {str(threads)}
+    assert found["workers"] == threads - 1  # its pool's threads beside the calling one: none on two cores
+    assert found["after"] is None  # unset once the run's threads are done
+    reference = tokformats.tokenize(source, tokenizer_path, tmp_path / "r", "megatron", engine="tokenizers",
+                                    progress=False)  # fmt: skip
+    for suffix in (".bin", ".idx"):
+        theirs = Path(reference["outputs"]["text"]["path"] + suffix)
+        assert Path(f"{tmp_path / 'f'}_text_document{suffix}").read_bytes() == theirs.read_bytes()

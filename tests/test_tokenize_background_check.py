@@ -14,7 +14,7 @@ import pytest
 
 import tokformats
 from tokformats.errors import ConfigError
-from tokformats.tokenization import engines
+from tokformats.tokenization import engines, partition_run
 from tokformats.tokenization.encoder import Encoder
 from tokformats.tokenization.engines import Engine, EngineMismatchError, TokenizersEngine
 from tokformats.tokenization.partition_run import _PartitionRun
@@ -285,8 +285,9 @@ def test_the_first_sample_is_encoded_once_when_tokenizers_encodes_the_batch(
 def test_the_engine_encodes_each_batch_while_the_one_before_is_finished(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path
 ) -> None:
-    """A run starts batch k + 1 (the engine encodes it in its own thread) before it finishes batch k (its ids into
-    the spools): the output is the reference's, and no encoding thread outlives the run."""
+    """A run starts batches k + 1 and k + 2 (the engine encodes them in its own thread, one after the other) before
+    it finishes batch k (its ids into the spools), so the engine has the next batch queued whenever it is done: the
+    output is the reference's, and no encoding thread outlives the run."""
     texts = _numbered(450)
     corpus = _corpus(tmp_path, texts)
     _choose_wrong(monkeypatch, set())
@@ -310,12 +311,36 @@ def test_the_engine_encodes_each_batch_while_the_one_before_is_finished(
     monkeypatch.setattr(_PartitionRun, "finish", finished)
     monkeypatch.setattr(_Wrong, "encode", encoded)
     summary = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "out", "megatron", progress=False, batch_size=100)
-    assert events == ["start 0", "start 1", "finish 0", "start 2", "finish 1", "start 3", "finish 2", "start 4",
+    assert partition_run.ENCODE_AHEAD == 2
+    assert events == ["start 0", "start 1", "start 2", "finish 0", "start 3", "finish 1", "start 4", "finish 2",
                       "finish 3", "finish 4"]  # fmt: skip
     assert threads == {"tokformats-encode_0"}
     assert summary["engine"] == "wrong-late" and summary["documents"] == len(texts)
     _same_as_tokenizers(tmp_path, corpus, tokenizer_path)
     assert not [t.name for t in threading.enumerate() if t.name.startswith("tokformats-encode")]
+
+
+def test_the_batches_started_before_the_first_one_fell_back_are_encoded_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path
+) -> None:
+    """Under ``auto``, the engine differs in every document: the run falls back on tokenizers at the first batch's
+    check, after the engine was given the two batches behind it (:data:`ENCODE_AHEAD`); those are encoded again by
+    tokenizers, every later batch by tokenizers alone, and the output is a tokenizers run's."""
+    texts = _numbered(450)
+    corpus = _corpus(tmp_path, texts)
+    _choose_wrong(monkeypatch, set(range(450)))
+    by_engine: list[int] = []
+    encode = _Wrong.encode
+
+    def encoded(self: Any, batch: list[str], split_special: bool = False) -> Any:
+        by_engine.extend(_number(t) for t in batch)
+        return encode(self, batch, split_special)
+
+    monkeypatch.setattr(_Wrong, "encode", encoded)
+    summary = tokformats.tokenize(corpus, tokenizer_path, tmp_path / "out", "megatron", progress=False, batch_size=100)
+    assert summary["engine"] == "tokenizers" and summary["documents"] == len(texts)
+    assert sorted(by_engine) == list(range(300))  # batches 0, 1 and 2: started before batch 0 was finished
+    _same_as_tokenizers(tmp_path, corpus, tokenizer_path)
 
 
 def test_a_chat_batch_started_before_the_first_one_fell_back_is_encoded_again(

@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import sys
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -49,6 +50,8 @@ __all__ = [
     "calibration_texts",
     "encoded",
     "limit_threads",
+    "size_fastokens_pool",
+    "unset_environment",
 ]
 
 #: The values of ``tokenize(engine=...)``.
@@ -167,6 +170,28 @@ def limit_threads(threads: int | None, submitter: int | None = None) -> dict[str
     set_here = {name: value for name, value in wanted.items() if name not in os.environ}
     os.environ.update(set_here)
     return set_here
+
+
+def size_fastokens_pool(threads: int) -> dict[str, str]:
+    """In a run encoding in this process, before its engine is loaded: have fastokens' batch threads (its pool,
+    started by the process's first fastokens encode, the gate's, and kept for the process's life) counted as
+    ``threads`` (``FASTOKENS_BPE_THREADS``, caller included; 1: each batch on the calling thread alone), where its
+    default is one per core. Only where fastokens is not loaded yet (its pool may exist already: it is left as it
+    is) and the variable is not set (by the user: theirs counts). The variables this set, to be removed by
+    :func:`unset_environment` once the run's threads are done (the pool keeps its size; the environment the
+    user's later processes inherit does not keep the variable). The ids do not depend on the threads."""
+    if "fastokens" in sys.modules or "FASTOKENS_BPE_THREADS" in os.environ:
+        return {}
+    set_here = {"FASTOKENS_BPE_THREADS": str(max(1, threads))}
+    os.environ.update(set_here)
+    return set_here
+
+
+def unset_environment(set_here: dict[str, str]) -> None:
+    """Remove the variables :func:`size_fastokens_pool` set, unless something changed them since."""
+    for name, value in set_here.items():
+        if os.environ.get(name) == value:
+            del os.environ[name]
 
 
 #: Whether this process used splintr's thread pool, and whether it is a child forked after that: rayon's threads do

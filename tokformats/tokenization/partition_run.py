@@ -4,6 +4,7 @@ every few seconds makes the partition resumable, byte for byte."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import queue
@@ -36,7 +37,13 @@ from .spools import CHECKPOINT, Spool
 from .templates import Layout
 from .work_folder import PARTITION_WAIT
 
-__all__ = ["encode_partition"]
+__all__ = ["ENCODE_AHEAD", "encode_partition"]
+
+#: Batches started (given to the engine's thread) beyond the one being finished: the engine encodes the next while
+#: the one after waits in its queue, so that it has work whenever it is done, however long this thread takes to
+#: spool a batch and to take the next from the reader (with one, the engine waited between batches for 15-25% of
+#: the encode phase: `benchmarks/README.md`, `tok6`).
+ENCODE_AHEAD = 2
 
 
 def _add_eos(
@@ -393,26 +400,29 @@ class _PartitionRun:
             self.save(done=True)
 
     def _encode_batches(self, batches: queue.Queue[Any], progress: Progress | None, checkpoint_every: float) -> None:
-        """Start each batch the reader passes, then finish the one before it. A batch's own error comes first, as
-        in a serial run: when the reader passes an error, or starting the next batch raises, the batch started
-        before it is finished (and raises if it fails) before that error is raised."""
+        """Start each batch the reader passes, then finish the oldest started while more than :data:`ENCODE_AHEAD`
+        are: the engine has the next batches queued while this thread spools one, so it never waits for this thread
+        (a 1 MiB batch takes the engine a few milliseconds, about what spooling the one before takes here). A
+        batch's own error comes first, as in a serial run: when the reader passes an error, or starting the next
+        batch raises, the batches started before it are finished in order (and raise if one fails) before that error
+        is raised."""
         last_save = time.perf_counter()
-        started: tuple[_Started, int] | None = None
+        started: collections.deque[tuple[_Started, int]] = collections.deque()
         while True:
             item = batches.get()
             try:
                 if isinstance(item, BaseException):
                     raise item
-                following = None if item is None else (self.start(item[0], item[2]), item[1])
+                if item is not None:
+                    started.append((self.start(item[0], item[2]), item[1]))
             except Exception:
-                if started is not None:
-                    self._finish_one(*started, progress, checkpoint_every, last_save)
+                while started:
+                    self._finish_one(*started.popleft(), progress, checkpoint_every, last_save)
                 raise
-            if started is not None:
-                last_save = self._finish_one(*started, progress, checkpoint_every, last_save)
-            if following is None:
+            while started and (item is None or len(started) > ENCODE_AHEAD):
+                last_save = self._finish_one(*started.popleft(), progress, checkpoint_every, last_save)
+            if item is None:
                 return
-            started = following
 
     def _finish_one(
         self, started: _Started, read_through: int, progress: Progress | None, every: float, last_save: float

@@ -47,6 +47,8 @@ from ..core.registry import default_corpus_format
 from .batching import MAX_BATCH_TEXT, batch_is_full
 from .chat_encoding import ChatSpec
 from .encoder import VERIFY_BYTES, Encoder, FirstSample, verification_rate
+from .engines import size_fastokens_pool, unset_environment
+from .executors import in_process_engine_threads
 from .outputs import checked_writer_options, write_outputs
 from .parallel import encode_in_parallel, start_workers
 from .partition_run import encode_partition
@@ -163,7 +165,9 @@ def tokenize(
             process gates ``engine`` itself (the summary's ``engine`` is the first partition's). Its workers are
             started (one small job per core) as soon as the run owns its work folder, while the tokenizer loads.
             A standard-library process pool's workers each give their engine ``max(1, C // N)`` threads (N workers,
-            C cores; :func:`~.executors.engine_threads`, :func:`~.engines.limit_threads`).
+            C cores; :func:`~.executors.engine_threads`, :func:`~.engines.limit_threads`). None: encoded here, by
+            fastokens on ``max(1, C - 1)`` threads where it is not loaded yet and ``FASTOKENS_BPE_THREADS`` is not
+            set (a core left to the reader and this thread; :func:`~.engines.size_fastokens_pool`).
         partitions: how many partitions (default: one per input file, and one per 64 MiB where the inputs are
             larger). Large files are cut at line starts (JSON Lines, text per line) or row groups (Parquet); the
             output is byte-identical to a single-process run whatever the partitioning
@@ -221,6 +225,8 @@ def tokenize(
         rate = verification_rate(verify_fraction, verify_budget(verify_bytes), total_bytes)
         encoder = None  # a parallel run's workers gate the engine themselves: the parent encodes nothing
         if executor is None:  # the first sample is read ahead, its check started, before the engine is gated
+            # fastokens' threads sized before any thread of the run starts; the variable unset once all have ended
+            naming.callback(unset_environment, size_fastokens_pool(in_process_engine_threads()))
             encoder = Encoder(loaded, engine, rate, plan.seed, 0, tokenizer_hash=plan.tokenizer_hash,
                               chat=spec is not None, verify_bytes=None if total_bytes else verify_bytes,
                               first_sample=_first_sample(resolved, plan, loaded, engine, batch_size, resume, naming))
