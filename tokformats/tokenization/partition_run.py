@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -22,13 +20,12 @@ from .. import api
 from ..core.documents import add_delimiter
 from ..core.dtypes import dtype_for_vocab
 from ..core.provenance import ROW_DTYPE, RowSpool
-from ..errors import FormatError, OutputExistsError, option
-from ..fs.atomic import replace_file
+from ..errors import option
 from ..fs.owner import owned_folder
-from ..fs.untrusted import read_json_object
 from .batching import read_batches, stop_reader
 from .chat import ChatError, Turns, TurnsReader
 from .chat_encoding import ChatSpec, EndOfDocument
+from .checkpoints import load_checkpoint, synced_and_read_back, write_checkpoint
 from .encoder import Encoder, SubmittedBatch
 from .plan import Plan, assign_splits, stream_name
 from .progress import Progress, Stats
@@ -77,30 +74,6 @@ def _chat_eos(plan: Plan, delimit_empty: bool) -> EndOfDocument | None:
     return EndOfDocument(plan.eos_id, before=plan.eos == "prepend", empty=delimit_empty)
 
 
-def _load_checkpoint(folder: Path, plan: Plan, resume: bool) -> dict[str, Any]:
-    """The checkpoint of an unfinished run in ``folder`` (empty for a new one, whose folder is made): refused without
-    ``resume``, or when it was written with other settings."""
-    checkpoint = folder / CHECKPOINT
-    if not checkpoint.exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        return {}
-    state = read_json_object(checkpoint)  # bounded, and a damaged one is a FormatError naming it
-    if not resume:
-        raise OutputExistsError(
-            f"{folder} holds an unfinished run; pass {option('resume')} to continue it, or "
-            f"{option('overwrite')} to start over."
-        )
-    if state.get("plan") != asdict(plan):
-        before, now = state.get("plan") or {}, asdict(plan)
-        changed = [k for k in now if before.get(k) != now[k]]
-        detail = "; ".join(f"{k} was {before.get(k)!r:.80}, now {now[k]!r:.80}" for k in changed[:3])
-        raise FormatError(
-            f"{checkpoint} was written by a run with other settings ({detail}); it cannot be resumed with these. "
-            f"Run with the same settings to resume, or pass {option('overwrite')} to start over."
-        )
-    return state
-
-
 class _ChatBatch(NamedTuple):
     """A batch of chat records as :meth:`_PartitionRun.prepare_chat` made it: the ``good`` records that hold a
     conversation, their ``turns`` and the template's ``layout`` of them (None when there are none), and the
@@ -144,7 +117,7 @@ class _PartitionRun:
         self.chat_encoder = chat.encoder(encoder.reference.tokenizer) if chat is not None else None
         self.checkpoint = folder / CHECKPOINT
         self.dtype = dtype_for_vocab(plan.vocab_size)
-        state = _load_checkpoint(folder, plan, resume)
+        state = load_checkpoint(folder, plan, resume)
         counted = state.get("stats", {})
         self.stats = Stats(**{k: v for k, v in counted.items() if k in ("records", "documents", "tokens", "skipped")})
         self.stats.errors = list(state.get("errors", []))
@@ -173,62 +146,18 @@ class _PartitionRun:
 
     def save(self, done: bool = False) -> None:
         """Checkpoint: every outstanding check of the engine passed (a difference raises before anything is
-        committed), every spool fsynced, then the counts and the position committed in one step."""
+        committed), every spool fsynced (the last checkpoint: each ids spool read back and pinned too), then the
+        counts and the position committed in one step (:mod:`.checkpoints`)."""
         self.encoder.settle()
-        if done:  # each ids spool read back (for its pin) while another thread fsyncs: both wait on the kernel
-            self._synced_and_read_back()
+        if done:
+            synced_and_read_back(list(self.spools.values()))
         else:
             for spool in self.spools.values():
                 spool.sync()
         for rows in self.sources.values():
             rows.sync()
-        stats = self.stats
-        # One commit: the old checkpoint or the new one, never half of either (the file and its folder fsynced).
-        checkpoint = {
-            "plan": asdict(self.plan),
-            "position": list(self.position),
-            "spools": {stream_name(*s): self._spooled(sp, pin=done) for s, sp in self.spools.items()},
-            "stats": {
-                "records": stats.records,
-                "documents": stats.documents,
-                "tokens": stats.tokens,
-                "skipped": stats.skipped,
-            },
-            "errors": stats.errors[-100:],
-            "done": done,
-        }
-        replace_file(self.checkpoint, json.dumps(checkpoint).encode("utf-8"))
-
-    def _synced_and_read_back(self) -> None:
-        """Every spool fsynced, in a thread of its own, while each ids spool is read back here (hashing releases
-        the GIL): the last checkpoint's two passes over the ids (0.08 and 0.1 s for 125 MB) overlap instead of
-        following each other at the end of the run. Both are done (or one raised) when this returns."""
-        spools = list(self.spools.values())
-        for spool in spools:
-            spool.flush()
-
-        def fsync_all() -> None:
-            for spool in spools:
-                spool.fsync()
-
-        with ThreadPoolExecutor(1, thread_name_prefix="tokformats-sync") as syncing:
-            synced = syncing.submit(fsync_all)
-            try:
-                for spool in spools:
-                    spool.read_back()
-            except BaseException as refused:  # the fsync's own failure (an EIO, maybe the cause) is not lost
-                if (failed := synced.exception()) is not None:
-                    refused.add_note(f"The spools' fsync failed too: {failed!r}")
-                raise
-            synced.result()
-
-    @staticmethod
-    def _spooled(spool: Spool, *, pin: bool) -> dict[str, Any]:
-        """A spool's checkpoint entry: its counts and hashes, and in the last checkpoint its pin."""
-        entry: dict[str, Any] = {"tokens": spool.num_tokens, "documents": spool.num_documents, "hashes": spool.hashes()}
-        if pin:
-            entry["pin"] = spool.pin()
-        return entry
+        spools = {stream_name(*stream): spool for stream, spool in self.spools.items()}
+        write_checkpoint(self.checkpoint, self.plan, self.position, spools, self.stats, done=done)
 
     def close(self) -> None:
         """Close every spool."""
