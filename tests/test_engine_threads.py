@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import tokformats
-from tokformats.tokenization import executors
+from tokformats.tokenization import executors, pipeline
 from tokformats.tokenization.engines import limit_threads, size_fastokens_pool, unset_environment
 from tokformats.tokenization.executors import engine_threads, in_process_engine_threads
 from tokformats.tokenization.sample_text import sample_texts
@@ -156,13 +156,17 @@ def _threads_here() -> tuple[int, tuple[str | None, ...]]:
     return os.getpid(), tuple(os.environ.get(name) for name in _VARIABLES)
 
 
-@pytest.mark.parametrize(("cores", "threads"), [(1, 1), (2, 1), (4, 3), (8, 7)])
+@pytest.mark.parametrize(("cores", "threads"), [(1, 1), (2, 1), (4, 3), (8, 7), (32, 31), (33, None), (176, None)])
 def test_a_run_in_this_process_leaves_a_core_to_its_reader_and_main_thread(
-    monkeypatch: pytest.MonkeyPatch, cores: int, threads: int
+    monkeypatch: pytest.MonkeyPatch, cores: int, threads: int | None
 ) -> None:
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    # never more than fastokens' own default (one per core, at most 32): above 32 cores its default stands
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
     monkeypatch.setattr(executors, "_cgroup_quota", lambda: None)
     assert in_process_engine_threads() == threads
+    monkeypatch.setattr(sys, "platform", "darwin")  # its default counts performance cores only: left to it
+    assert in_process_engine_threads() is None
 
 
 def test_fastokens_threads_are_sized_only_before_it_is_loaded_and_never_over_the_users(
@@ -183,6 +187,31 @@ def test_fastokens_threads_are_sized_only_before_it_is_loaded_and_never_over_the
     monkeypatch.setitem(sys.modules, "fastokens", object())  # loaded: its pool may exist, it is left as it is
     assert size_fastokens_pool(3) == {}
     assert "FASTOKENS_BPE_THREADS" not in os.environ
+    monkeypatch.delitem(sys.modules, "fastokens")
+    assert size_fastokens_pool(None) == {}  # its own default asked for: nothing set
+    assert "FASTOKENS_BPE_THREADS" not in os.environ
+
+
+@pytest.mark.parametrize("engine", ["tokenizers", "auto"])
+def test_a_run_sets_fastokens_threads_only_for_an_engine_that_may_be_fastokens_and_always_unsets_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path, engine: str
+) -> None:
+    _unset(monkeypatch)
+    monkeypatch.delitem(sys.modules, "fastokens", raising=False)  # as in a process that has not loaded it
+    monkeypatch.setattr(pipeline, "in_process_engine_threads", lambda: 3)
+    source = tmp_path / "a.jsonl"
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in sample_texts(50)), encoding="utf-8")
+    seen: list[str | None] = []
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        seen.append(os.environ.get("FASTOKENS_BPE_THREADS"))
+        raise RuntimeError("the run fails after the variable was set")
+
+    monkeypatch.setattr(pipeline, "_first_sample", failing)
+    with pytest.raises(RuntimeError, match="the run fails"):
+        tokformats.tokenize(source, tokenizer_path, tmp_path / engine, "megatron", engine=engine, progress=False)
+    assert seen == [None if engine == "tokenizers" else "3"]
+    assert "FASTOKENS_BPE_THREADS" not in os.environ  # removed on the way out of a failed run too
 
 
 _SIZED_RUN = r"""

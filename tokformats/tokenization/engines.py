@@ -172,15 +172,16 @@ def limit_threads(threads: int | None, submitter: int | None = None) -> dict[str
     return set_here
 
 
-def size_fastokens_pool(threads: int) -> dict[str, str]:
+def size_fastokens_pool(threads: int | None) -> dict[str, str]:
     """In a run encoding in this process, before its engine is loaded: have fastokens' batch threads (its pool,
     started by the process's first fastokens encode, the gate's, and kept for the process's life) counted as
     ``threads`` (``FASTOKENS_BPE_THREADS``, caller included; 1: each batch on the calling thread alone), where its
     default is one per core. Only where fastokens is not loaded yet (its pool may exist already: it is left as it
     is) and the variable is not set (by the user: theirs counts). The variables this set, to be removed by
     :func:`unset_environment` once the run's threads are done (the pool keeps its size; the environment the
-    user's later processes inherit does not keep the variable). The ids do not depend on the threads."""
-    if "fastokens" in sys.modules or "FASTOKENS_BPE_THREADS" in os.environ:
+    user's later processes inherit does not keep the variable). None: nothing set (fastokens' default). The ids do
+    not depend on the threads."""
+    if threads is None or "fastokens" in sys.modules or "FASTOKENS_BPE_THREADS" in os.environ:
         return {}
     set_here = {"FASTOKENS_BPE_THREADS": str(max(1, threads))}
     os.environ.update(set_here)

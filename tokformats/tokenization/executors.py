@@ -10,13 +10,14 @@ folder at the same paths (a shared file system), as with dask.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["RayExecutor", "engine_threads", "in_process_engine_threads"]
+__all__ = ["FASTOKENS_DEFAULT_CAP", "RayExecutor", "engine_threads", "in_process_engine_threads"]
 
 
 def engine_threads(executor: Executor) -> int | None:
@@ -36,14 +37,25 @@ def engine_threads(executor: Executor) -> int | None:
     return threads if threads < cores else None
 
 
-def in_process_engine_threads() -> int:
-    """The threads a run encoding in this process (no executor) gives its engine for each batch: one core fewer
-    than this process may run on (:func:`_cores`), at least one. The run's reader and its main thread (parsing the
-    input, spooling the ids: Python, under the GIL) keep about one core busy beside the engine. On two cores one
-    fastokens thread beside them is faster than two, for less CPU: a batch split between two threads is joined by
-    the calling thread, which spins while the other, descheduled by the reader or the main thread, finishes its
-    share (``benchmarks/README.md``, ``tok6``: 1.53 against 1.67 s, 2.34 against 2.57 CPU-s for 220 MB)."""
-    return max(1, _cores() - 1)
+#: fastokens' own default for its batch threads: one per core, at most this many (its ``MAX_DEFAULT_THREADS``; a
+#: count it is given explicitly has no cap).
+FASTOKENS_DEFAULT_CAP = 32
+
+
+def in_process_engine_threads() -> int | None:
+    """The threads a run encoding in this process (no executor) gives fastokens for each batch: one core fewer than
+    this process may run on (:func:`_cores`), at least one; None (its own default) where that would not be fewer
+    than its default: above :data:`FASTOKENS_DEFAULT_CAP` cores, and on macOS, where its default counts the
+    performance cores only. The run's reader and its main thread (parsing the input, spooling the ids: Python,
+    under the GIL) keep about one core busy beside the engine. On two cores one fastokens thread beside them is
+    faster than two, for less CPU: a batch split between two threads is joined by the calling thread, which spins
+    while the other, descheduled by the reader or the main thread, finishes its share (``benchmarks/README.md``,
+    ``tok6``, both with two batches ahead: 1.42-1.53 against 1.62-1.64 s, 2.20-2.34 against 2.55-2.60 CPU-s for
+    220 MB). Above two cores the rule is not measured; it only ever lowers fastokens' default by one."""
+    cores = _cores()
+    if sys.platform == "darwin" or cores > FASTOKENS_DEFAULT_CAP:
+        return None
+    return max(1, cores - 1)
 
 
 def _cores() -> int:

@@ -1,6 +1,6 @@
 """Encoding one partition of a tokenize run's inputs into spools (:func:`encode_partition`): a reader thread reads
-batches ahead, the engine encodes each in a thread of its own while the batch before is spooled, and a checkpoint
-every few seconds makes the partition resumable, byte for byte."""
+batches ahead, the engine encodes each in a thread of its own with the next ones queued while an earlier one is
+spooled, and a checkpoint every few seconds makes the partition resumable, byte for byte."""
 
 from __future__ import annotations
 
@@ -313,7 +313,7 @@ class _PartitionRun:
         )
         reader.start()
         # The reference encodes the sampled documents in a thread of its own, and the engine each batch in another
-        # while this one finishes the batch before (its ids into the spools): the engines release the GIL, so on
+        # while this one finishes an earlier one (its ids into the spools): the engines release the GIL, so on
         # two cores the check and this thread's Python overlap the encoding instead of following it.
         verifier = ThreadPoolExecutor(1, thread_name_prefix="tokformats-verify")
         encoding = ThreadPoolExecutor(1, thread_name_prefix="tokformats-encode")
@@ -346,7 +346,7 @@ class _PartitionRun:
                     started.append((self.start(item[0], item[2]), item[1]))
             except Exception:
                 while started:
-                    self._finish_one(*started.popleft(), progress, checkpoint_every, last_save)
+                    last_save = self._finish_one(*started.popleft(), progress, checkpoint_every, last_save)
                 raise
             while started and (item is None or len(started) > ENCODE_AHEAD):
                 last_save = self._finish_one(*started.popleft(), progress, checkpoint_every, last_save)

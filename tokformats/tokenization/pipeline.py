@@ -166,8 +166,9 @@ def tokenize(
             started (one small job per core) as soon as the run owns its work folder, while the tokenizer loads.
             A standard-library process pool's workers each give their engine ``max(1, C // N)`` threads (N workers,
             C cores; :func:`~.executors.engine_threads`, :func:`~.engines.limit_threads`). None: encoded here, by
-            fastokens on ``max(1, C - 1)`` threads where it is not loaded yet and ``FASTOKENS_BPE_THREADS`` is not
-            set (a core left to the reader and this thread; :func:`~.engines.size_fastokens_pool`).
+            fastokens on ``max(1, C - 1)`` threads (up to 32 cores; not on macOS) where it is not loaded yet and
+            ``FASTOKENS_BPE_THREADS`` is not set (a core left to the reader and this thread; the pool keeps that
+            size for the process: :func:`~.engines.size_fastokens_pool`).
         partitions: how many partitions (default: one per input file, and one per 64 MiB where the inputs are
             larger). Large files are cut at line starts (JSON Lines, text per line) or row groups (Parquet); the
             output is byte-identical to a single-process run whatever the partitioning
@@ -226,7 +227,8 @@ def tokenize(
         encoder = None  # a parallel run's workers gate the engine themselves: the parent encodes nothing
         if executor is None:  # the first sample is read ahead, its check started, before the engine is gated
             # fastokens' threads sized before any thread of the run starts; the variable unset once all have ended
-            naming.callback(unset_environment, size_fastokens_pool(in_process_engine_threads()))
+            threads = in_process_engine_threads() if engine != "tokenizers" else None
+            naming.callback(unset_environment, size_fastokens_pool(threads))
             encoder = Encoder(loaded, engine, rate, plan.seed, 0, tokenizer_hash=plan.tokenizer_hash,
                               chat=spec is not None, verify_bytes=None if total_bytes else verify_bytes,
                               first_sample=_first_sample(resolved, plan, loaded, engine, batch_size, resume, naming))
