@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, scratch, table
+from common import installed_env, machine, scratch, table
 
 HERE = Path(__file__).resolve()
 BATCH, SEQUENCE = 4, 64
@@ -197,19 +197,9 @@ def read_all_limited(pattern: str) -> None:
     print(json.dumps({"seconds": seconds, "sum": total, "documents": documents, "open_fds": descriptors}))
 
 
-def environment(source: Path | None = None) -> dict[str, str]:
-    """Children run with bytecode caching on (a private ``PYTHONPYCACHEPREFIX``), as an installed package would;
-    ``source``: the tokformats checkout they import (``--baseline``), else whatever the parent imports."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env["PYTHONPYCACHEPREFIX"] = str(scratch("llmc") / "pycache")
-    if source is not None:
-        env["PYTHONPATH"] = str(source)
-    return env
-
-
 def timed(command: list[str], source: Path | None = None) -> tuple[dict[str, float], float]:
     started = time.perf_counter()
-    out = subprocess.run(command, check=True, capture_output=True, text=True, env=environment(source)).stdout
+    out = subprocess.run(command, check=True, capture_output=True, text=True, env=installed_env(source)).stdout
     wall = time.perf_counter() - started
     return json.loads(out.strip().splitlines()[-1]), wall
 
@@ -306,7 +296,7 @@ def main() -> None:
     print(table(rows))
     pattern = make_shards(folder, max(args.shards))
     command = [sys.executable, str(HERE), "--llmc", str(args.llmc), "--limited", pattern]
-    run = subprocess.run(command, capture_output=True, text=True, env=environment())
+    run = subprocess.run(command, capture_output=True, text=True, env=installed_env())
     if run.returncode:
         print(f"ulimit -n 256, {max(args.shards):,} shards: failed: {run.stderr.strip().splitlines()[-1]}")
         return
