@@ -167,6 +167,12 @@ def limit_threads(threads: int | None, submitter: int | None = None) -> dict[str
     wanted = {"RAYON_NUM_THREADS": str(threads), "FASTOKENS_BPE_THREADS": str(threads)}
     if threads == 1:
         wanted["TOKENIZERS_PARALLELISM"] = "false"
+    return _set_absent(wanted)
+
+
+def _set_absent(wanted: dict[str, str]) -> dict[str, str]:
+    """Set the variables of ``wanted`` that the environment does not hold yet (one set already, by the user or an
+    earlier run, counts); the ones set here."""
     set_here = {name: value for name, value in wanted.items() if name not in os.environ}
     os.environ.update(set_here)
     return set_here
@@ -181,11 +187,9 @@ def size_fastokens_pool(threads: int | None) -> dict[str, str]:
     :func:`unset_environment` once the run's threads are done (the pool keeps its size; the environment the
     user's later processes inherit does not keep the variable). None: nothing set (fastokens' default). The ids do
     not depend on the threads."""
-    if threads is None or "fastokens" in sys.modules or "FASTOKENS_BPE_THREADS" in os.environ:
+    if threads is None or "fastokens" in sys.modules:
         return {}
-    set_here = {"FASTOKENS_BPE_THREADS": str(max(1, threads))}
-    os.environ.update(set_here)
-    return set_here
+    return _set_absent({"FASTOKENS_BPE_THREADS": str(max(1, threads))})
 
 
 def unset_environment(set_here: dict[str, str]) -> None:
