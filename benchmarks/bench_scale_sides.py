@@ -40,6 +40,9 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import compile_checkout, installed_env  # the standard library only: nothing before the confinement
+
 #: One run's figures, as its child printed them (with the load, the CPUs it was given and its fraction of them).
 Run = dict[str, Any]
 
@@ -156,6 +159,8 @@ def main() -> None:
     if args.after:
         sides["after"] = str(Path(args.after).resolve())
     counts = [int(w) for w in args.workers.split(",")]
+    for checkout in sides.values():
+        compile_checkout(Path(checkout))
     per_worker = [int(c) for c in args.cpus_per_worker.split(",")]
     placements = cpu_sets(counts, per_worker)
     folder = Path(tempfile.mkdtemp(prefix="tokformats-sides-", dir=os.environ.get("TOKFORMATS_BENCH_DIR")))
@@ -196,7 +201,7 @@ def one_run(source: str, checkout: str, output: Path, workers: int, per: int,
     load = os.getloadavg()[0]
     command = [sys.executable, __file__, "--child", source, str(output), str(workers),
                ",".join(map(str, cpus)) if per else ""]  # fmt: skip
-    done = subprocess.run(command, env={**os.environ, "PYTHONPATH": checkout}, capture_output=True, text=True,
+    done = subprocess.run(command, env=installed_env(Path(checkout)), capture_output=True, text=True,
                           check=False)  # fmt: skip
     if done.returncode:
         raise SystemExit(done.stderr)
